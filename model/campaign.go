@@ -1,0 +1,62 @@
+package model
+
+import (
+	"regexp"
+	"time"
+)
+
+// Campaign limits accepted by Validate.
+const (
+	MaxStock      = 10_000_000
+	MaxCampaignID = 64
+)
+
+var campaignIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// Campaign is one flash sale: a fixed stock sold in a time window with a
+// per-user limit.
+type Campaign struct {
+	ID           string
+	Name         string
+	Stock        int64
+	PerUserLimit int64
+	StartAt      time.Time
+	EndAt        time.Time
+	CreatedAt    time.Time
+}
+
+// ValidCampaignID reports whether id may name a campaign. Campaign ids end up
+// inside Redis hash tags and request ids, so the alphabet is deliberately small.
+func ValidCampaignID(id string) bool { return campaignIDPattern.MatchString(id) }
+
+// Validate checks every field an admin supplies.
+func (c Campaign) Validate() error {
+	switch {
+	case !ValidCampaignID(c.ID):
+		return Invalid("id", "must match [A-Za-z0-9_-]{1,64}")
+	case c.Name == "" || len(c.Name) > 200:
+		return Invalid("name", "must be 1 to 200 bytes")
+	case c.Stock < 1 || c.Stock > MaxStock:
+		return Invalid("stock", "must be between 1 and 10000000")
+	case c.PerUserLimit < 1:
+		return Invalid("per_user_limit", "must be at least 1")
+	case c.StartAt.IsZero():
+		return Invalid("start_at", "is required")
+	case c.EndAt.IsZero():
+		return Invalid("end_at", "is required")
+	case !c.EndAt.After(c.StartAt):
+		return Invalid("end_at", "must be after start_at")
+	}
+	return nil
+}
+
+// Window reports whether the sale is open at now.
+func (c Campaign) Window(now time.Time) error {
+	if now.Before(c.StartAt) {
+		return ErrNotStarted
+	}
+	if !now.Before(c.EndAt) {
+		return ErrEnded
+	}
+	return nil
+}

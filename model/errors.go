@@ -1,0 +1,51 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors shared by every role. The HTTP layer maps each one to a
+// status and a stable code in exactly one place (internal/httpapi).
+var (
+	ErrNotFound       = errors.New("not found")
+	ErrConflict       = errors.New("conflict")
+	ErrSaleStarted    = errors.New("sale already started")
+	ErrNotStarted     = errors.New("sale not started")
+	ErrEnded          = errors.New("sale ended")
+	ErrSoldOut        = errors.New("sold out")
+	ErrLimitExceeded  = errors.New("per-user limit exceeded")
+	ErrRateLimited    = errors.New("rate limited")
+	ErrUnavailable    = errors.New("temporarily unavailable")
+	ErrUnauthorized   = errors.New("unauthorized")
+	ErrForbidden      = errors.New("forbidden")
+	ErrNotLoaded      = errors.New("campaign stock not preloaded")
+	ErrBodyTooLarge   = errors.New("request body too large")
+	ErrTooManyStreams = errors.New("too many subscriptions")
+)
+
+// InvalidError reports one invalid input field. It is always a client error.
+type InvalidError struct {
+	Field  string
+	Reason string
+}
+
+func (e *InvalidError) Error() string {
+	if e.Field == "" {
+		return "invalid request: " + e.Reason
+	}
+	return fmt.Sprintf("invalid %s: %s", e.Field, e.Reason)
+}
+
+// Invalid returns an *InvalidError for field.
+func Invalid(field, reason string) error { return &InvalidError{Field: field, Reason: reason} }
+
+// RateLimitError is ErrRateLimited with the time the client should wait.
+type RateLimitError struct {
+	RetryAfterSeconds int
+}
+
+func (e *RateLimitError) Error() string { return ErrRateLimited.Error() }
+
+// Unwrap lets errors.Is(err, ErrRateLimited) match.
+func (e *RateLimitError) Unwrap() error { return ErrRateLimited }

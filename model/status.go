@@ -1,0 +1,49 @@
+package model
+
+// Status is the state of a purchase request. Every accepted request starts
+// queued and ends in exactly one final status.
+type Status string
+
+// Statuses of a purchase request.
+const (
+	StatusQueued        Status = "queued"
+	StatusSuccess       Status = "success"
+	StatusSoldOut       Status = "sold_out"
+	StatusLimitExceeded Status = "limit_exceeded"
+	StatusRejected      Status = "rejected"
+)
+
+// FinalStatuses lists every status a request can end in.
+var FinalStatuses = []Status{StatusSuccess, StatusSoldOut, StatusLimitExceeded, StatusRejected}
+
+// Final reports whether s is an end state.
+func (s Status) Final() bool {
+	switch s {
+	case StatusSuccess, StatusSoldOut, StatusLimitExceeded, StatusRejected:
+		return true
+	}
+	return false
+}
+
+// Valid reports whether s is a known status.
+func (s Status) Valid() bool { return s == StatusQueued || s.Final() }
+
+// Reasons carried by StatusRejected results.
+const (
+	ReasonInsufficientStock = "insufficient_stock" // fewer units left than asked for, but not zero
+	ReasonNotLoaded         = "not_loaded"         // stock was never preloaded into Redis
+	ReasonPoison            = "undeliverable"      // the worker gave up after repeated failures
+	ReasonBadMessage        = "bad_message"        // the message could not be decoded
+)
+
+// OrderStatus is the lifecycle state of a persisted order. Orders start
+// pending payment; the payment window (a later issue) moves them on.
+type OrderStatus string
+
+// Order statuses.
+const (
+	OrderPendingPayment OrderStatus = "pending_payment"
+	OrderPaid           OrderStatus = "paid"
+	OrderExpired        OrderStatus = "expired"
+	OrderRefunded       OrderStatus = "refunded"
+)
