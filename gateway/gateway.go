@@ -1,0 +1,425 @@
+// Package gateway is the shopper- and admin-facing HTTP API: campaign
+// administration, and purchase admission (auth, validation, sale window,
+// local sold-out flag, rate limits, idempotency) ending in a publish to the
+// queue. It answers at once with a request id; the outcome arrives later
+// through the notifier.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/google/uuid"
+
+	"flashsale/internal/metrics"
+	"flashsale/internal/sqlstore"
+	"flashsale/internal/store"
+	"flashsale/model"
+	"flashsale/queue"
+)
+
+// Stock is what the gateway needs from the Redis store.
+type Stock interface {
+	Preload(ctx context.Context, c model.Campaign, now time.Time, force bool) (store.PreloadOutcome, error)
+	Accept(ctx context.Context, a store.Acceptance) (string, bool, error)
+	Unaccept(ctx context.Context, a store.Acceptance) error
+	SoldOut(ctx context.Context, campaignID string) (bool, error)
+	Stats(ctx context.Context, campaignID string) (store.Stats, error)
+	PublishEvent(ctx context.Context, e store.Event) error
+	SubscribeEvents(ctx context.Context, ready func(), fn func(store.Event)) error
+}
+
+// Campaigns is what the gateway needs from the relational store.
+type Campaigns interface {
+	CreateCampaign(ctx context.Context, c model.Campaign) (model.Campaign, error)
+	Campaign(ctx context.Context, id string) (model.Campaign, error)
+	CampaignOrderStats(ctx context.Context, campaignID string) (sqlstore.OrderStats, error)
+}
+
+// Limiter is a distributed rate limiter (redis_rate's *Limiter).
+type Limiter interface {
+	Allow(ctx context.Context, key string, limit redis_rate.Limit) (*redis_rate.Result, error)
+}
+
+// Options tune admission.
+type Options struct {
+	Topic string
+	// UserRate and CampaignRate are per second; 0 disables the limit.
+	UserRate, UserBurst         int
+	CampaignRate, CampaignBurst int
+	// CampaignCacheTTL bounds how stale a cached campaign (window) may be.
+	CampaignCacheTTL time.Duration // default 2s
+	// SoldOutRecheck is how often cached sold-out flags are re-read from
+	// Redis, in case a pub/sub event was missed.
+	SoldOutRecheck time.Duration // default 1s
+	// PublishTimeout bounds a publish; past it the request is refused with
+	// 503 and its queued marker removed.
+	PublishTimeout time.Duration // default 2s
+	Now            func() time.Time
+}
+
+func (o Options) withDefaults() Options {
+	if o.CampaignCacheTTL <= 0 {
+		o.CampaignCacheTTL = 2 * time.Second
+	}
+	if o.SoldOutRecheck <= 0 {
+		o.SoldOutRecheck = time.Second
+	}
+	if o.PublishTimeout <= 0 {
+		o.PublishTimeout = 2 * time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// Service implements the gateway's operations; the HTTP handlers are thin
+// wrappers around it.
+type Service struct {
+	log       *slog.Logger
+	stock     Stock
+	campaigns Campaigns
+	pub       queue.Publisher
+	limiter   Limiter
+	m         *metrics.Metrics
+	opts      Options
+
+	mu    sync.Mutex
+	cache map[string]*cachedCampaign
+}
+
+// cachedCampaign keeps what admission needs of a campaign in memory, so the
+// hot path touches neither MySQL nor (once sold out) Redis.
+type cachedCampaign struct {
+	campaign  model.Campaign
+	err       error // model.ErrNotFound is cached too, against bots probing ids
+	loadedAt  time.Time
+	soldOut   atomic.Bool
+	refreshMu sync.Mutex
+}
+
+// New returns a Service.
+func New(log *slog.Logger, stock Stock, campaigns Campaigns, pub queue.Publisher, limiter Limiter, m *metrics.Metrics, opts Options) *Service {
+	return &Service{log: log, stock: stock, campaigns: campaigns, pub: pub, limiter: limiter, m: m,
+		opts: opts.withDefaults(), cache: map[string]*cachedCampaign{}}
+}
+
+// Run keeps the sold-out flags fresh: events from workers flip them at once,
+// a periodic re-check repairs missed events. It returns when ctx ends.
+func (s *Service) Run(ctx context.Context) error {
+	go func() {
+		t := time.NewTicker(s.opts.SoldOutRecheck)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				s.recheckSoldOut(ctx)
+			}
+		}
+	}()
+	for {
+		err := s.stock.SubscribeEvents(ctx, nil, s.applyEvent)
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.log.Warn("campaign events subscription lost, retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (s *Service) applyEvent(e store.Event) {
+	s.mu.Lock()
+	cc := s.cache[e.CampaignID]
+	s.mu.Unlock()
+	if cc == nil {
+		return
+	}
+	switch e.Type {
+	case store.EventSoldOut:
+		cc.soldOut.Store(true)
+	case store.EventReset:
+		cc.soldOut.Store(false)
+		cc.refreshMu.Lock()
+		cc.loadedAt = time.Time{} // reload the campaign on next use
+		cc.refreshMu.Unlock()
+	}
+}
+
+func (s *Service) recheckSoldOut(ctx context.Context) {
+	s.mu.Lock()
+	ids := make([]string, 0, len(s.cache))
+	for id := range s.cache {
+		ids = append(ids, id)
+	}
+	s.mu.Unlock()
+	for _, id := range ids {
+		flag, err := s.stock.SoldOut(ctx, id)
+		if err != nil {
+			continue // keep the last known value; Redis trouble shows in readiness
+		}
+		s.mu.Lock()
+		if cc := s.cache[id]; cc != nil {
+			cc.soldOut.Store(flag)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// campaign returns the cached campaign, loading it when missing or stale.
+func (s *Service) campaign(ctx context.Context, id string) (*cachedCampaign, error) {
+	s.mu.Lock()
+	cc := s.cache[id]
+	if cc == nil {
+		if len(s.cache) >= maxCachedCampaigns {
+			s.evictUnknownLocked()
+		}
+		cc = &cachedCampaign{}
+		s.cache[id] = cc
+	}
+	s.mu.Unlock()
+
+	cc.refreshMu.Lock()
+	defer cc.refreshMu.Unlock()
+	if !cc.loadedAt.IsZero() && s.opts.Now().Sub(cc.loadedAt) < s.opts.CampaignCacheTTL {
+		return cc, cc.err
+	}
+	c, err := s.campaigns.Campaign(ctx, id)
+	switch {
+	case errors.Is(err, model.ErrNotFound):
+		cc.err = model.ErrNotFound
+	case err != nil:
+		// Serve the last good copy rather than fail admission on a DB blip.
+		if !cc.loadedAt.IsZero() && cc.err == nil {
+			return cc, nil
+		}
+		return nil, fmt.Errorf("load campaign %s: %w: %v", id, model.ErrUnavailable, err)
+	default:
+		cc.campaign, cc.err = c, nil
+		if flag, ferr := s.stock.SoldOut(ctx, id); ferr == nil {
+			cc.soldOut.Store(flag)
+		}
+	}
+	cc.loadedAt = s.opts.Now()
+	return cc, cc.err
+}
+
+// maxCachedCampaigns bounds the cache against bots probing random ids.
+const maxCachedCampaigns = 10_000
+
+// evictUnknownLocked drops entries that are not known campaigns.
+func (s *Service) evictUnknownLocked() {
+	for id, cc := range s.cache {
+		if cc.refreshMu.TryLock() {
+			if cc.err != nil || cc.loadedAt.IsZero() {
+				delete(s.cache, id)
+			}
+			cc.refreshMu.Unlock()
+		}
+	}
+}
+
+// CreateCampaign validates and stores a new campaign.
+func (s *Service) CreateCampaign(ctx context.Context, c model.Campaign) (model.Campaign, error) {
+	if err := c.Validate(); err != nil {
+		return model.Campaign{}, err
+	}
+	return s.campaigns.CreateCampaign(ctx, c)
+}
+
+// Preload loads a campaign's stock into Redis and tells every gateway.
+func (s *Service) Preload(ctx context.Context, id string, force bool) (store.PreloadOutcome, error) {
+	if !model.ValidCampaignID(id) {
+		return "", model.ErrNotFound
+	}
+	c, err := s.campaigns.Campaign(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	out, err := s.stock.Preload(ctx, c, s.opts.Now(), force)
+	if err != nil {
+		return "", err
+	}
+	if out == store.PreloadLoaded {
+		s.applyEvent(store.Event{Type: store.EventReset, CampaignID: id})
+		if err := s.stock.PublishEvent(ctx, store.Event{Type: store.EventReset, CampaignID: id}); err != nil {
+			s.log.Warn("publish reset event", "campaign_id", id, "err", err)
+		}
+	}
+	return out, nil
+}
+
+// CampaignStats combines Redis counters and MySQL orders.
+type CampaignStats struct {
+	Store      store.Stats
+	OrdersInDB int64
+	UnitsInDB  int64
+}
+
+// Stats returns a campaign's live statistics.
+func (s *Service) Stats(ctx context.Context, id string) (CampaignStats, error) {
+	if !model.ValidCampaignID(id) {
+		return CampaignStats{}, model.ErrNotFound
+	}
+	if _, err := s.campaigns.Campaign(ctx, id); err != nil {
+		return CampaignStats{}, err
+	}
+	st, err := s.stock.Stats(ctx, id)
+	if err != nil {
+		return CampaignStats{}, err
+	}
+	os, err := s.campaigns.CampaignOrderStats(ctx, id)
+	if err != nil {
+		return CampaignStats{}, err
+	}
+	return CampaignStats{Store: st, OrdersInDB: os.Orders, UnitsInDB: os.Units}, nil
+}
+
+// PublicCampaign is what anyone may know about a campaign.
+type PublicCampaign struct {
+	Campaign model.Campaign
+	SoldOut  bool
+}
+
+// Campaign returns a campaign's public view.
+func (s *Service) Campaign(ctx context.Context, id string) (PublicCampaign, error) {
+	if !model.ValidCampaignID(id) {
+		return PublicCampaign{}, model.ErrNotFound
+	}
+	cc, err := s.campaign(ctx, id)
+	if err != nil {
+		return PublicCampaign{}, err
+	}
+	return PublicCampaign{Campaign: cc.campaign, SoldOut: cc.soldOut.Load()}, nil
+}
+
+// Purchase is a shopper's request to buy.
+type Purchase struct {
+	UserID         string
+	CampaignID     string
+	Quantity       int64
+	IdempotencyKey string
+}
+
+var idempotencyKeyPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
+
+// Accepted is the answer to an admitted purchase.
+type Accepted struct {
+	RequestID string
+	// Existing is true when the idempotency key matched an earlier request.
+	Existing bool
+}
+
+// Purchase admits a request, cheapest checks first, and enqueues it.
+func (s *Service) Purchase(ctx context.Context, p Purchase) (Accepted, error) {
+	if !model.ValidCampaignID(p.CampaignID) {
+		return Accepted{}, s.refuse("not_found", model.ErrNotFound)
+	}
+	if p.Quantity < 1 || p.Quantity > model.MaxQuantity {
+		return Accepted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("must be between 1 and %d", model.MaxQuantity)))
+	}
+	if p.IdempotencyKey != "" && !idempotencyKeyPattern.MatchString(p.IdempotencyKey) {
+		return Accepted{}, s.refuse("invalid", model.Invalid("Idempotency-Key", "must match [A-Za-z0-9_.:-]{1,64}"))
+	}
+	cc, err := s.campaign(ctx, p.CampaignID)
+	if err != nil {
+		return Accepted{}, s.refuse("campaign", err)
+	}
+	if p.Quantity > cc.campaign.PerUserLimit {
+		return Accepted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("exceeds the per-user limit of %d", cc.campaign.PerUserLimit)))
+	}
+	if err := cc.campaign.Window(s.opts.Now()); err != nil {
+		return Accepted{}, s.refuse("window", err)
+	}
+	if cc.soldOut.Load() {
+		return Accepted{}, s.refuse("sold_out", model.ErrSoldOut)
+	}
+	if err := s.rateLimit(ctx, p); err != nil {
+		return Accepted{}, err
+	}
+	return s.enqueue(ctx, p)
+}
+
+func (s *Service) refuse(reason string, err error) error {
+	s.m.Refusals.WithLabelValues(reason).Inc()
+	return err
+}
+
+func (s *Service) rateLimit(ctx context.Context, p Purchase) error {
+	checks := []struct {
+		key         string
+		rate, burst int
+		reason      string
+	}{
+		{store.RateLimitKey(p.CampaignID, "u:"+p.UserID), s.opts.UserRate, s.opts.UserBurst, "rate_user"},
+		{store.RateLimitKey(p.CampaignID, "all"), s.opts.CampaignRate, s.opts.CampaignBurst, "rate_campaign"},
+	}
+	for _, c := range checks {
+		if c.rate <= 0 {
+			continue
+		}
+		res, err := s.limiter.Allow(ctx, c.key, redis_rate.Limit{Rate: c.rate, Burst: max(c.burst, 1), Period: time.Second})
+		if err != nil {
+			return s.refuse("unavailable", fmt.Errorf("rate limit: %w: %v", model.ErrUnavailable, err))
+		}
+		if res.Allowed == 0 {
+			retry := int(res.RetryAfter.Seconds() + 0.999)
+			return s.refuse(c.reason, &model.RateLimitError{RetryAfterSeconds: max(retry, 1)})
+		}
+	}
+	return nil
+}
+
+func (s *Service) enqueue(ctx context.Context, p Purchase) (Accepted, error) {
+	id := uuid.Must(uuid.NewV7())
+	a := store.Acceptance{
+		RequestID:      model.FormatRequestID(p.CampaignID, fmt.Sprintf("%x", id[:])),
+		CampaignID:     p.CampaignID,
+		UserID:         p.UserID,
+		Quantity:       p.Quantity,
+		IdempotencyKey: p.IdempotencyKey,
+	}
+	rid, existing, err := s.stock.Accept(ctx, a)
+	if errors.Is(err, model.ErrNotLoaded) {
+		return Accepted{}, s.refuse("not_loaded", err)
+	}
+	if err != nil {
+		return Accepted{}, s.refuse("unavailable", fmt.Errorf("%w: %v", model.ErrUnavailable, err))
+	}
+	if existing {
+		return Accepted{RequestID: rid, Existing: true}, nil
+	}
+	body, err := model.EncodePurchaseRequest(model.PurchaseRequest{RequestID: rid, CampaignID: p.CampaignID,
+		UserID: p.UserID, Quantity: p.Quantity, AcceptedAt: s.opts.Now().UTC()})
+	if err != nil {
+		return Accepted{}, fmt.Errorf("encode request: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, s.opts.PublishTimeout)
+	defer cancel()
+	start := time.Now()
+	err = s.pub.Publish(pctx, s.opts.Topic, queue.Message{ID: rid, Key: p.CampaignID, Body: body})
+	metrics.Since(s.m.PublishLatency, start)
+	if err != nil {
+		// Leave nothing behind: the shopper is told 503 and may retry.
+		uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.PublishTimeout)
+		defer ucancel()
+		if uerr := s.stock.Unaccept(uctx, a); uerr != nil {
+			s.log.Error("undo acceptance after failed publish", "request_id", rid, "campaign_id", p.CampaignID, "err", uerr)
+		}
+		return Accepted{}, s.refuse("unavailable", fmt.Errorf("publish %s: %w: %v", rid, model.ErrUnavailable, err))
+	}
+	return Accepted{RequestID: rid}, nil
+}

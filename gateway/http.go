@@ -1,0 +1,170 @@
+package gateway
+
+import (
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"flashsale/internal/httpapi"
+	"flashsale/model"
+)
+
+// Handlers are the gateway's HTTP endpoints: bind, call the service, respond.
+type Handlers struct {
+	log *slog.Logger
+	svc *Service
+}
+
+// NewHandlers returns the HTTP layer over svc.
+func NewHandlers(log *slog.Logger, svc *Service) *Handlers { return &Handlers{log: log, svc: svc} }
+
+// RegisterAdmin mounts the admin API; admin is the admin-token middleware.
+func (h *Handlers) RegisterAdmin(r gin.IRouter, admin gin.HandlerFunc) {
+	g := r.Group("/admin/v1", admin)
+	g.POST("/campaigns", h.createCampaign)
+	g.POST("/campaigns/:id/preload", h.preload)
+	g.GET("/campaigns/:id/stats", h.stats)
+}
+
+// RegisterShopper mounts the shopper API; shopper is the JWT middleware.
+func (h *Handlers) RegisterShopper(r gin.IRouter, shopper gin.HandlerFunc) {
+	r.GET("/api/v1/campaigns/:id", h.publicCampaign)
+	r.POST("/api/v1/campaigns/:id/purchases", shopper, h.purchase)
+}
+
+type campaignRequest struct {
+	ID           string    `json:"id"`
+	Name         string    `json:"name"`
+	Stock        int64     `json:"stock"`
+	PerUserLimit int64     `json:"per_user_limit"`
+	StartAt      time.Time `json:"start_at"`
+	EndAt        time.Time `json:"end_at"`
+}
+
+type campaignResponse struct {
+	ID           string    `json:"id"`
+	Name         string    `json:"name"`
+	Stock        int64     `json:"stock"`
+	PerUserLimit int64     `json:"per_user_limit"`
+	StartAt      time.Time `json:"start_at"`
+	EndAt        time.Time `json:"end_at"`
+	CreatedAt    time.Time `json:"created_at"`
+}
+
+func toCampaignResponse(c model.Campaign) campaignResponse {
+	return campaignResponse{ID: c.ID, Name: c.Name, Stock: c.Stock, PerUserLimit: c.PerUserLimit,
+		StartAt: c.StartAt, EndAt: c.EndAt, CreatedAt: c.CreatedAt}
+}
+
+func (h *Handlers) createCampaign(c *gin.Context) {
+	var req campaignRequest
+	if err := httpapi.DecodeJSON(c, &req); err != nil {
+		httpapi.Abort(c, h.log, err)
+		return
+	}
+	created, err := h.svc.CreateCampaign(c.Request.Context(), model.Campaign{ID: req.ID, Name: req.Name,
+		Stock: req.Stock, PerUserLimit: req.PerUserLimit, StartAt: req.StartAt, EndAt: req.EndAt})
+	if err != nil {
+		httpapi.Abort(c, h.log, err)
+		return
+	}
+	c.JSON(http.StatusCreated, toCampaignResponse(created))
+}
+
+func (h *Handlers) preload(c *gin.Context) {
+	force := false
+	switch c.Query("force") {
+	case "", "false", "0":
+	case "true", "1":
+		force = true
+	default:
+		httpapi.Abort(c, h.log, model.Invalid("force", "must be true or false"))
+		return
+	}
+	out, err := h.svc.Preload(c.Request.Context(), c.Param("id"), force)
+	if err != nil {
+		httpapi.Abort(c, h.log, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"campaign_id": c.Param("id"), "outcome": out})
+}
+
+type statsResponse struct {
+	Stock            int64                  `json:"stock"`
+	Remaining        int64                  `json:"remaining"`
+	Sold             int64                  `json:"sold"`
+	SoldOut          bool                   `json:"sold_out"`
+	Preloaded        bool                   `json:"preloaded"`
+	Accepted         int64                  `json:"accepted"`
+	Queued           int64                  `json:"queued"`
+	FinishedByStatus map[model.Status]int64 `json:"finished_by_status"`
+	OrdersInDB       int64                  `json:"orders_in_db"`
+	UnitsInDB        int64                  `json:"units_in_db"`
+}
+
+func (h *Handlers) stats(c *gin.Context) {
+	st, err := h.svc.Stats(c.Request.Context(), c.Param("id"))
+	if err != nil {
+		httpapi.Abort(c, h.log, err)
+		return
+	}
+	c.JSON(http.StatusOK, statsResponse{Stock: st.Store.Stock, Remaining: st.Store.Remaining, Sold: st.Store.Sold,
+		SoldOut: st.Store.SoldOut, Preloaded: st.Store.Loaded, Accepted: st.Store.Accepted, Queued: st.Store.Queued(),
+		FinishedByStatus: st.Store.FinishedByStatus, OrdersInDB: st.OrdersInDB, UnitsInDB: st.UnitsInDB})
+}
+
+type publicCampaignResponse struct {
+	ID           string    `json:"id"`
+	Name         string    `json:"name"`
+	PerUserLimit int64     `json:"per_user_limit"`
+	StartAt      time.Time `json:"start_at"`
+	EndAt        time.Time `json:"end_at"`
+	SoldOut      bool      `json:"sold_out"`
+}
+
+func (h *Handlers) publicCampaign(c *gin.Context) {
+	pc, err := h.svc.Campaign(c.Request.Context(), c.Param("id"))
+	if err != nil {
+		httpapi.Abort(c, h.log, err)
+		return
+	}
+	c.JSON(http.StatusOK, publicCampaignResponse{ID: pc.Campaign.ID, Name: pc.Campaign.Name,
+		PerUserLimit: pc.Campaign.PerUserLimit, StartAt: pc.Campaign.StartAt, EndAt: pc.Campaign.EndAt, SoldOut: pc.SoldOut})
+}
+
+type purchaseRequest struct {
+	Quantity *int64 `json:"quantity"`
+}
+
+type purchaseResponse struct {
+	RequestID string       `json:"request_id"`
+	Status    model.Status `json:"status"`
+	PollURL   string       `json:"poll_url"`
+	WSURL     string       `json:"ws_url"`
+}
+
+func (h *Handlers) purchase(c *gin.Context) {
+	var req purchaseRequest
+	if err := httpapi.DecodeJSON(c, &req); err != nil {
+		httpapi.Abort(c, h.log, err)
+		return
+	}
+	qty := int64(1)
+	if req.Quantity != nil {
+		qty = *req.Quantity
+	}
+	acc, err := h.svc.Purchase(c.Request.Context(), Purchase{UserID: httpapi.UserID(c), CampaignID: c.Param("id"),
+		Quantity: qty, IdempotencyKey: c.GetHeader("Idempotency-Key")})
+	if err != nil {
+		httpapi.Abort(c, h.log, err)
+		return
+	}
+	status := http.StatusAccepted
+	if acc.Existing {
+		status = http.StatusOK
+	}
+	c.JSON(status, purchaseResponse{RequestID: acc.RequestID, Status: model.StatusQueued,
+		PollURL: "/api/v1/purchases/" + acc.RequestID, WSURL: "/api/v1/ws"})
+}

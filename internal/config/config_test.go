@@ -1,0 +1,132 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestEmbeddedYAMLMatchesDefaults(t *testing.T) {
+	got, err := Load(filepath.Join("..", "..", "configs", "flashsale.yaml"), map[string]string{})
+	if err != nil {
+		t.Fatalf("load flashsale.yaml: %v", err)
+	}
+	if want := Default(); !reflect.DeepEqual(normalize(got), normalize(want)) {
+		t.Fatalf("configs/flashsale.yaml drifted from Default():\ngot  %+v\nwant %+v", got, want)
+	}
+}
+
+// normalize treats a nil and an empty origin list alike.
+func normalize(c Config) Config {
+	if len(c.Notifier.AllowedOrigins) == 0 {
+		c.Notifier.AllowedOrigins = nil
+	}
+	return c
+}
+
+func TestProductionYAML(t *testing.T) {
+	path := filepath.Join("..", "..", "configs", "production.yaml")
+	if _, err := Load(path, map[string]string{}); err == nil || !strings.Contains(err.Error(), "auth.jwt_secret") {
+		t.Fatalf("without secrets: got %v, want an error naming auth.jwt_secret", err)
+	}
+	cfg, err := Load(path, map[string]string{
+		"FLASHSALE_AUTH_JWT_SECRET":  strings.Repeat("s", 40),
+		"FLASHSALE_AUTH_ADMIN_TOKEN": "admin-secret-token",
+	})
+	if err != nil {
+		t.Fatalf("load production.yaml: %v", err)
+	}
+	if cfg.Redis.Mode != "server" || cfg.Redis.Addr != "redis:6379" || cfg.Database.Driver != "mysql" {
+		t.Fatalf("got redis %s %s, db %s; want server redis:6379, mysql", cfg.Redis.Mode, cfg.Redis.Addr, cfg.Database.Driver)
+	}
+}
+
+func TestEnvOverrides(t *testing.T) {
+	cfg, err := Load("", map[string]string{
+		"FLASHSALE_HTTP_ADDR":                           "127.0.0.1:0",
+		"FLASHSALE_QUEUE_BATCH_SIZE":                    "64",
+		"FLASHSALE_GATEWAY_PUBLISH_TIMEOUT":             "750ms",
+		"FLASHSALE_NOTIFIER_ALLOWED_ORIGINS":            "https://a.example,https://b.example",
+		"FLASHSALE_DATABASE_DSN":                        "file.db",
+		"FLASHSALE_REDIS_ADDR":                          "10.0.0.1:6379",
+		"FLASHSALE_NOTIFIER_MAX_SUBSCRIPTIONS_PER_CONN": "3",
+	})
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"http.addr", cfg.HTTP.Addr, "127.0.0.1:0"},
+		{"queue.batch_size", cfg.Queue.BatchSize, 64},
+		{"gateway.publish_timeout", cfg.Gateway.PublishTimeout, 750 * time.Millisecond},
+		{"notifier.allowed_origins", cfg.Notifier.AllowedOrigins, []string{"https://a.example", "https://b.example"}},
+		{"database.dsn", cfg.Database.DSN, "file.db"},
+		{"redis.addr", cfg.Redis.Addr, "10.0.0.1:6379"},
+		{"notifier.max_subscriptions_per_conn", cfg.Notifier.MaxSubscriptionsPerConn, 3},
+		{"queue.partitions (untouched)", cfg.Queue.Partitions, 8},
+	}
+	for _, c := range checks {
+		if !reflect.DeepEqual(c.got, c.want) {
+			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestInvalidConfigNamesTheKey(t *testing.T) {
+	tests := []struct {
+		name    string
+		yaml    string
+		env     map[string]string
+		wantKey string
+	}{
+		{name: "unknown key", yaml: "queue:\n  drvier: memqueue\n", wantKey: "drvier"},
+		{name: "bad driver", yaml: "queue:\n  driver: kafka\n", wantKey: "queue.driver"},
+		{name: "zero batch", yaml: "queue:\n  batch_size: 0\n", wantKey: "queue.batch_size"},
+		{name: "bad duration", yaml: "http:\n  read_timeout: soon\n", wantKey: "line 2"},
+		{name: "short secret", yaml: "auth:\n  jwt_secret: short\n", wantKey: "auth.jwt_secret"},
+		{name: "server redis without addr", yaml: "redis:\n  mode: server\n", wantKey: "redis.addr"},
+		{name: "dev secrets with real redis", yaml: "redis:\n  mode: server\n  addr: r:6379\n", wantKey: "auth"},
+		{name: "bad log level", yaml: "log:\n  level: loud\n", wantKey: "log.level"},
+		{name: "bad env number", env: map[string]string{"FLASHSALE_QUEUE_PARTITIONS": "many"}, wantKey: "FLASHSALE_QUEUE_PARTITIONS"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := ""
+			if tc.yaml != "" {
+				path = filepath.Join(t.TempDir(), "c.yaml")
+				if err := os.WriteFile(path, []byte(tc.yaml), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			env := tc.env
+			if env == nil {
+				env = map[string]string{}
+			}
+			_, err := Load(path, env)
+			if err == nil || !strings.Contains(err.Error(), tc.wantKey) {
+				t.Fatalf("got %v, want an error naming %q", err, tc.wantKey)
+			}
+		})
+	}
+}
+
+func TestMaskedHidesSecrets(t *testing.T) {
+	c := Default()
+	c.Database.DSN = "flashsale:hunter2@tcp(mysql:3306)/flashsale"
+	c.Redis.Password = "redispw"
+	m := c.Masked()
+	s := strings.Join([]string{m.Auth.JWTSecret, m.Auth.AdminToken, m.Redis.Password, m.Database.DSN}, " ")
+	for _, secret := range []string{DevJWTSecret, DevAdminToken, "hunter2", "redispw"} {
+		if strings.Contains(s, secret) {
+			t.Errorf("masked config still contains %q: %s", secret, s)
+		}
+	}
+	if m.Database.DSN != "flashsale:***@tcp(mysql:3306)/flashsale" {
+		t.Errorf("got dsn %q, want the password masked", m.Database.DSN)
+	}
+}

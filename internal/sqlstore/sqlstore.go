@@ -1,0 +1,217 @@
+// Package sqlstore persists campaigns and orders through gorm, on MySQL in
+// production and on SQLite (pure Go) in the embedded default. Row structs stay
+// here; callers see model types only.
+package sqlstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/glebarez/sqlite"
+	gomysql "github.com/go-sql-driver/mysql"
+	"gorm.io/driver/mysql"
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+	"gorm.io/gorm/logger"
+
+	"flashsale/model"
+)
+
+// campaignRow is the campaigns table.
+type campaignRow struct {
+	ID           string `gorm:"primaryKey;size:64"`
+	Name         string `gorm:"size:200;not null"`
+	Stock        int64  `gorm:"not null"`
+	PerUserLimit int64  `gorm:"not null"`
+	StartAt      time.Time
+	EndAt        time.Time
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
+}
+
+func (campaignRow) TableName() string { return "campaigns" }
+
+// orderRow is the orders table. The unique index on request_id is what makes
+// persisting a redelivered success a no-op.
+type orderRow struct {
+	ID         string `gorm:"primaryKey;size:64"`
+	RequestID  string `gorm:"size:120;not null;uniqueIndex"`
+	CampaignID string `gorm:"size:64;not null;index:idx_orders_campaign_user,priority:1"`
+	UserID     string `gorm:"size:128;not null;index:idx_orders_campaign_user,priority:2"`
+	Quantity   int64  `gorm:"not null"`
+	Status     string `gorm:"size:32;not null;index"`
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+}
+
+func (orderRow) TableName() string { return "orders" }
+
+// DB is flashsale's relational store.
+type DB struct {
+	gdb *gorm.DB
+}
+
+// Driver names accepted by Open.
+const (
+	DriverMySQL  = "mysql"
+	DriverSQLite = "sqlite"
+)
+
+// Open connects with driver ("mysql" or "sqlite") and dsn, and migrates the
+// schema. For SQLite ":memory:" keeps everything in the process.
+func Open(ctx context.Context, driver, dsn string) (*DB, error) {
+	var dial gorm.Dialector
+	switch driver {
+	case DriverMySQL:
+		cfg, err := gomysql.ParseDSN(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("open mysql database: dsn: %w", err)
+		}
+		cfg.ParseTime = true // gorm scans DATETIME into time.Time
+		cfg.Loc = time.UTC
+		dial = mysql.Open(cfg.FormatDSN())
+	case DriverSQLite:
+		dial = sqlite.Open(dsn)
+	default:
+		return nil, fmt.Errorf("open database: unknown driver %q", driver)
+	}
+	gdb, err := gorm.Open(dial, &gorm.Config{
+		TranslateError:         true,
+		SkipDefaultTransaction: true,
+		Logger:                 logger.Discard,
+		NowFunc:                func() time.Time { return time.Now().UTC().Truncate(time.Microsecond) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open %s database: %w", driver, err)
+	}
+	sqlDB, err := gdb.DB()
+	if err != nil {
+		return nil, fmt.Errorf("open %s database: %w", driver, err)
+	}
+	if driver == DriverSQLite {
+		// One connection: an in-memory SQLite database lives in its connection,
+		// and SQLite serialises writers anyway.
+		sqlDB.SetMaxOpenConns(1)
+	} else {
+		sqlDB.SetMaxOpenConns(32)
+		sqlDB.SetMaxIdleConns(16)
+		sqlDB.SetConnMaxLifetime(30 * time.Minute)
+	}
+	db := &DB{gdb: gdb}
+	if err := db.Ping(ctx); err != nil {
+		_ = sqlDB.Close()
+		return nil, err
+	}
+	if err := gdb.WithContext(ctx).AutoMigrate(&campaignRow{}, &orderRow{}); err != nil {
+		_ = sqlDB.Close()
+		return nil, fmt.Errorf("migrate %s database: %w", driver, err)
+	}
+	return db, nil
+}
+
+// Close closes the connection pool.
+func (db *DB) Close() error {
+	sqlDB, err := db.gdb.DB()
+	if err != nil {
+		return err
+	}
+	return sqlDB.Close()
+}
+
+// Ping checks that the database answers.
+func (db *DB) Ping(ctx context.Context) error {
+	sqlDB, err := db.gdb.DB()
+	if err != nil {
+		return fmt.Errorf("database ping: %w", err)
+	}
+	if err := sqlDB.PingContext(ctx); err != nil {
+		return fmt.Errorf("database ping: %w", err)
+	}
+	return nil
+}
+
+// CreateCampaign stores a new campaign; an existing id is model.ErrConflict.
+func (db *DB) CreateCampaign(ctx context.Context, c model.Campaign) (model.Campaign, error) {
+	row := campaignRow{ID: c.ID, Name: c.Name, Stock: c.Stock, PerUserLimit: c.PerUserLimit,
+		StartAt: c.StartAt.UTC(), EndAt: c.EndAt.UTC()}
+	err := db.gdb.WithContext(ctx).Create(&row).Error
+	if errors.Is(err, gorm.ErrDuplicatedKey) {
+		return model.Campaign{}, fmt.Errorf("create campaign %s: %w", c.ID, model.ErrConflict)
+	}
+	if err != nil {
+		return model.Campaign{}, fmt.Errorf("create campaign %s: %w", c.ID, err)
+	}
+	return row.toModel(), nil
+}
+
+// Campaign returns a campaign or model.ErrNotFound.
+func (db *DB) Campaign(ctx context.Context, id string) (model.Campaign, error) {
+	var row campaignRow
+	err := db.gdb.WithContext(ctx).Where("id = ?", id).Take(&row).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return model.Campaign{}, fmt.Errorf("campaign %s: %w", id, model.ErrNotFound)
+	}
+	if err != nil {
+		return model.Campaign{}, fmt.Errorf("campaign %s: %w", id, err)
+	}
+	return row.toModel(), nil
+}
+
+func (r campaignRow) toModel() model.Campaign {
+	return model.Campaign{ID: r.ID, Name: r.Name, Stock: r.Stock, PerUserLimit: r.PerUserLimit,
+		StartAt: r.StartAt.UTC(), EndAt: r.EndAt.UTC(), CreatedAt: r.CreatedAt.UTC()}
+}
+
+// InsertOrders stores orders in one statement. Orders whose request id is
+// already stored are skipped, so a redelivered batch inserts nothing twice.
+func (db *DB) InsertOrders(ctx context.Context, orders []model.Order) error {
+	if len(orders) == 0 {
+		return nil
+	}
+	rows := make([]orderRow, len(orders))
+	for i, o := range orders {
+		rows[i] = orderRow{ID: o.ID, RequestID: o.RequestID, CampaignID: o.CampaignID, UserID: o.UserID,
+			Quantity: o.Quantity, Status: string(o.Status)}
+	}
+	err := db.gdb.WithContext(ctx).Clauses(clause.OnConflict{DoNothing: true}).CreateInBatches(rows, 1000).Error
+	if err != nil {
+		return fmt.Errorf("insert %d orders: %w", len(orders), err)
+	}
+	return nil
+}
+
+// OrderStats counts a campaign's orders and units.
+type OrderStats struct {
+	Orders int64
+	Units  int64
+}
+
+// CampaignOrderStats counts a campaign's stored orders.
+func (db *DB) CampaignOrderStats(ctx context.Context, campaignID string) (OrderStats, error) {
+	var out struct {
+		Orders int64
+		Units  int64
+	}
+	err := db.gdb.WithContext(ctx).Model(&orderRow{}).Where("campaign_id = ?", campaignID).
+		Select("COUNT(*) AS orders, COALESCE(SUM(quantity), 0) AS units").Scan(&out).Error
+	if err != nil {
+		return OrderStats{}, fmt.Errorf("order stats %s: %w", campaignID, err)
+	}
+	return OrderStats{Orders: out.Orders, Units: out.Units}, nil
+}
+
+// CampaignOrders lists a campaign's orders (for reconciliation and tests).
+func (db *DB) CampaignOrders(ctx context.Context, campaignID string) ([]model.Order, error) {
+	var rows []orderRow
+	if err := db.gdb.WithContext(ctx).Where("campaign_id = ?", campaignID).Order("request_id").Find(&rows).Error; err != nil {
+		return nil, fmt.Errorf("orders of %s: %w", campaignID, err)
+	}
+	out := make([]model.Order, len(rows))
+	for i, r := range rows {
+		out[i] = model.Order{ID: r.ID, RequestID: r.RequestID, CampaignID: r.CampaignID, UserID: r.UserID,
+			Quantity: r.Quantity, Status: model.OrderStatus(r.Status), CreatedAt: r.CreatedAt.UTC()}
+	}
+	return out, nil
+}

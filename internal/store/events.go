@@ -1,0 +1,104 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"flashsale/model"
+)
+
+// EventType names a campaign-level event.
+type EventType string
+
+// Campaign events.
+const (
+	// EventSoldOut: the campaign's stock reached zero.
+	EventSoldOut EventType = "sold_out"
+	// EventReset: the campaign was (re)loaded; cached flags must be dropped.
+	EventReset EventType = "reset"
+)
+
+// Event is a campaign-level broadcast between instances.
+type Event struct {
+	Type       EventType
+	CampaignID string
+}
+
+// PublishEvent broadcasts e to every gateway.
+func (s *Store) PublishEvent(ctx context.Context, e Event) error {
+	if err := s.rdb.Publish(ctx, EventsChannel, string(e.Type)+" "+e.CampaignID).Err(); err != nil {
+		return fmt.Errorf("publish event %s %s: %w", e.Type, e.CampaignID, err)
+	}
+	return nil
+}
+
+// PublishResults broadcasts final results to every notifier, in one round trip.
+func (s *Store) PublishResults(ctx context.Context, results []model.Result) error {
+	if len(results) == 0 {
+		return nil
+	}
+	pipe := s.rdb.Pipeline()
+	for _, r := range results {
+		b, err := model.EncodeResult(r)
+		if err != nil {
+			return fmt.Errorf("publish results: %w", err)
+		}
+		pipe.Publish(ctx, ResultsChannel, b)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("publish %d results: %w", len(results), err)
+	}
+	return nil
+}
+
+// SubscribeEvents calls fn for every campaign event until ctx ends. ready is
+// called once the subscription is confirmed. Malformed events are ignored.
+func (s *Store) SubscribeEvents(ctx context.Context, ready func(), fn func(Event)) error {
+	return s.subscribe(ctx, EventsChannel, ready, func(payload string) {
+		t, id, ok := strings.Cut(payload, " ")
+		if ok && model.ValidCampaignID(id) {
+			fn(Event{Type: EventType(t), CampaignID: id})
+		}
+	})
+}
+
+// SubscribeResults calls fn for every published result until ctx ends. ready
+// is called once the subscription is confirmed. Results published while the
+// connection is being re-established are missed: subscribers re-read stored
+// results for what they still wait on.
+func (s *Store) SubscribeResults(ctx context.Context, ready func(), fn func(model.Result)) error {
+	return s.subscribe(ctx, ResultsChannel, ready, func(payload string) {
+		if r, err := model.DecodeResult([]byte(payload)); err == nil {
+			fn(r)
+		}
+	})
+}
+
+func (s *Store) subscribe(ctx context.Context, channel string, ready func(), fn func(string)) error {
+	ps := s.rdb.Subscribe(ctx, channel)
+	defer ps.Close()
+	if _, err := ps.Receive(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("subscribe %s: %w", channel, err)
+	}
+	if ready != nil {
+		ready()
+	}
+	ch := ps.Channel(redis.WithChannelSize(4096))
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m, ok := <-ch:
+			if !ok {
+				return nil
+			}
+			fn(m.Payload)
+		}
+	}
+}

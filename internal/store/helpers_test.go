@@ -1,0 +1,190 @@
+package store
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"flashsale/internal/testenv"
+	"flashsale/model"
+)
+
+// backend is one Redis the scripts must work on: real Redis in production and
+// miniredis in the embedded mode.
+type backend struct {
+	name  string
+	store func(t *testing.T) *Store
+}
+
+func backends() []backend {
+	return []backend{
+		{name: "redis", store: func(t *testing.T) *Store { return New(testenv.Redis(t)) }},
+		{name: "miniredis", store: func(t *testing.T) *Store {
+			m := miniredis.RunT(t)
+			c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+			t.Cleanup(func() { _ = c.Close() })
+			return New(c)
+		}},
+	}
+}
+
+// forEachBackend runs fn as one subtest per backend.
+func forEachBackend(t *testing.T, fn func(t *testing.T, s *Store)) {
+	t.Helper()
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) { fn(t, b.store(t)) })
+	}
+}
+
+// testStart is a sale start in the future, on a whole millisecond so that it
+// survives the round trip through preload.lua unchanged.
+func testStart() time.Time { return time.Now().Add(time.Hour).Truncate(time.Millisecond) }
+
+func newCampaign(stock, limit int64) model.Campaign {
+	start := testStart()
+	return model.Campaign{
+		ID:           testenv.UniqueName("c"),
+		Name:         "test",
+		Stock:        stock,
+		PerUserLimit: limit,
+		StartAt:      start,
+		EndAt:        start.Add(time.Hour),
+	}
+}
+
+func newRequestID(campaignID string) string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return model.FormatRequestID(campaignID, hex.EncodeToString(b))
+}
+
+// labels maps the short names a table uses ("r1") to request ids of one
+// campaign, made on first use.
+type labels struct {
+	campaignID string
+	ids        map[string]string
+}
+
+func newLabels(campaignID string) *labels {
+	return &labels{campaignID: campaignID, ids: map[string]string{}}
+}
+
+func (l *labels) rid(label string) string {
+	if id, ok := l.ids[label]; ok {
+		return id
+	}
+	id := newRequestID(l.campaignID)
+	l.ids[label] = id
+	return id
+}
+
+// mustPreload loads c before its sale starts and checks that it was loaded.
+func mustPreload(t *testing.T, s *Store, c model.Campaign) {
+	t.Helper()
+	got, err := s.Preload(t.Context(), c, c.StartAt.Add(-time.Minute), false)
+	if err != nil {
+		t.Fatalf("Preload(%s): %v", c.ID, err)
+	}
+	if got != PreloadLoaded {
+		t.Fatalf("Preload(%s) = %q, want %q", c.ID, got, PreloadLoaded)
+	}
+}
+
+func mustDeduct(t *testing.T, s *Store, campaignID string, batch []Deduction) DeductReply {
+	t.Helper()
+	r, err := s.Deduct(t.Context(), campaignID, batch)
+	if err != nil {
+		t.Fatalf("Deduct(%s, %d requests): %v", campaignID, len(batch), err)
+	}
+	if len(r.Results) != len(batch) {
+		t.Fatalf("Deduct(%s): got %d results, want %d", campaignID, len(r.Results), len(batch))
+	}
+	return r
+}
+
+func mustAccept(t *testing.T, s *Store, a Acceptance) (string, bool) {
+	t.Helper()
+	rid, existing, err := s.Accept(t.Context(), a)
+	if err != nil {
+		t.Fatalf("Accept(%+v): %v", a, err)
+	}
+	return rid, existing
+}
+
+func mustUnaccept(t *testing.T, s *Store, a Acceptance) {
+	t.Helper()
+	if err := s.Unaccept(t.Context(), a); err != nil {
+		t.Fatalf("Unaccept(%+v): %v", a, err)
+	}
+}
+
+func mustStats(t *testing.T, s *Store, campaignID string) Stats {
+	t.Helper()
+	st, err := s.Stats(t.Context(), campaignID)
+	if err != nil {
+		t.Fatalf("Stats(%s): %v", campaignID, err)
+	}
+	return st
+}
+
+func mustResult(t *testing.T, s *Store, requestID string) model.Result {
+	t.Helper()
+	r, err := s.Result(t.Context(), requestID)
+	if err != nil {
+		t.Fatalf("Result(%s): %v", requestID, err)
+	}
+	return r
+}
+
+func mustNoResult(t *testing.T, s *Store, requestID string) {
+	t.Helper()
+	r, err := s.Result(t.Context(), requestID)
+	if !errors.Is(err, model.ErrNotFound) {
+		t.Fatalf("Result(%s) = %+v, %v; want error %v", requestID, r, err, model.ErrNotFound)
+	}
+}
+
+func mustSoldOut(t *testing.T, s *Store, campaignID string) bool {
+	t.Helper()
+	ok, err := s.SoldOut(t.Context(), campaignID)
+	if err != nil {
+		t.Fatalf("SoldOut(%s): %v", campaignID, err)
+	}
+	return ok
+}
+
+func mustUserUnits(t *testing.T, s *Store, campaignID, userID string) int64 {
+	t.Helper()
+	n, err := s.UserUnits(t.Context(), campaignID, userID)
+	if err != nil {
+		t.Fatalf("UserUnits(%s, %s): %v", campaignID, userID, err)
+	}
+	return n
+}
+
+// finished returns a FinishedByStatus map with every final status present.
+func finished(counts map[model.Status]int64) map[model.Status]int64 {
+	out := map[model.Status]int64{}
+	for _, s := range model.FinalStatuses {
+		out[s] = counts[s]
+	}
+	return out
+}
+
+// checkFinished compares Stats.FinishedByStatus with want (missing = 0).
+func checkFinished(t *testing.T, got Stats, want map[model.Status]int64) {
+	t.Helper()
+	for _, s := range model.FinalStatuses {
+		if got.FinishedByStatus[s] != want[s] {
+			t.Errorf("finished %s: got %d, want %d", s, got.FinishedByStatus[s], want[s])
+		}
+	}
+	if len(got.FinishedByStatus) != len(model.FinalStatuses) {
+		t.Errorf("FinishedByStatus: got %v, want exactly the final statuses", got.FinishedByStatus)
+	}
+}

@@ -1,0 +1,225 @@
+package store
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"flashsale/model"
+)
+
+func TestParseDeductReply(t *testing.T) {
+	batch := []Deduction{
+		{RequestID: "c.1", UserID: "u1", Quantity: 1, OrderID: "o1"},
+		{RequestID: "c.2", UserID: "u2", Quantity: 2, OrderID: "o2"},
+	}
+	ok := []any{int64(1), "success", "o1", "", "rejected", "", "insufficient_stock"}
+	with := func(i int, v any) []any {
+		r := append([]any(nil), ok...)
+		r[i] = v
+		return r
+	}
+	tests := []struct {
+		name    string
+		reply   []any
+		wantErr string // "" = success
+	}{
+		{name: "valid", reply: ok},
+		{name: "empty", reply: nil, wantErr: "has 0 elements"},
+		{name: "only the flag", reply: ok[:1], wantErr: "has 1 elements"},
+		{name: "one result short", reply: ok[:4], wantErr: "has 4 elements"},
+		{name: "one field short", reply: ok[:6], wantErr: "has 6 elements"},
+		{name: "one field too many", reply: append(append([]any(nil), ok...), ""), wantErr: "has 8 elements"},
+		{name: "flag is a string", reply: with(0, "1"), wantErr: "reply[0]"},
+		{name: "flag is nil", reply: with(0, nil), wantErr: "reply[0]"},
+		{name: "status is an integer", reply: with(1, int64(1)), wantErr: "reply[1]"},
+		{name: "order id is nil", reply: with(2, nil), wantErr: "reply[2]"},
+		{name: "reason is an integer", reply: with(6, int64(0)), wantErr: "reply[6]"},
+		{name: "status queued", reply: with(4, "queued"), wantErr: "not final"},
+		{name: "status empty", reply: with(1, ""), wantErr: "not final"},
+		{name: "status unknown", reply: with(1, "bogus"), wantErr: "not final"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseDeductReply("c", batch, tt.reply)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("got (%+v, %v), want error containing %q", got, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("got error %v, want nil", err)
+			}
+			want := DeductReply{SoldOutNow: true, Results: []model.Result{
+				{RequestID: "c.1", CampaignID: "c", UserID: "u1", Status: model.StatusSuccess, OrderID: "o1", Quantity: 1},
+				{RequestID: "c.2", CampaignID: "c", UserID: "u2", Status: model.StatusRejected, Reason: model.ReasonInsufficientStock, Quantity: 2},
+			}}
+			if got.SoldOutNow != want.SoldOutNow || len(got.Results) != 2 || got.Results[0] != want.Results[0] || got.Results[1] != want.Results[1] {
+				t.Errorf("got %+v, want %+v", got, want)
+			}
+		})
+	}
+}
+
+func TestParseDeductReplySoldOutFlag(t *testing.T) {
+	tests := []struct {
+		name string
+		flag int64
+		want bool
+	}{
+		{name: "zero", flag: 0, want: false},
+		{name: "one", flag: 1, want: true},
+		{name: "other", flag: 2, want: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseDeductReply("c", nil, []any{tt.flag})
+			if err != nil {
+				t.Fatalf("got error %v, want nil", err)
+			}
+			if got.SoldOutNow != tt.want {
+				t.Errorf("SoldOutNow: got %v, want %v", got.SoldOutNow, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseAcceptReply(t *testing.T) {
+	tests := []struct {
+		name     string
+		reply    []any
+		wantCode int64
+		wantRID  string
+		wantErr  bool
+	}{
+		{name: "new", reply: []any{int64(0), "c.1"}, wantCode: 0, wantRID: "c.1"},
+		{name: "existing", reply: []any{int64(1), "c.1"}, wantCode: 1, wantRID: "c.1"},
+		{name: "not loaded", reply: []any{int64(-1), ""}, wantCode: -1},
+		{name: "empty", reply: nil, wantErr: true},
+		{name: "too long", reply: []any{int64(0), "c.1", ""}, wantErr: true},
+		{name: "code is a string", reply: []any{"0", "c.1"}, wantErr: true},
+		{name: "request id is nil", reply: []any{int64(0), nil}, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, rid, err := parseAcceptReply(tt.reply)
+			if tt.wantErr {
+				if err == nil {
+					t.Fatalf("got (%d, %q, nil), want an error", code, rid)
+				}
+				return
+			}
+			if err != nil || code != tt.wantCode || rid != tt.wantRID {
+				t.Errorf("got (%d, %q, %v), want (%d, %q, nil)", code, rid, err, tt.wantCode, tt.wantRID)
+			}
+		})
+	}
+}
+
+func TestDecodeStored(t *testing.T) {
+	tests := []struct {
+		name    string
+		value   string
+		want    model.Result
+		wantErr bool
+	}{
+		{
+			name: "success", value: "success|2|o1||u1",
+			want: model.Result{RequestID: "c.1", CampaignID: "c", Status: model.StatusSuccess, Quantity: 2, OrderID: "o1", UserID: "u1"},
+		},
+		{
+			name: "rejected", value: "rejected|3||insufficient_stock|u1",
+			want: model.Result{RequestID: "c.1", CampaignID: "c", Status: model.StatusRejected, Quantity: 3, Reason: "insufficient_stock", UserID: "u1"},
+		},
+		{
+			name: "queued", value: "queued|1|||u1",
+			want: model.Result{RequestID: "c.1", CampaignID: "c", Status: model.StatusQueued, Quantity: 1, UserID: "u1"},
+		},
+		{
+			name: "user keeps extra separators", value: "sold_out|1|||u|x",
+			want: model.Result{RequestID: "c.1", CampaignID: "c", Status: model.StatusSoldOut, Quantity: 1, UserID: "u|x"},
+		},
+		{name: "empty", value: "", wantErr: true},
+		{name: "four fields", value: "success|1|o1|", wantErr: true},
+		{name: "quantity not a number", value: "success|x|o1||u1", wantErr: true},
+		{name: "quantity empty", value: "success||o1||u1", wantErr: true},
+		{name: "quantity fractional", value: "success|1.5|o1||u1", wantErr: true},
+		{name: "unknown status", value: "bogus|1|||u1", wantErr: true},
+		{name: "empty status", value: "|1|||u1", wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := decodeStored("c.1", "c", tt.value)
+			if tt.wantErr {
+				if err == nil {
+					t.Fatalf("got (%+v, nil), want an error", got)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Errorf("got (%+v, %v), want (%+v, nil)", got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestEncodeStoredRoundTrip(t *testing.T) {
+	tests := []struct {
+		name string
+		r    model.Result
+	}{
+		{name: "queued", r: model.Result{Status: model.StatusQueued, Quantity: 1, UserID: "u1"}},
+		{name: "success", r: model.Result{Status: model.StatusSuccess, Quantity: 3, OrderID: "o-1", UserID: "user@example.com"}},
+		{name: "rejected", r: model.Result{Status: model.StatusRejected, Quantity: 1, Reason: model.ReasonNotLoaded, UserID: "u:1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := tt.r
+			want.RequestID, want.CampaignID = "c.1", "c"
+			got, err := decodeStored("c.1", "c", encodeStored(tt.r))
+			if err != nil || got != want {
+				t.Errorf("got (%+v, %v), want (%+v, nil)", got, err, want)
+			}
+		})
+	}
+}
+
+func TestResult(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		c := newCampaign(1, 1)
+		mustPreload(t, s, c)
+		hex32 := strings.Repeat("ab", 16)
+		tests := []struct {
+			name      string
+			requestID string
+		}{
+			{name: "empty", requestID: ""},
+			{name: "no separator", requestID: c.ID + hex32},
+			{name: "short tail", requestID: model.FormatRequestID(c.ID, hex32[:31])},
+			{name: "upper-case tail", requestID: model.FormatRequestID(c.ID, strings.ToUpper(hex32))},
+			{name: "bad campaign", requestID: model.FormatRequestID("c{x}", hex32)},
+			{name: "empty campaign", requestID: "." + hex32},
+			{name: "unknown", requestID: model.FormatRequestID(c.ID, hex32)},
+			{name: "unknown campaign", requestID: newRequestID(c.ID + "x")},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				got, err := s.Result(t.Context(), tt.requestID)
+				if !errors.Is(err, model.ErrNotFound) {
+					t.Errorf("Result(%q): got (%+v, %v), want error %v", tt.requestID, got, err, model.ErrNotFound)
+				}
+			})
+		}
+		t.Run("corrupt stored value", func(t *testing.T) {
+			rid := newRequestID(c.ID)
+			if err := s.Client().HSet(t.Context(), campaignKeys(c.ID).results, rid, "garbage").Err(); err != nil {
+				t.Fatalf("HSET: %v", err)
+			}
+			got, err := s.Result(t.Context(), rid)
+			if err == nil || errors.Is(err, model.ErrNotFound) {
+				t.Errorf("Result: got (%+v, %v), want a decode error", got, err)
+			}
+		})
+	})
+}

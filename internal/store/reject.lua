@@ -1,0 +1,18 @@
+-- reject.lua: give a request a final "rejected" result unless it already has a
+-- final one. Used for messages the worker gives up on, so every accepted
+-- request still ends in exactly one final result.
+--
+-- KEYS[1] results   hash request id -> "status|qty|order_id|reason|user"
+-- KEYS[2] counters  hash: fin:<status>
+-- ARGV[1] request id
+-- ARGV[2] rejected result value
+--
+-- Reply: the stored value after the call (the earlier final one, or ARGV[2])
+
+local stored = redis.call('HGET', KEYS[1], ARGV[1])
+if stored and string.sub(stored, 1, 7) ~= 'queued|' then
+  return stored
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HINCRBY', KEYS[2], 'fin:rejected', 1)
+return ARGV[2]

@@ -1,0 +1,231 @@
+// Package worker consumes purchase requests, decides them in batches with one
+// atomic Lua call per campaign, persists successes to MySQL and publishes the
+// results.
+//
+// The order of steps is what makes crashes safe: deduct (idempotent per
+// request id) → insert orders (duplicates ignored by a unique index) → publish
+// results → acknowledge. A crash anywhere before the acknowledgement leads to
+// redelivery, which replays the same stored results and inserts nothing twice.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+
+	"flashsale/internal/metrics"
+	"flashsale/internal/store"
+	"flashsale/model"
+	"flashsale/queue"
+)
+
+// Stock is what the worker needs from the Redis store.
+type Stock interface {
+	Deduct(ctx context.Context, campaignID string, batch []store.Deduction) (store.DeductReply, error)
+	Reject(ctx context.Context, d store.Deduction, campaignID, reason string) (model.Result, error)
+	PublishResults(ctx context.Context, results []model.Result) error
+	PublishEvent(ctx context.Context, e store.Event) error
+}
+
+// Orders is what the worker needs from the relational store.
+type Orders interface {
+	InsertOrders(ctx context.Context, orders []model.Order) error
+}
+
+// Options tune the worker.
+type Options struct {
+	// MaxAttempts is how many deliveries a message gets before the worker
+	// gives up on it and records a final rejected result. Default 10.
+	MaxAttempts int
+	// PersistAttempts and PersistBackoff bound the in-handler retries of an
+	// order insert before the batch is handed back for redelivery.
+	PersistAttempts int           // default 5
+	PersistBackoff  time.Duration // first wait, doubled each time; default 50ms
+	// AfterDeduct, when set, runs after the Lua call and before persistence.
+	// Tests use it to crash the worker in the most delicate spot.
+	AfterDeduct func(campaignID string, results []model.Result) error
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = 10
+	}
+	if o.PersistAttempts <= 0 {
+		o.PersistAttempts = 5
+	}
+	if o.PersistBackoff <= 0 {
+		o.PersistBackoff = 50 * time.Millisecond
+	}
+	return o
+}
+
+// Worker handles batches of purchase-request messages.
+type Worker struct {
+	log    *slog.Logger
+	stock  Stock
+	orders Orders
+	m      *metrics.Metrics
+	opts   Options
+}
+
+// New returns a Worker.
+func New(log *slog.Logger, stock Stock, orders Orders, m *metrics.Metrics, opts Options) *Worker {
+	return &Worker{log: log, stock: stock, orders: orders, m: m, opts: opts.withDefaults()}
+}
+
+// Run consumes topic until ctx ends.
+func (w *Worker) Run(ctx context.Context, c queue.Consumer, topic string) error {
+	if err := c.Consume(ctx, topic, w.Handle); err != nil {
+		return fmt.Errorf("consume %s: %w", topic, err)
+	}
+	return nil
+}
+
+// campaignBatch is one campaign's share of a delivered batch, in arrival order.
+type campaignBatch struct {
+	campaignID string
+	requests   []model.PurchaseRequest
+	attempts   []int
+}
+
+// Handle is the queue.Handler: nil acknowledges the whole batch.
+func (w *Worker) Handle(ctx context.Context, msgs []queue.Message) error {
+	batches := w.group(msgs)
+	var results []model.Result
+	var orders []model.Order
+	for _, b := range batches {
+		rs, err := w.decide(ctx, b)
+		if err != nil {
+			return err
+		}
+		results = append(results, rs...)
+		for _, r := range rs {
+			w.m.Deductions.WithLabelValues(string(r.Status)).Inc()
+			if r.Status == model.StatusSuccess {
+				orders = append(orders, model.Order{ID: r.OrderID, RequestID: r.RequestID, CampaignID: r.CampaignID,
+					UserID: r.UserID, Quantity: r.Quantity, Status: model.OrderPendingPayment})
+			}
+		}
+	}
+	// Successes must be in MySQL before the batch is acknowledged: the
+	// shopper may already have seen them through the poll endpoint.
+	if err := w.persist(ctx, orders); err != nil {
+		return err
+	}
+	if err := w.stock.PublishResults(ctx, results); err != nil {
+		// Results are stored in Redis; notifiers re-read what they wait on.
+		w.log.Warn("publish results", "count", len(results), "err", err)
+	}
+	return nil
+}
+
+// group splits a delivered batch by campaign, keeping arrival order. A message
+// that cannot be decoded was never produced by a gateway; it is dropped (and
+// counted) because redelivering it can never succeed.
+func (w *Worker) group(msgs []queue.Message) []*campaignBatch {
+	var order []*campaignBatch
+	byCampaign := map[string]*campaignBatch{}
+	for _, msg := range msgs {
+		req, err := model.DecodePurchaseRequest(msg.Body)
+		if err != nil {
+			w.m.PoisonMessages.Inc()
+			w.log.Error("undecodable message dropped", "request_id", msg.ID, "err", err)
+			continue
+		}
+		b := byCampaign[req.CampaignID]
+		if b == nil {
+			b = &campaignBatch{campaignID: req.CampaignID}
+			byCampaign[req.CampaignID] = b
+			order = append(order, b)
+		}
+		b.requests = append(b.requests, req)
+		b.attempts = append(b.attempts, msg.Attempt)
+	}
+	return order
+}
+
+func (w *Worker) decide(ctx context.Context, b *campaignBatch) ([]model.Result, error) {
+	deductions := make([]store.Deduction, len(b.requests))
+	exhausted := false
+	for i, r := range b.requests {
+		deductions[i] = store.Deduction{RequestID: r.RequestID, UserID: r.UserID, Quantity: r.Quantity, OrderID: newOrderID()}
+		exhausted = exhausted || b.attempts[i] > w.opts.MaxAttempts
+	}
+	w.m.WorkerBatchSize.Observe(float64(len(deductions)))
+	reply, err := w.stock.Deduct(ctx, b.campaignID, deductions)
+	if err != nil {
+		if !exhausted {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+		return w.giveUp(ctx, b.campaignID, deductions, err)
+	}
+	if reply.SoldOutNow {
+		// Best effort: gateways also re-check the flag periodically.
+		if err := w.stock.PublishEvent(ctx, store.Event{Type: store.EventSoldOut, CampaignID: b.campaignID}); err != nil {
+			w.log.Warn("publish sold-out event", "campaign_id", b.campaignID, "err", err)
+		}
+	}
+	if w.opts.AfterDeduct != nil {
+		if err := w.opts.AfterDeduct(b.campaignID, reply.Results); err != nil {
+			return nil, err
+		}
+	}
+	return reply.Results, nil
+}
+
+// giveUp decides each request of a batch that keeps failing on its own, so
+// one poison request cannot block its campaign: a request that still fails
+// alone gets a final rejected result.
+func (w *Worker) giveUp(ctx context.Context, campaignID string, ds []store.Deduction, cause error) ([]model.Result, error) {
+	out := make([]model.Result, 0, len(ds))
+	for _, d := range ds {
+		reply, err := w.stock.Deduct(ctx, campaignID, []store.Deduction{d})
+		if err == nil {
+			out = append(out, reply.Results...)
+			continue
+		}
+		r, rerr := w.stock.Reject(ctx, d, campaignID, model.ReasonPoison)
+		if rerr != nil {
+			return nil, fmt.Errorf("worker: give up on %s: %w", d.RequestID, errors.Join(cause, rerr))
+		}
+		w.m.PoisonMessages.Inc()
+		w.log.Error("request given up after repeated failures", "request_id", d.RequestID, "campaign_id", campaignID, "err", err)
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func (w *Worker) persist(ctx context.Context, orders []model.Order) error {
+	if len(orders) == 0 {
+		return nil
+	}
+	wait := w.opts.PersistBackoff
+	var err error
+	for attempt := 1; attempt <= w.opts.PersistAttempts; attempt++ {
+		start := time.Now()
+		if err = w.orders.InsertOrders(ctx, orders); err == nil {
+			metrics.Since(w.m.PersistLatency, start)
+			return nil
+		}
+		w.log.Warn("persist orders failed, retrying", "count", len(orders), "attempt", attempt, "err", err)
+		if attempt == w.opts.PersistAttempts {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("worker: persist: %w", ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+	return fmt.Errorf("worker: persist %d orders: %w", len(orders), err)
+}
+
+// newOrderID returns a time-ordered id, so orders sort by creation.
+func newOrderID() string {
+	return uuid.Must(uuid.NewV7()).String()
+}
