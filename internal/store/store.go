@@ -298,7 +298,7 @@ func (s *Store) Result(ctx context.Context, requestID string) (model.Result, err
 		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
 	}
 	if err != nil {
-		return model.Result{}, fmt.Errorf("result %s: %w", requestID, err)
+		return model.Result{}, fmt.Errorf("result %s: %w: %v", requestID, model.ErrUnavailable, err)
 	}
 	return decodeStored(requestID, c, v)
 }

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"flashsale/internal/config"
+)
+
+// TestServeEmbeddedDefault runs `flashsale serve` exactly as a new user
+// would, with no services, and buys through it.
+func TestServeEmbeddedDefault(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "--addr", "127.0.0.1:0"}, pw, map[string]string{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		_ = pw.Close()
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve returned %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Errorf("serve did not stop within 15s of cancellation")
+		}
+	})
+
+	lines := bufio.NewScanner(pr)
+	base, adminToken := "", ""
+	for lines.Scan() && (base == "" || adminToken == "") {
+		line := lines.Text()
+		if _, after, ok := strings.Cut(line, "listening on "); ok {
+			base = after
+		}
+		if _, after, ok := strings.Cut(line, "dev admin token: "); ok {
+			adminToken = after
+		}
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	if base == "" || adminToken != config.DevAdminToken {
+		t.Fatalf("serve printed address %q and admin token %q", base, adminToken)
+	}
+
+	c := newClient(t, base, config.Default().Auth)
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if code := c.do("GET", path, "", nil, nil, nil); code != http.StatusOK {
+			t.Fatalf("%s: got %d, want 200", path, code)
+		}
+	}
+	c.openCampaign("embedded-demo", 2, 1)
+
+	var p purchaseBody
+	if code := c.do("POST", "/api/v1/campaigns/embedded-demo/purchases", c.token("alice"), map[string]int{"quantity": 1}, nil, &p); code != http.StatusAccepted {
+		t.Fatalf("purchase: got %d, want 202", code)
+	}
+	r, err := c.wsResult("alice", p.RequestID, 10*time.Second)
+	if err != nil {
+		t.Fatalf("ws result: %v", err)
+	}
+	if r.Status != "success" || r.OrderID == "" {
+		t.Fatalf("got %s order %q, want success with an order id", r.Status, r.OrderID)
+	}
+	st := c.settle("embedded-demo", 10*time.Second)
+	if st.Remaining != 1 || st.OrdersInDB != 1 {
+		t.Fatalf("got remaining %d, orders %d; want 1 and 1", st.Remaining, st.OrdersInDB)
+	}
+	var m bytes.Buffer
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	_, _ = io.Copy(&m, resp.Body)
+	resp.Body.Close()
+	for _, name := range []string{"flashsale_http_requests_total", "flashsale_deductions_total", "flashsale_results_delivered_total"} {
+		if !strings.Contains(m.String(), name) {
+			t.Errorf("metrics lack %s", name)
+		}
+	}
+}
+
+func TestCommands(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr bool
+		want    string
+	}{
+		{name: "help", args: []string{"--help"}, want: "Commands:"},
+		{name: "version", args: []string{"version"}, want: "flashsale dev"},
+		{name: "serve help", args: []string{"serve", "--help"}, wantErr: true, want: "Usage: flashsale serve"},
+		{name: "token", args: []string{"token", "bob"}, want: "eyJ"},
+		{name: "token without user", args: []string{"token"}, wantErr: true, want: "Usage: flashsale token"},
+		{name: "token bad user", args: []string{"token", "bob smith"}, wantErr: true},
+		{name: "unknown", args: []string{"frobnicate"}, wantErr: true, want: "Commands:"},
+		{name: "single role on embedded", args: []string{"worker"}, wantErr: true},
+		{name: "bad config", args: []string{"serve", "--config", "/nonexistent.yaml"}, wantErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			err := run(context.Background(), tc.args, &out, map[string]string{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("got err %v, want error %v", err, tc.wantErr)
+			}
+			if !strings.Contains(out.String(), tc.want) {
+				t.Fatalf("output %q lacks %q", out.String(), tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,290 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"flashsale/internal/auth"
+	"flashsale/internal/config"
+	"flashsale/internal/sqlstore"
+	"flashsale/internal/testenv"
+	"flashsale/queue"
+)
+
+const (
+	testJWTSecret  = "test-jwt-secret-0123456789abcdef0123456789"
+	testAdminToken = "test-admin-token"
+)
+
+// realConfig returns a config on the test Redis and a fresh MySQL database,
+// with a unique queue topic and a random port.
+func realConfig(t *testing.T, queueDriver string) config.Config {
+	t.Helper()
+	cfg := config.Default()
+	cfg.HTTP.Addr = "127.0.0.1:0"
+	cfg.Auth = config.Auth{JWTSecret: testJWTSecret, JWTLeeway: 5 * time.Second, AdminToken: testAdminToken}
+	cfg.Redis.Mode, cfg.Redis.Addr = "server", testenv.RedisAddr(t)
+	cfg.Database.Driver, cfg.Database.DSN = "mysql", testenv.MySQLDSN(t)
+	cfg.Queue.Driver, cfg.Queue.Topic = queueDriver, testenv.Topic(t)
+	cfg.Notifier.AllowedOrigins = []string{"*"}
+	cfg.Log.Level = "warn"
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("test config: %v", err)
+	}
+	return cfg
+}
+
+// client talks to a running system over real HTTP.
+type client struct {
+	t     testing.TB
+	db    config.Database
+	admin string
+	base  string
+	http  *http.Client
+	jwt   *auth.JWT
+}
+
+func startSystem(t *testing.T, cfg config.Config) *client {
+	t.Helper()
+	return startSystemWith(t, cfg, nil)
+}
+
+// startSystemWith is startSystem with the queue publisher wrapped (faults).
+func startSystemWith(t *testing.T, cfg config.Config, wrap func(queue.Publisher) queue.Publisher) *client {
+	t.Helper()
+	var opts []startOption
+	if wrap != nil {
+		opts = append(opts, func(o *startOptions) { o.wrapPublisher = wrap })
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	sys, err := start(ctx, cfg, log, roleSet{gateway: true, worker: true, notifier: true}, opts...)
+	if err != nil {
+		cancel()
+		t.Fatalf("start: %v", err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := sys.Wait(); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
+	c := newClient(t, "http://"+sys.Addr(), cfg.Auth)
+	c.db = cfg.Database
+	return c
+}
+
+// ordersInDB reads the campaign's orders straight from the database:
+// request id -> order id.
+func (c *client) ordersInDB(campaign string) map[string]string {
+	c.t.Helper()
+	db, err := sqlstore.Open(context.Background(), c.db.Driver, c.db.DSN)
+	if err != nil {
+		c.t.Fatalf("open db: %v", err)
+	}
+	defer db.Close()
+	orders, err := db.CampaignOrders(context.Background(), campaign)
+	if err != nil {
+		c.t.Fatalf("orders: %v", err)
+	}
+	out := map[string]string{}
+	for _, o := range orders {
+		if _, dup := out[o.RequestID]; dup {
+			c.t.Errorf("request %s has two orders", o.RequestID)
+		}
+		out[o.RequestID] = o.ID
+	}
+	return out
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+func newClient(t testing.TB, base string, a config.Auth) *client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 256
+	tr.MaxConnsPerHost = 256
+	return &client{t: t, base: base, http: &http.Client{Transport: tr, Timeout: 30 * time.Second},
+		jwt: auth.NewJWT([]byte(a.JWTSecret), a.JWTLeeway), admin: a.AdminToken}
+}
+
+func (c *client) token(user string) string {
+	c.t.Helper()
+	tok, err := c.jwt.Mint(user, time.Hour)
+	if err != nil {
+		c.t.Fatalf("mint token: %v", err)
+	}
+	return tok
+}
+
+// do sends a request and decodes a JSON answer into out (if not nil).
+func (c *client) do(method, path, bearer string, body any, header map[string]string, out any) int {
+	c.t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	default:
+		buf, _ := json.Marshal(b)
+		rd = bytes.NewReader(buf)
+	}
+	req, err := http.NewRequest(method, c.base+path, rd)
+	if err != nil {
+		c.t.Fatalf("new request: %v", err)
+	}
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		c.t.Errorf("%s %s: %v", method, path, err)
+		return 0
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if out != nil && len(raw) > 0 {
+		if err := json.Unmarshal(raw, out); err != nil {
+			c.t.Errorf("%s %s: decode %q: %v", method, path, raw, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+type campaignBody struct {
+	ID           string    `json:"id"`
+	Name         string    `json:"name"`
+	Stock        int64     `json:"stock"`
+	PerUserLimit int64     `json:"per_user_limit"`
+	StartAt      time.Time `json:"start_at"`
+	EndAt        time.Time `json:"end_at"`
+}
+
+// openCampaign creates and preloads a campaign whose sale is open.
+func (c *client) openCampaign(id string, stock, limit int64) {
+	c.t.Helper()
+	body := campaignBody{ID: id, Name: "Test " + id, Stock: stock, PerUserLimit: limit,
+		StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)}
+	if code := c.do("POST", "/admin/v1/campaigns", c.admin, body, nil, nil); code != http.StatusCreated {
+		c.t.Fatalf("create campaign: got %d, want 201", code)
+	}
+	if code := c.do("POST", "/admin/v1/campaigns/"+id+"/preload", c.admin, nil, nil, nil); code != http.StatusOK {
+		c.t.Fatalf("preload: got %d, want 200", code)
+	}
+}
+
+type statsBody struct {
+	Stock            int64            `json:"stock"`
+	Remaining        int64            `json:"remaining"`
+	Sold             int64            `json:"sold"`
+	SoldOut          bool             `json:"sold_out"`
+	Accepted         int64            `json:"accepted"`
+	Queued           int64            `json:"queued"`
+	FinishedByStatus map[string]int64 `json:"finished_by_status"`
+	OrdersInDB       int64            `json:"orders_in_db"`
+}
+
+func (c *client) stats(id string) statsBody {
+	c.t.Helper()
+	var st statsBody
+	if code := c.do("GET", "/admin/v1/campaigns/"+id+"/stats", c.admin, nil, nil, &st); code != http.StatusOK {
+		c.t.Fatalf("stats: got %d, want 200", code)
+	}
+	return st
+}
+
+// settle waits until no accepted request of the campaign is still queued.
+func (c *client) settle(id string, timeout time.Duration) statsBody {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		st := c.stats(id)
+		if st.Queued == 0 {
+			return st
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("not settled after %s: %+v", timeout, st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+type purchaseBody struct {
+	RequestID string `json:"request_id"`
+	Status    string `json:"status"`
+	PollURL   string `json:"poll_url"`
+	WSURL     string `json:"ws_url"`
+	Code      string `json:"code"`
+}
+
+type resultBody struct {
+	RequestID  string `json:"request_id"`
+	CampaignID string `json:"campaign_id"`
+	UserID     string `json:"user_id"`
+	Status     string `json:"status"`
+	OrderID    string `json:"order_id"`
+	Reason     string `json:"reason"`
+	Quantity   int64  `json:"quantity"`
+	Code       string `json:"code"`
+}
+
+func (c *client) poll(user, rid string) (int, resultBody) {
+	var r resultBody
+	code := c.do("GET", "/api/v1/purchases/"+rid, c.token(user), nil, nil, &r)
+	return code, r
+}
+
+// wsResult subscribes to rid over WebSocket and waits for its pushed result.
+func (c *client) wsResult(user, rid string, timeout time.Duration) (resultBody, error) {
+	u, _ := url.Parse(c.base)
+	u.Scheme = "ws"
+	u.Path = "/api/v1/ws"
+	u.RawQuery = "access_token=" + url.QueryEscape(c.token(user))
+	conn, _, err := websocket.DefaultDialer.Dial(u.String(), nil)
+	if err != nil {
+		return resultBody{}, fmt.Errorf("dial: %w", err)
+	}
+	defer conn.Close()
+	if err := conn.WriteJSON(map[string]any{"type": "subscribe", "request_ids": []string{rid}}); err != nil {
+		return resultBody{}, fmt.Errorf("subscribe: %w", err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(timeout))
+	for {
+		var msg struct {
+			Type   string     `json:"type"`
+			Code   string     `json:"code"`
+			Result resultBody `json:"result"`
+		}
+		if err := conn.ReadJSON(&msg); err != nil {
+			return resultBody{}, fmt.Errorf("read: %w", err)
+		}
+		switch msg.Type {
+		case "result":
+			return msg.Result, nil
+		case "error":
+			return resultBody{}, fmt.Errorf("ws error %s", msg.Code)
+		}
+	}
+}

@@ -1,0 +1,91 @@
+// Command flashsale runs the flash-sale queue gateway: `serve` runs every role
+// in one process, `gateway`, `worker` and `notifier` one role each.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	err := run(ctx, os.Args[1:], os.Stdout, environ(), log)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "flashsale:", err)
+		os.Exit(1)
+	}
+}
+
+func environ() map[string]string {
+	m := map[string]string{}
+	for _, kv := range os.Environ() {
+		for i := 0; i < len(kv); i++ {
+			if kv[i] == '=' {
+				m[kv[:i]] = kv[i+1:]
+				break
+			}
+		}
+	}
+	return m
+}
+
+const usage = `flashsale: a flash-sale queue gateway with async results.
+
+Usage:
+  flashsale <command> [flags]
+
+Commands:
+  serve      run gateway, worker and notifier in one process (embedded default: no services needed)
+  gateway    run the HTTP gateway only (admin + purchase admission)
+  worker     run the queue worker only (Lua deduction + MySQL persistence)
+  notifier   run the WebSocket/poll notifier only
+  token      mint a shopper JWT for a user id, for trying the API
+  version    print the version
+
+Run 'flashsale <command> --help' for the flags of a command.
+`
+
+// run dispatches a subcommand. Every command's output goes to stdout; logs
+// go to log.
+func run(ctx context.Context, args []string, stdout io.Writer, env map[string]string, log *slog.Logger) error {
+	if len(args) == 0 {
+		fmt.Fprint(stdout, usage)
+		return fmt.Errorf("no command given")
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	case "version":
+		fmt.Fprintln(stdout, "flashsale", version)
+		return nil
+	case "token":
+		return runToken(rest, stdout, env)
+	case "serve":
+		return runRoles(ctx, cmd, rest, stdout, env, log, roleSet{gateway: true, worker: true, notifier: true})
+	case "gateway":
+		return runRoles(ctx, cmd, rest, stdout, env, log, roleSet{gateway: true})
+	case "worker":
+		return runRoles(ctx, cmd, rest, stdout, env, log, roleSet{worker: true})
+	case "notifier":
+		return runRoles(ctx, cmd, rest, stdout, env, log, roleSet{notifier: true})
+	}
+	fmt.Fprint(stdout, usage)
+	return fmt.Errorf("unknown command %q", cmd)
+}

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"flashsale/internal/testenv"
+)
+
+// TestWholePathRace is the purchase path's main proof: 2,000 concurrent
+// shoppers through real HTTP, a real queue, real Redis and MySQL, against
+// 100 items with a per-user limit of 1.
+func TestWholePathRace(t *testing.T) {
+	for _, driver := range []string{"memqueue", "redisstream"} {
+		t.Run(driver, func(t *testing.T) {
+			cfg := realConfig(t, driver)
+			cfg.Gateway.UserRate, cfg.Gateway.UserBurst = 100, 100
+			c := startSystem(t, cfg)
+			campaign := testenv.UniqueName("race-")
+			const stock, limit = 100, 1
+			c.openCampaign(campaign, stock, limit)
+			runSale(t, c, campaign, stock, limit)
+		})
+	}
+}
+
+type shopperOutcome struct {
+	user      string
+	status    int
+	requestID string
+	code      string
+	wsResult  *resultBody
+	wsErr     error
+}
+
+// runSale fires 2,000 purchases (1,700 users; 150 of them send 3 requests)
+// and checks every invariant of DEVELOPERS.md once the system settles.
+func runSale(t *testing.T, c *client, campaign string, stock, limit int64) {
+	t.Helper()
+	var users []string
+	for i := range 1700 {
+		users = append(users, fmt.Sprintf("u%04d", i))
+		if i < 150 {
+			users = append(users, fmt.Sprintf("u%04d", i), fmt.Sprintf("u%04d", i))
+		}
+	}
+	if len(users) != 2000 {
+		t.Fatalf("got %d requests, want 2000", len(users))
+	}
+	tokens := map[string]string{}
+	for _, u := range users {
+		if tokens[u] == "" {
+			tokens[u] = c.token(u)
+		}
+	}
+
+	outcomes := make([]shopperOutcome, len(users))
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i, u := range users {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			var p purchaseBody
+			code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", tokens[u], map[string]int{"quantity": 1}, nil, &p)
+			o := shopperOutcome{user: u, status: code, requestID: p.RequestID, code: p.Code}
+			// A sample of shoppers waits over WebSocket, subscribing while the
+			// request may still be in flight.
+			if code == http.StatusAccepted && i%40 == 0 {
+				r, err := c.wsResult(u, p.RequestID, 20*time.Second)
+				o.wsResult, o.wsErr = &r, err
+			}
+			outcomes[i] = o
+		}()
+	}
+	close(start)
+	wg.Wait()
+
+	st := c.settle(campaign, 60*time.Second)
+
+	accepted := map[string]string{} // request id -> user
+	soldOutRefusals := 0
+	for _, o := range outcomes {
+		switch o.status {
+		case http.StatusAccepted:
+			if _, dup := accepted[o.requestID]; dup {
+				t.Errorf("request id %s handed out twice", o.requestID)
+			}
+			accepted[o.requestID] = o.user
+		case http.StatusGone:
+			if o.code != "sold_out" {
+				t.Errorf("410 with code %q, want sold_out", o.code)
+			}
+			soldOutRefusals++
+		default:
+			t.Errorf("user %s: got status %d (%s), want 202 or 410", o.user, o.status, o.code)
+		}
+	}
+
+	successes := map[string]string{} // request id -> order id
+	perUser := map[string]int64{}
+	byStatus := map[string]int{}
+	for rid, user := range accepted {
+		code, r := c.poll(user, rid)
+		if code != http.StatusOK {
+			t.Errorf("poll %s: got %d, want 200", rid, code)
+			continue
+		}
+		byStatus[r.Status]++
+		switch r.Status {
+		case "success":
+			if r.OrderID == "" {
+				t.Errorf("success %s without order id", rid)
+			}
+			successes[rid] = r.OrderID
+			perUser[user] += r.Quantity
+		case "sold_out", "limit_exceeded":
+		default:
+			t.Errorf("request %s: final status %q, want success, sold_out or limit_exceeded", rid, r.Status)
+		}
+	}
+	for user, n := range perUser {
+		if n > limit {
+			t.Errorf("user %s bought %d, limit %d", user, n, limit)
+		}
+	}
+	if got := int64(len(successes)); got != stock {
+		t.Errorf("got %d successes, want exactly %d (no oversell, no undersell)", got, stock)
+	}
+	if st.Remaining != 0 || st.Sold != stock || !st.SoldOut {
+		t.Errorf("redis: got remaining %d sold %d sold_out %v, want 0 %d true", st.Remaining, st.Sold, st.SoldOut, stock)
+	}
+	if st.Accepted != int64(len(accepted)) {
+		t.Errorf("accepted counter %d, want %d", st.Accepted, len(accepted))
+	}
+	var finished int64
+	for _, n := range st.FinishedByStatus {
+		finished += n
+	}
+	if finished != int64(len(accepted)) {
+		t.Errorf("finished %d results, want exactly one per accepted request (%d)", finished, len(accepted))
+	}
+
+	// MySQL: exactly the successes, once each.
+	orders := c.ordersInDB(campaign)
+	if int64(len(orders)) != stock || st.OrdersInDB != stock {
+		t.Errorf("mysql: got %d orders (stats %d), want %d", len(orders), st.OrdersInDB, stock)
+	}
+	for rid, oid := range orders {
+		if successes[rid] != oid {
+			t.Errorf("order %s for %s: shopper was told order %q", oid, rid, successes[rid])
+		}
+	}
+
+	// WebSocket sample agrees with polling.
+	wsChecked := 0
+	for _, o := range outcomes {
+		if o.wsResult == nil {
+			continue
+		}
+		wsChecked++
+		if o.wsErr != nil {
+			t.Errorf("ws %s: %v", o.requestID, o.wsErr)
+			continue
+		}
+		_, polled := c.poll(o.user, o.requestID)
+		if o.wsResult.Status != polled.Status || o.wsResult.OrderID != polled.OrderID {
+			t.Errorf("ws %s: got %s/%s, poll says %s/%s", o.requestID, o.wsResult.Status, o.wsResult.OrderID, polled.Status, polled.OrderID)
+		}
+	}
+	if wsChecked == 0 {
+		t.Errorf("no WebSocket sample was taken")
+	}
+	t.Logf("accepted %d, refused sold_out at gateway %d, results %v, ws sample %d", len(accepted), soldOutRefusals, byStatus, wsChecked)
+}

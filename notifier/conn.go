@@ -1,0 +1,421 @@
+package notifier
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/gorilla/websocket"
+
+	"flashsale/internal/httpapi"
+	"flashsale/model"
+)
+
+// The WebSocket protocol, in JSON text frames:
+//
+//	client: {"type":"subscribe","request_ids":["<id>", ...]}
+//	server: {"type":"error","code":"not_found"|"too_many_subscriptions"|"unavailable","request_id":"<id>","message":"..."}
+//	        one per refused id, then
+//	        {"type":"subscribed","request_ids":[<accepted ids, in request order>]}
+//	server: {"type":"result","result":{"request_id":...,"campaign_id":...,"status":...,"quantity":...,"order_id"?,"reason"?}}
+//	        once per subscription, when its request is final; the subscription ends
+//	server: {"type":"error","code":"invalid_request","message":"..."} for a bad frame;
+//	        the maxInvalidFrames-th bad frame closes the connection (1008)
+
+// Error codes of the WebSocket protocol's error frames.
+const (
+	codeNotFound    = "not_found"
+	codeTooMany     = "too_many_subscriptions"
+	codeInvalid     = "invalid_request"
+	codeUnavailable = "unavailable"
+
+	msgNotFound = "no such purchase request"
+)
+
+// clientFrame is the only frame clients send.
+type clientFrame struct {
+	Type       string   `json:"type"`
+	RequestIDs []string `json:"request_ids"`
+}
+
+type subscribedFrame struct {
+	Type       string   `json:"type"`
+	RequestIDs []string `json:"request_ids"`
+}
+
+type errorFrame struct {
+	Type      string `json:"type"`
+	Code      string `json:"code"`
+	RequestID string `json:"request_id,omitempty"`
+	Message   string `json:"message,omitempty"`
+}
+
+type resultFrame struct {
+	Type   string     `json:"type"`
+	Result resultBody `json:"result"`
+}
+
+// encodeFrame marshals one of the frame types above, which cannot fail.
+func encodeFrame(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("notifier: encode %T: %v", v, err))
+	}
+	return b
+}
+
+func idError(code, requestID, message string) []byte {
+	return encodeFrame(errorFrame{Type: "error", Code: code, RequestID: requestID, Message: message})
+}
+
+// parseSubscribe returns the distinct request ids of a subscribe frame, in
+// order, or an error that is safe to show the client.
+func parseSubscribe(typ int, data []byte) ([]string, error) {
+	if typ != websocket.TextMessage {
+		return nil, errors.New("only text frames are accepted")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var f clientFrame
+	if err := dec.Decode(&f); err != nil {
+		return nil, errors.New(`frame must be a JSON object {"type":"subscribe","request_ids":[...]}`)
+	}
+	if dec.More() {
+		return nil, errors.New("trailing data after the JSON object")
+	}
+	if f.Type != "subscribe" {
+		return nil, errors.New(`type must be "subscribe"`)
+	}
+	if len(f.RequestIDs) == 0 {
+		return nil, errors.New("request_ids must not be empty")
+	}
+	seen := make(map[string]bool, len(f.RequestIDs))
+	ids := f.RequestIDs[:0]
+	for _, id := range f.RequestIDs {
+		if id == "" {
+			return nil, errors.New("request_ids must not contain empty strings")
+		}
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+// outMsg is one queued text frame.
+type outMsg struct {
+	data   []byte
+	result bool // counts as a delivered result once written
+}
+
+// conn is one WebSocket client. Its handler goroutine reads; one writer
+// goroutine owns all writes except control frames, because gorilla allows a
+// single concurrent writer.
+type conn struct {
+	ws         *websocket.Conn
+	userID     string
+	send       chan outMsg
+	done       chan struct{} // closed by stop
+	readerDone chan struct{} // closed when the read loop returns
+	stopOnce   sync.Once
+	closeCode  int // set before done is closed; 0 drops without a close frame
+	closeText  string
+
+	subs    map[string]*subscription // guarded by hub.mu
+	invalid int                      // read loop only
+}
+
+func newConn(ws *websocket.Conn, userID string, buffer int) *conn {
+	return &conn{
+		ws:         ws,
+		userID:     userID,
+		send:       make(chan outMsg, buffer),
+		done:       make(chan struct{}),
+		readerDone: make(chan struct{}),
+		subs:       map[string]*subscription{},
+	}
+}
+
+// stop ends the connection: with a close frame carrying code, or at once
+// when code is 0. Only the first call counts; it reports whether it was this
+// one.
+func (c *conn) stop(code int, text string) bool {
+	first := false
+	c.stopOnce.Do(func() {
+		first = true
+		c.closeCode, c.closeText = code, text
+		close(c.done)
+		if code == 0 {
+			// Unblocks a writer stuck on a slow client and the reader.
+			_ = c.ws.Close()
+		}
+	})
+	return first
+}
+
+func (c *conn) stopping() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// push queues m for c's writer, waiting up to wait for room (0: not at all,
+// as the hub must never block on one client). A client that cannot keep up
+// is dropped.
+func (n *Notifier) push(c *conn, m outMsg, wait time.Duration) {
+	if c.stopping() {
+		return
+	}
+	select {
+	case c.send <- m:
+		return
+	default:
+	}
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case c.send <- m:
+			return
+		case <-c.done:
+			return
+		case <-t.C:
+		}
+	}
+	if c.stop(0, "") {
+		n.log.Warn("dropped slow WebSocket client", "user_id", c.userID, "send_buffer", cap(c.send))
+	}
+}
+
+// enter admits a WebSocket handler unless the notifier is shutting down.
+func (n *Notifier) enter() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closing {
+		return false
+	}
+	n.wg.Add(1)
+	return true
+}
+
+func (n *Notifier) track(c *conn) {
+	n.mu.Lock()
+	n.conns[c] = struct{}{}
+	closing := n.closing
+	n.mu.Unlock()
+	n.metrics.WebSocketClients.Inc()
+	if closing {
+		// Shutdown took its snapshot before this connection was tracked.
+		c.stop(websocket.CloseGoingAway, "server shutting down")
+	}
+}
+
+func (n *Notifier) untrack(c *conn) {
+	n.mu.Lock()
+	delete(n.conns, c)
+	n.mu.Unlock()
+	n.metrics.WebSocketClients.Dec()
+}
+
+func (n *Notifier) serveWS(c *gin.Context) {
+	if !n.upgrader.CheckOrigin(c.Request) {
+		httpapi.Abort(c, n.log, fmt.Errorf("websocket origin: %w", model.ErrForbidden))
+		return
+	}
+	if !n.enter() {
+		httpapi.Abort(c, n.log, fmt.Errorf("websocket: shutting down: %w", model.ErrUnavailable))
+		return
+	}
+	defer n.wg.Done()
+	ws, err := n.upgrader.Upgrade(c.Writer, c.Request, nil)
+	if err != nil {
+		return // the upgrader has answered with an HTTP error
+	}
+	cn := newConn(ws, httpapi.UserID(c), n.opts.SendBuffer)
+	n.track(cn)
+	defer n.untrack(cn)
+
+	ws.SetReadLimit(n.opts.ReadLimit)
+	pongWait := n.opts.PingInterval * 5 / 2
+	_ = ws.SetReadDeadline(time.Now().Add(pongWait))
+	ws.SetPongHandler(func(string) error { return ws.SetReadDeadline(time.Now().Add(pongWait)) })
+
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		n.writeLoop(cn)
+	}()
+	n.readLoop(c.Request.Context(), cn)
+	cn.stop(0, "")
+	n.hub.removeConn(cn)
+	<-writerDone
+}
+
+func (n *Notifier) readLoop(ctx context.Context, c *conn) {
+	defer close(c.readerDone)
+	for {
+		typ, data, err := c.ws.ReadMessage()
+		if err != nil {
+			n.log.Debug("websocket closed", "user_id", c.userID, "err", err)
+			return
+		}
+		if c.stopping() {
+			continue // drain until the client answers our close frame
+		}
+		ids, err := parseSubscribe(typ, data)
+		if err != nil {
+			c.invalid++
+			if c.invalid >= maxInvalidFrames {
+				c.stop(websocket.ClosePolicyViolation, "too many invalid frames")
+				continue
+			}
+			n.push(c, outMsg{data: idError(codeInvalid, "", err.Error())}, n.opts.WriteTimeout)
+			continue
+		}
+		n.subscribe(ctx, c, ids)
+	}
+}
+
+// subscribe answers one subscribe frame. Each subscription is registered in
+// the hub before its stored result is read, so a result that lands between
+// the two is either seen by the read or published to the (pending)
+// subscription; the hub's states make sure it is sent once.
+func (n *Notifier) subscribe(ctx context.Context, c *conn, ids []string) {
+	refused := map[string][]byte{}
+	valid := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if _, ok := model.CampaignOfRequest(id); ok {
+			valid = append(valid, id)
+		} else {
+			refused[id] = idError(codeNotFound, id, msgNotFound)
+		}
+	}
+	added, existing, over := n.hub.add(c, valid, n.opts.MaxSubscriptionsPerConn)
+	for _, id := range over {
+		refused[id] = idError(codeTooMany, id, fmt.Sprintf("at most %d subscriptions per connection", n.opts.MaxSubscriptionsPerConn))
+	}
+	accepted := map[string]bool{}
+	for _, id := range existing {
+		accepted[id] = true
+	}
+	type checked struct {
+		s *subscription
+		r model.Result
+	}
+	var verified []checked
+	for _, s := range added {
+		if c.stopping() {
+			n.hub.cancel(s)
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, storeTimeout)
+		r, err := n.lookup(rctx, c.userID, s.requestID)
+		cancel()
+		switch {
+		case err == nil:
+			verified = append(verified, checked{s, r})
+			accepted[s.requestID] = true
+		case errors.Is(err, model.ErrNotFound):
+			n.hub.cancel(s)
+			refused[s.requestID] = idError(codeNotFound, s.requestID, msgNotFound)
+		default:
+			n.hub.cancel(s)
+			refused[s.requestID] = idError(codeUnavailable, s.requestID, "could not read the result; subscribe again")
+			n.log.Error("read stored result", "request_id", s.requestID, "user_id", c.userID, "err", err)
+		}
+	}
+
+	// Refusals, then the acknowledgement, then results. The acknowledgement
+	// is queued before any subscription turns active, so no result of this
+	// frame can overtake it.
+	ack := subscribedFrame{Type: "subscribed", RequestIDs: []string{}}
+	for _, id := range ids {
+		if f, ok := refused[id]; ok {
+			n.push(c, outMsg{data: f}, n.opts.WriteTimeout)
+		} else if accepted[id] {
+			ack.RequestIDs = append(ack.RequestIDs, id)
+		}
+	}
+	n.push(c, outMsg{data: encodeFrame(ack)}, n.opts.WriteTimeout)
+	now := time.Now()
+	for _, v := range verified {
+		if r, ok := n.hub.activate(v.s, v.r, now); ok {
+			data := encodeFrame(resultFrame{Type: "result", Result: toResultBody(r)})
+			n.push(c, outMsg{data: data, result: true}, n.opts.WriteTimeout)
+		}
+	}
+}
+
+func (n *Notifier) writeLoop(c *conn) {
+	ping := time.NewTicker(n.opts.PingInterval)
+	defer ping.Stop()
+	for {
+		select {
+		case m := <-c.send:
+			if !n.write(c, m) {
+				c.stop(0, "")
+				return
+			}
+		case <-ping.C:
+			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(n.opts.WriteTimeout)); err != nil {
+				c.stop(0, "")
+				return
+			}
+		case <-c.done:
+			n.closeGracefully(c)
+			return
+		}
+	}
+}
+
+func (n *Notifier) write(c *conn, m outMsg) bool {
+	_ = c.ws.SetWriteDeadline(time.Now().Add(n.opts.WriteTimeout))
+	if err := c.ws.WriteMessage(websocket.TextMessage, m.data); err != nil {
+		n.log.Debug("websocket write", "user_id", c.userID, "err", err)
+		return false
+	}
+	if m.result {
+		n.metrics.ResultsDelivered.WithLabelValues("ws").Inc()
+	}
+	return true
+}
+
+// closeGracefully flushes what is queued (results already handed over),
+// sends the close frame and gives the client a moment to answer before the
+// TCP connection is closed.
+func (n *Notifier) closeGracefully(c *conn) {
+	defer c.ws.Close()
+	if c.closeCode == 0 {
+		return
+	}
+flush:
+	for {
+		select {
+		case m := <-c.send:
+			if !n.write(c, m) {
+				return
+			}
+		default:
+			break flush
+		}
+	}
+	msg := websocket.FormatCloseMessage(c.closeCode, c.closeText)
+	if err := c.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(n.opts.WriteTimeout)); err != nil {
+		return
+	}
+	t := time.NewTimer(closeGrace)
+	defer t.Stop()
+	select {
+	case <-c.readerDone:
+	case <-t.C:
+	}
+}

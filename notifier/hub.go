@@ -1,0 +1,227 @@
+package notifier
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"flashsale/model"
+)
+
+// subState is where a subscription is in its life. Every transition happens
+// under hub.mu, which is what makes delivery exactly once: whichever path
+// (publication, the first stored read, a re-check) moves a subscription to
+// subDone is the only one that sends its result.
+type subState int
+
+const (
+	// subPending: registered, its stored result is being read. A final
+	// result published now is stashed, and handed over when the read ends.
+	subPending subState = iota
+	// subActive: verified as the caller's and waiting for a final result.
+	subActive
+	// subDone: result handed over, or subscription refused or dropped.
+	subDone
+)
+
+// subscription is one connection waiting on one request id.
+type subscription struct {
+	requestID string
+	userID    string
+	conn      *conn
+	state     subState      // guarded by hub.mu
+	stash     *model.Result // guarded by hub.mu
+}
+
+// entry holds the subscriptions of one request id (a shopper may have two
+// tabs open).
+type entry struct {
+	subs map[*subscription]struct{}
+	// checked is when the stored result was last read for these
+	// subscriptions; the re-check loop reads the oldest first.
+	checked time.Time
+}
+
+// hub indexes the process's subscriptions by request id.
+type hub struct {
+	mu   sync.Mutex
+	byID map[string]*entry
+}
+
+func newHub() *hub { return &hub{byID: map[string]*entry{}} }
+
+// add registers pending subscriptions of c for ids (valid, distinct) in
+// order, as long as c stays within limit subscriptions. It returns the new
+// subscriptions, the ids c already waits on, and the ids over the cap.
+func (h *hub) add(c *conn, ids []string, limit int) (added []*subscription, existing, over []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, id := range ids {
+		if _, ok := c.subs[id]; ok {
+			existing = append(existing, id)
+			continue
+		}
+		if len(c.subs) >= limit {
+			over = append(over, id)
+			continue
+		}
+		s := &subscription{requestID: id, userID: c.userID, conn: c}
+		c.subs[id] = s
+		e := h.byID[id]
+		if e == nil {
+			e = &entry{subs: map[*subscription]struct{}{}}
+			h.byID[id] = e
+		}
+		e.subs[s] = struct{}{}
+		added = append(added, s)
+	}
+	return added, existing, over
+}
+
+// activate ends the pending state of s once its stored result r was read
+// and found to be the caller's. It returns the result to send when r is
+// final or a final result was published meanwhile; then s is done.
+func (h *hub) activate(s *subscription, r model.Result, now time.Time) (model.Result, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if s.state != subPending {
+		return model.Result{}, false
+	}
+	switch {
+	case r.Status.Final():
+		h.removeLocked(s)
+		return r, true
+	case s.stash != nil:
+		h.removeLocked(s)
+		return *s.stash, true
+	}
+	s.state = subActive
+	h.byID[s.requestID].checked = now
+	return model.Result{}, false
+}
+
+// cancel removes a subscription that was refused.
+func (h *hub) cancel(s *subscription) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if s.state != subDone {
+		h.removeLocked(s)
+	}
+}
+
+// publish hands the final result r to every active subscription of its
+// request, removing them, and stashes r for the pending ones. The caller
+// sends r to the returned subscriptions. Subscriptions only turn active once
+// the stored result proved them the caller's, so ownership is settled; a
+// result naming another user is still never handed over.
+func (h *hub) publish(r model.Result) []*subscription {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.byID[r.RequestID]
+	if e == nil {
+		return nil
+	}
+	var out []*subscription
+	for s := range e.subs {
+		if r.UserID != "" && r.UserID != s.userID {
+			continue
+		}
+		switch s.state {
+		case subPending:
+			s.stash = &r
+		case subActive:
+			out = append(out, s)
+		}
+	}
+	for _, s := range out {
+		h.removeLocked(s)
+	}
+	return out
+}
+
+// dropActive removes and returns the active subscriptions of id.
+func (h *hub) dropActive(id string) []*subscription {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.byID[id]
+	if e == nil {
+		return nil
+	}
+	var out []*subscription
+	for s := range e.subs {
+		if s.state == subActive {
+			out = append(out, s)
+		}
+	}
+	for _, s := range out {
+		h.removeLocked(s)
+	}
+	return out
+}
+
+// removeConn removes every subscription of a closed connection.
+func (h *hub) removeConn(c *conn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, s := range c.subs {
+		h.removeLocked(s)
+	}
+}
+
+func (h *hub) removeLocked(s *subscription) {
+	s.state = subDone
+	if s.conn.subs[s.requestID] == s {
+		delete(s.conn.subs, s.requestID)
+	}
+	if e := h.byID[s.requestID]; e != nil {
+		delete(e.subs, s)
+		if len(e.subs) == 0 {
+			delete(h.byID, s.requestID)
+		}
+	}
+}
+
+// due returns up to limit request ids with an active subscription whose
+// stored result was last read at or before cutoff, least recently read first.
+func (h *hub) due(cutoff time.Time, limit int) []string {
+	type candidate struct {
+		id      string
+		checked time.Time
+	}
+	var cs []candidate
+	h.mu.Lock()
+	for id, e := range h.byID {
+		if e.checked.After(cutoff) {
+			continue
+		}
+		for s := range e.subs {
+			if s.state == subActive {
+				cs = append(cs, candidate{id, e.checked})
+				break
+			}
+		}
+	}
+	h.mu.Unlock()
+	slices.SortFunc(cs, func(a, b candidate) int { return a.checked.Compare(b.checked) })
+	ids := make([]string, 0, min(limit, len(cs)))
+	for _, c := range cs[:min(limit, len(cs))] {
+		ids = append(ids, c.id)
+	}
+	return ids
+}
+
+// touch records that the stored result of id was read at now.
+func (h *hub) touch(id string, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e := h.byID[id]; e != nil {
+		e.checked = now
+	}
+}
+
+// size returns the number of request ids with subscriptions (for tests).
+func (h *hub) size() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.byID)
+}

@@ -1,0 +1,357 @@
+// Package notifier tells shoppers how their purchase requests ended: it pushes
+// each final result over WebSocket and serves the poll endpoint. It reads
+// results from the Redis store and never writes orders.
+//
+// One Redis subscription per process feeds a hub that fans results out to the
+// local connections by request id. Redis pub/sub loses messages while it
+// reconnects, so subscriptions also re-read the stored result: once when they
+// are made (after registering in the hub, so nothing slips between the two)
+// and then periodically while they wait.
+package notifier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/gorilla/websocket"
+
+	"flashsale/internal/httpapi"
+	"flashsale/internal/metrics"
+	"flashsale/model"
+)
+
+// ResultSource is what the notifier reads: stored results and the stream of
+// published final results. *store.Store implements it.
+type ResultSource interface {
+	// Result returns the stored result of a request, or an error wrapping
+	// model.ErrNotFound.
+	Result(ctx context.Context, requestID string) (model.Result, error)
+	// SubscribeResults calls fn for every published result until ctx ends,
+	// calling ready once the subscription is confirmed.
+	SubscribeResults(ctx context.Context, ready func(), fn func(model.Result)) error
+}
+
+// Options tunes the WebSocket side. Zero values take the defaults.
+type Options struct {
+	// AllowedOrigins lists the Origin values a WebSocket upgrade may carry.
+	// Empty allows only the request's own host; "*" allows any origin.
+	// Requests without an Origin header (non-browser clients) are allowed.
+	AllowedOrigins []string
+	// MaxSubscriptionsPerConn caps the request ids one connection waits on
+	// (default 256).
+	MaxSubscriptionsPerConn int
+	// SendBuffer is how many messages may queue for one connection before
+	// the client counts as slow and is dropped (default 64).
+	SendBuffer int
+	// WriteTimeout bounds every write to a client (default 5s).
+	WriteTimeout time.Duration
+	// PingInterval is the time between pings (default 20s); a client that
+	// answers no ping for 2.5 intervals is disconnected.
+	PingInterval time.Duration
+	// ReadLimit is the largest frame a client may send (default 4096 bytes).
+	ReadLimit int64
+	// RecheckInterval is how often waiting subscriptions re-read their stored
+	// result, to recover results whose publication was lost (default 1s).
+	RecheckInterval time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxSubscriptionsPerConn <= 0 {
+		o.MaxSubscriptionsPerConn = 256
+	}
+	if o.SendBuffer <= 0 {
+		o.SendBuffer = 64
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = 5 * time.Second
+	}
+	if o.PingInterval <= 0 {
+		o.PingInterval = 20 * time.Second
+	}
+	if o.ReadLimit <= 0 {
+		o.ReadLimit = 4096
+	}
+	if o.RecheckInterval <= 0 {
+		o.RecheckInterval = time.Second
+	}
+	return o
+}
+
+const (
+	// storeTimeout bounds one stored-result read.
+	storeTimeout = 3 * time.Second
+	// maxRecheckPerTick bounds the Redis reads of one re-check round; the
+	// longest-unchecked request ids go first.
+	maxRecheckPerTick = 256
+	// maxInvalidFrames is how many bad frames a connection may send before it
+	// is closed with a policy violation.
+	maxInvalidFrames = 20
+	// closeGrace is how long a closing connection waits for the client's
+	// close frame before dropping the TCP connection.
+	closeGrace = time.Second
+	// Resubscription backoff after the Redis subscription fails.
+	minBackoff = 100 * time.Millisecond
+	maxBackoff = 5 * time.Second
+)
+
+// Notifier serves results to shoppers. Create it with New, mount it with
+// Register, run Run for as long as it serves and call Shutdown at the end.
+type Notifier struct {
+	log      *slog.Logger
+	src      ResultSource
+	metrics  *metrics.Metrics
+	opts     Options
+	upgrader websocket.Upgrader
+	hub      *hub
+	ready    atomic.Bool
+
+	mu      sync.Mutex
+	closing bool
+	conns   map[*conn]struct{}
+	wg      sync.WaitGroup // one per WebSocket handler
+}
+
+// New returns a Notifier reading from src.
+func New(log *slog.Logger, src ResultSource, m *metrics.Metrics, opts Options) *Notifier {
+	opts = opts.withDefaults()
+	n := &Notifier{
+		log:     log,
+		src:     src,
+		metrics: m,
+		opts:    opts,
+		hub:     newHub(),
+		conns:   map[*conn]struct{}{},
+	}
+	n.upgrader = websocket.Upgrader{CheckOrigin: originChecker(opts.AllowedOrigins)}
+	return n
+}
+
+// Ready reports whether the Redis results subscription is confirmed.
+func (n *Notifier) Ready() bool { return n.ready.Load() }
+
+// Run keeps the results subscription up (resubscribing with backoff when it
+// fails) and re-checks waiting subscriptions. It returns nil when ctx ends.
+func (n *Notifier) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Go(func() { n.recheckLoop(ctx) })
+	defer wg.Wait()
+
+	backoff := minBackoff
+	for {
+		var confirmed atomic.Bool
+		err := n.src.SubscribeResults(ctx, func() {
+			confirmed.Store(true)
+			n.ready.Store(true)
+		}, n.published)
+		n.ready.Store(false)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if confirmed.Load() {
+			backoff = minBackoff
+		}
+		n.log.Warn("results subscription ended; resubscribing", "err", err, "retry_in", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// published receives every result published on the results channel.
+func (n *Notifier) published(r model.Result) {
+	if !r.Status.Final() {
+		return
+	}
+	n.deliver(r, n.hub.publish(r))
+}
+
+// deliver queues r for each subscription the hub handed over. It never
+// blocks: a connection whose buffer is full is dropped.
+func (n *Notifier) deliver(r model.Result, subs []*subscription) {
+	if len(subs) == 0 {
+		return
+	}
+	data := encodeFrame(resultFrame{Type: "result", Result: toResultBody(r)})
+	for _, s := range subs {
+		n.push(s.conn, outMsg{data: data, result: true}, 0)
+	}
+}
+
+// Register mounts the poll endpoint behind shopper and the WebSocket
+// endpoint behind wsShopper (which should accept ?access_token=).
+func (n *Notifier) Register(r gin.IRouter, shopper gin.HandlerFunc, wsShopper gin.HandlerFunc) {
+	r.GET("/api/v1/purchases/:request_id", shopper, n.poll)
+	r.GET("/api/v1/ws", wsShopper, n.serveWS)
+}
+
+// resultBody is a result as shoppers see it, on both channels.
+type resultBody struct {
+	RequestID  string       `json:"request_id"`
+	CampaignID string       `json:"campaign_id"`
+	Status     model.Status `json:"status"`
+	Quantity   int64        `json:"quantity"`
+	OrderID    string       `json:"order_id,omitempty"`
+	Reason     string       `json:"reason,omitempty"`
+}
+
+func toResultBody(r model.Result) resultBody {
+	return resultBody{
+		RequestID: r.RequestID, CampaignID: r.CampaignID, Status: r.Status,
+		Quantity: r.Quantity, OrderID: r.OrderID, Reason: r.Reason,
+	}
+}
+
+func (n *Notifier) poll(c *gin.Context) {
+	r, err := n.lookup(c.Request.Context(), httpapi.UserID(c), c.Param("request_id"))
+	if err != nil {
+		httpapi.Abort(c, n.log, err)
+		return
+	}
+	if r.Status.Final() {
+		n.metrics.ResultsDelivered.WithLabelValues("poll").Inc()
+	}
+	c.Header("Cache-Control", "no-store")
+	c.JSON(http.StatusOK, toResultBody(r))
+}
+
+// lookup returns the stored result of requestID if userID owns it. Unknown,
+// malformed and other users' ids all yield model.ErrNotFound, so ids cannot
+// be probed.
+func (n *Notifier) lookup(ctx context.Context, userID, requestID string) (model.Result, error) {
+	if _, ok := model.CampaignOfRequest(requestID); !ok {
+		return model.Result{}, fmt.Errorf("result: malformed request id: %w", model.ErrNotFound)
+	}
+	r, err := n.src.Result(ctx, requestID)
+	if err != nil {
+		return model.Result{}, err
+	}
+	if r.UserID != userID {
+		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
+	}
+	return r, nil
+}
+
+// recheckLoop re-reads the stored results of subscriptions that have waited
+// longer than RecheckInterval, so a publication lost during a Redis reconnect
+// only delays a result.
+func (n *Notifier) recheckLoop(ctx context.Context) {
+	t := time.NewTicker(n.opts.RecheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			n.recheck(ctx)
+		}
+	}
+}
+
+func (n *Notifier) recheck(ctx context.Context) {
+	ids := n.hub.due(time.Now().Add(-n.opts.RecheckInterval), maxRecheckPerTick)
+	for _, id := range ids {
+		if ctx.Err() != nil {
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, storeTimeout)
+		r, err := n.src.Result(rctx, id)
+		cancel()
+		switch {
+		case errors.Is(err, model.ErrNotFound):
+			// The request vanished (campaign reloaded): it will never end.
+			data := encodeFrame(errorFrame{Type: "error", Code: codeNotFound, RequestID: id, Message: msgNotFound})
+			for _, s := range n.hub.dropActive(id) {
+				n.push(s.conn, outMsg{data: data}, 0)
+			}
+			continue
+		case err != nil:
+			if ctx.Err() == nil {
+				n.log.Warn("re-check stored results", "request_id", id, "due", len(ids), "err", err)
+			}
+			return // Redis is struggling; the next tick tries again.
+		}
+		n.hub.touch(id, time.Now())
+		if r.Status.Final() {
+			n.deliver(r, n.hub.publish(r))
+		}
+	}
+}
+
+// Shutdown refuses new WebSocket connections, closes the open ones with a
+// going-away close frame and waits for their goroutines until ctx ends, when
+// the remaining connections are dropped.
+func (n *Notifier) Shutdown(ctx context.Context) {
+	n.mu.Lock()
+	n.closing = true
+	conns := make([]*conn, 0, len(n.conns))
+	for c := range n.conns {
+		conns = append(conns, c)
+	}
+	n.mu.Unlock()
+	for _, c := range conns {
+		c.stop(websocket.CloseGoingAway, "server shutting down")
+	}
+	done := make(chan struct{})
+	go func() {
+		n.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		n.mu.Lock()
+		for c := range n.conns {
+			_ = c.ws.Close()
+		}
+		n.mu.Unlock()
+	}
+}
+
+// originChecker returns the upgrader's Origin check for an allow-list.
+func originChecker(allowed []string) func(*http.Request) bool {
+	set := map[string]bool{}
+	for _, o := range allowed {
+		o = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(o), "/"))
+		if o == "*" {
+			return func(*http.Request) bool { return true }
+		}
+		if o != "" {
+			set[o] = true
+		}
+	}
+	if len(set) == 0 {
+		return sameOrigin
+	}
+	return func(r *http.Request) bool {
+		origin := r.Header["Origin"]
+		return len(origin) == 0 || set[strings.ToLower(origin[0])]
+	}
+}
+
+// sameOrigin is gorilla's default check: no Origin, or an Origin whose host
+// is the request's Host.
+func sameOrigin(r *http.Request) bool {
+	origin := r.Header["Origin"]
+	if len(origin) == 0 {
+		return true
+	}
+	u, err := url.Parse(origin[0])
+	if err != nil {
+		return false
+	}
+	return strings.EqualFold(u.Host, r.Host)
+}

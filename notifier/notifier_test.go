@@ -1,0 +1,495 @@
+package notifier
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"flashsale/internal/auth"
+	"flashsale/internal/httpapi"
+	"flashsale/internal/metrics"
+	"flashsale/internal/store"
+	"flashsale/internal/testenv"
+	"flashsale/model"
+)
+
+func TestMain(m *testing.M) {
+	gin.SetMode(gin.TestMode)
+	os.Exit(m.Run())
+}
+
+var _ ResultSource = (*store.Store)(nil)
+var _ ResultSource = (*fakeSource)(nil)
+
+// fakeSource is an in-memory ResultSource; it passes the same contract test
+// as *store.Store.
+type fakeSource struct {
+	mu      sync.Mutex
+	results map[string]model.Result
+	fail    error
+	// afterRead runs inside Result after the answer is taken, so the stored
+	// state can change "right after the read".
+	afterRead func(requestID string)
+	// subscribeErrs are returned by the next SubscribeResults calls.
+	subscribeErrs []error
+
+	pubMu sync.Mutex // serializes fn like the store's single subscription goroutine
+	fn    func(model.Result)
+}
+
+func newFakeSource() *fakeSource { return &fakeSource{results: map[string]model.Result{}} }
+
+func (f *fakeSource) Result(_ context.Context, requestID string) (model.Result, error) {
+	f.mu.Lock()
+	r, ok := f.results[requestID]
+	fail, hook := f.fail, f.afterRead
+	f.mu.Unlock()
+	if hook != nil {
+		hook(requestID)
+	}
+	switch {
+	case fail != nil:
+		return model.Result{}, fmt.Errorf("result %s: %w", requestID, fail)
+	case !ok:
+		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
+	}
+	return r, nil
+}
+
+func (f *fakeSource) SubscribeResults(ctx context.Context, ready func(), fn func(model.Result)) error {
+	f.mu.Lock()
+	if len(f.subscribeErrs) > 0 {
+		err := f.subscribeErrs[0]
+		f.subscribeErrs = f.subscribeErrs[1:]
+		f.mu.Unlock()
+		return err
+	}
+	f.mu.Unlock()
+	f.pubMu.Lock()
+	f.fn = fn
+	f.pubMu.Unlock()
+	ready()
+	<-ctx.Done()
+	f.pubMu.Lock()
+	f.fn = nil
+	f.pubMu.Unlock()
+	return nil
+}
+
+// store saves r without publishing it.
+func (f *fakeSource) store(r model.Result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.results[r.RequestID] = r
+}
+
+// announce publishes r to the subscriber, if any.
+func (f *fakeSource) announce(r model.Result) {
+	f.pubMu.Lock()
+	defer f.pubMu.Unlock()
+	if f.fn != nil {
+		f.fn(r)
+	}
+}
+
+func (f *fakeSource) setFail(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fail = err
+}
+
+func (f *fakeSource) setAfterRead(hook func(string)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.afterRead = hook
+}
+
+// env is a ResultSource with the operations the worker would perform on it.
+type env struct {
+	src      ResultSource
+	campaign string
+	// queue stores requestID as queued for userID.
+	queue func(t *testing.T, requestID, userID string)
+	// decide stores a final (success) result without publishing it.
+	decide func(t *testing.T, requestID, userID string) model.Result
+	// publish publishes r on the results channel.
+	publish func(t *testing.T, r model.Result)
+}
+
+func (e env) newRequest(t *testing.T, userID string) string {
+	t.Helper()
+	id := newRequestID(t, e.campaign)
+	e.queue(t, id, userID)
+	return id
+}
+
+func newRequestID(t *testing.T, campaign string) string {
+	t.Helper()
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatalf("random: %v", err)
+	}
+	return model.FormatRequestID(campaign, hex.EncodeToString(b))
+}
+
+func fakeEnv(t *testing.T) (env, *fakeSource) {
+	t.Helper()
+	f := newFakeSource()
+	campaign := testenv.UniqueName("nt_")
+	return env{
+		src: f, campaign: campaign,
+		queue: func(t *testing.T, id, user string) {
+			f.store(model.Result{RequestID: id, CampaignID: campaign, UserID: user, Status: model.StatusQueued, Quantity: 1})
+		},
+		decide: func(t *testing.T, id, user string) model.Result {
+			r := successResult(id, user)
+			f.store(r)
+			return r
+		},
+		publish: func(t *testing.T, r model.Result) { f.announce(r) },
+	}, f
+}
+
+// successResult is the final result the fake worker decides.
+func successResult(requestID, userID string) model.Result {
+	campaign, _ := model.CampaignOfRequest(requestID)
+	return model.Result{RequestID: requestID, CampaignID: campaign, UserID: userID, Status: model.StatusSuccess,
+		Quantity: 1, OrderID: "o-" + requestID[len(requestID)-8:]}
+}
+
+func redisEnv(t *testing.T) env {
+	t.Helper()
+	st := store.New(testenv.Redis(t))
+	campaign := testenv.UniqueName("nt_")
+	ctx := mustContext(t)
+	now := time.Now()
+	c := model.Campaign{ID: campaign, Name: "notifier test", Stock: 1000, PerUserLimit: 1000,
+		StartAt: now.Add(-time.Hour), EndAt: now.Add(time.Hour)}
+	if _, err := st.Preload(ctx, c, now, false); err != nil {
+		t.Fatalf("preload: %v", err)
+	}
+	return env{
+		src: st, campaign: campaign,
+		queue: func(t *testing.T, id, user string) {
+			t.Helper()
+			_, _, err := st.Accept(mustContext(t), store.Acceptance{RequestID: id, CampaignID: campaign, UserID: user, Quantity: 1})
+			if err != nil {
+				t.Fatalf("accept %s: %v", id, err)
+			}
+		},
+		decide: func(t *testing.T, id, user string) model.Result {
+			t.Helper()
+			reply, err := st.Deduct(mustContext(t), campaign, []store.Deduction{{RequestID: id, UserID: user, Quantity: 1, OrderID: "o-" + id[len(id)-8:]}})
+			if err != nil {
+				t.Fatalf("deduct %s: %v", id, err)
+			}
+			return reply.Results[0]
+		},
+		publish: func(t *testing.T, r model.Result) {
+			t.Helper()
+			if err := st.PublishResults(mustContext(t), []model.Result{r}); err != nil {
+				t.Fatalf("publish %s: %v", r.RequestID, err)
+			}
+		},
+	}
+}
+
+// envs lists every ResultSource implementation the notifier must work on.
+var envs = []struct {
+	name string
+	make func(t *testing.T) env
+}{
+	{"fake", func(t *testing.T) env { e, _ := fakeEnv(t); return e }},
+	{"redis", redisEnv},
+}
+
+func mustContext(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// harness serves a Notifier over HTTP and runs it.
+type harness struct {
+	n   *Notifier
+	m   *metrics.Metrics
+	srv *httptest.Server
+	jwt *auth.JWT
+}
+
+func newHarness(t *testing.T, src ResultSource, opts Options) *harness {
+	t.Helper()
+	return startHarness(t, src, opts, httptest.NewUnstartedServer(nil))
+}
+
+func startHarness(t *testing.T, src ResultSource, opts Options, srv *httptest.Server) *harness {
+	t.Helper()
+	log := slog.New(slog.DiscardHandler)
+	h := &harness{m: metrics.New(), jwt: auth.NewJWT([]byte("notifier-test-secret-0123456789abcdef"), 0)}
+	h.n = New(log, src, h.m, opts)
+	e := gin.New()
+	h.n.Register(e, httpapi.Shopper(log, h.jwt, false), httpapi.Shopper(log, h.jwt, true))
+	srv.Config.Handler = e
+	srv.Start()
+	h.srv = srv
+
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- h.n.Run(ctx) }()
+	t.Cleanup(func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer scancel()
+		h.n.Shutdown(sctx)
+		srv.Close()
+		cancel()
+		if err := <-runErr; err != nil {
+			t.Errorf("Run returned %v, want nil", err)
+		}
+	})
+	waitFor(t, 5*time.Second, "notifier ready", h.n.Ready)
+	return h
+}
+
+func (h *harness) token(t *testing.T, user string) string {
+	t.Helper()
+	tok, err := h.jwt.Mint(user, time.Hour)
+	if err != nil {
+		t.Fatalf("mint token: %v", err)
+	}
+	return tok
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func gaugeValue(g prometheus.Gauge) float64 {
+	var m dto.Metric
+	_ = g.Write(&m)
+	return m.GetGauge().GetValue()
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	_ = c.Write(&m)
+	return m.GetCounter().GetValue()
+}
+
+func TestResultSourceContract(t *testing.T) {
+	t.Parallel()
+	for _, impl := range envs {
+		t.Run(impl.name, func(t *testing.T) {
+			e := impl.make(t)
+			t.Run("unknown id is not found", func(t *testing.T) {
+				_, err := e.src.Result(mustContext(t), newRequestID(t, e.campaign))
+				if !errors.Is(err, model.ErrNotFound) {
+					t.Errorf("got err %v, want model.ErrNotFound", err)
+				}
+			})
+			t.Run("malformed id is not found", func(t *testing.T) {
+				_, err := e.src.Result(mustContext(t), "not-a-request-id")
+				if !errors.Is(err, model.ErrNotFound) {
+					t.Errorf("got err %v, want model.ErrNotFound", err)
+				}
+			})
+			t.Run("queued request reads back", func(t *testing.T) {
+				id := e.newRequest(t, "alice")
+				r, err := e.src.Result(mustContext(t), id)
+				if err != nil {
+					t.Fatalf("result: %v", err)
+				}
+				want := model.Result{RequestID: id, CampaignID: e.campaign, UserID: "alice", Status: model.StatusQueued, Quantity: 1}
+				if r != want {
+					t.Errorf("got %+v, want %+v", r, want)
+				}
+			})
+			t.Run("published result reaches subscriber", func(t *testing.T) {
+				ctx, cancel := context.WithCancel(mustContext(t))
+				ready := make(chan struct{})
+				got := make(chan model.Result, 16)
+				done := make(chan error, 1)
+				go func() {
+					done <- e.src.SubscribeResults(ctx, func() { close(ready) }, func(r model.Result) {
+						select {
+						case got <- r:
+						default:
+						}
+					})
+				}()
+				select {
+				case <-ready:
+				case <-time.After(5 * time.Second):
+					t.Fatal("subscription not ready after 5s")
+				}
+				id := e.newRequest(t, "alice")
+				want := e.decide(t, id, "alice")
+				e.publish(t, want)
+				timeout := time.After(5 * time.Second)
+				for found := false; !found; {
+					select {
+					case r := <-got:
+						found = r.RequestID == id
+						if found && (r.Status != want.Status || r.UserID != "alice") {
+							t.Errorf("got %+v, want %+v", r, want)
+						}
+					case <-timeout:
+						t.Fatal("published result not received after 5s")
+					}
+				}
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("SubscribeResults returned %v, want nil", err)
+				}
+			})
+		})
+	}
+}
+
+func TestPoll(t *testing.T) {
+	t.Parallel()
+	for _, impl := range envs {
+		t.Run(impl.name, func(t *testing.T) {
+			e := impl.make(t)
+			h := newHarness(t, e.src, Options{})
+			queued := e.newRequest(t, "alice")
+			final := e.newRequest(t, "alice")
+			decided := e.decide(t, final, "alice")
+			bobs := e.newRequest(t, "bob")
+
+			tests := []struct {
+				name       string
+				user       string // "" sends no token
+				requestID  string
+				wantStatus int
+				wantBody   map[string]any
+				wantCode   string
+				wantPolls  float64 // ResultsDelivered{channel="poll"} increase
+			}{
+				{name: "owner, queued", user: "alice", requestID: queued, wantStatus: http.StatusOK,
+					wantBody: map[string]any{"request_id": queued, "campaign_id": e.campaign, "status": "queued", "quantity": 1.0}},
+				{name: "owner, final", user: "alice", requestID: final, wantStatus: http.StatusOK, wantPolls: 1,
+					wantBody: map[string]any{"request_id": final, "campaign_id": e.campaign, "status": "success", "quantity": 1.0, "order_id": decided.OrderID}},
+				{name: "other user's request", user: "alice", requestID: bobs, wantStatus: http.StatusNotFound, wantCode: "not_found"},
+				{name: "unknown request", user: "alice", requestID: newRequestID(t, e.campaign), wantStatus: http.StatusNotFound, wantCode: "not_found"},
+				{name: "malformed request id", user: "alice", requestID: "nope", wantStatus: http.StatusNotFound, wantCode: "not_found"},
+				{name: "no token", requestID: queued, wantStatus: http.StatusUnauthorized, wantCode: "unauthorized"},
+			}
+			for _, tt := range tests {
+				t.Run(tt.name, func(t *testing.T) {
+					before := counterValue(h.m.ResultsDelivered.WithLabelValues("poll"))
+					status, body := mustGet(t, h, tt.user, "/api/v1/purchases/"+tt.requestID)
+					if status != tt.wantStatus {
+						t.Fatalf("got status %d, want %d (body %v)", status, tt.wantStatus, body)
+					}
+					if tt.wantBody != nil && fmt.Sprint(body) != fmt.Sprint(tt.wantBody) {
+						t.Errorf("got body %v, want %v", body, tt.wantBody)
+					}
+					if tt.wantCode != "" && body["code"] != tt.wantCode {
+						t.Errorf("got code %v, want %s", body["code"], tt.wantCode)
+					}
+					if got := counterValue(h.m.ResultsDelivered.WithLabelValues("poll")) - before; got != tt.wantPolls {
+						t.Errorf("got %v poll deliveries, want %v", got, tt.wantPolls)
+					}
+				})
+			}
+		})
+	}
+}
+
+func TestPollStoreError(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		err        error
+		wantStatus int
+		wantCode   string
+	}{
+		{name: "unexpected error", err: errors.New("connection refused"), wantStatus: http.StatusInternalServerError, wantCode: "internal"},
+		{name: "unavailable", err: model.ErrUnavailable, wantStatus: http.StatusServiceUnavailable, wantCode: "unavailable"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e, f := fakeEnv(t)
+			h := newHarness(t, f, Options{})
+			id := e.newRequest(t, "alice")
+			f.setFail(tt.err)
+			status, body := mustGet(t, h, "alice", "/api/v1/purchases/"+id)
+			if status != tt.wantStatus || body["code"] != tt.wantCode {
+				t.Errorf("got %d %v, want %d %s", status, body["code"], tt.wantStatus, tt.wantCode)
+			}
+		})
+	}
+}
+
+// mustGet sends an authenticated GET and decodes the JSON object answered.
+func mustGet(t *testing.T, h *harness, user, path string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(mustContext(t), http.MethodGet, h.srv.URL+path, nil)
+	if err != nil {
+		t.Fatalf("new request: %v", err)
+	}
+	if user != "" {
+		req.Header.Set("Authorization", "Bearer "+h.token(t, user))
+	}
+	resp, err := h.srv.Client().Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read body: %v", err)
+	}
+	var body map[string]any
+	if err := json.Unmarshal(b, &body); err != nil {
+		t.Fatalf("body %q is not a JSON object: %v", b, err)
+	}
+	return resp.StatusCode, body
+}
+
+func TestRunResubscribes(t *testing.T) {
+	t.Parallel()
+	f := newFakeSource()
+	f.subscribeErrs = []error{errors.New("dial tcp: connection refused"), errors.New("dial tcp: connection refused")}
+	n := New(slog.New(slog.DiscardHandler), f, metrics.New(), Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	waitFor(t, 5*time.Second, "ready after two failed subscriptions", n.Ready)
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run returned %v, want nil", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return 5s after cancel")
+	}
+	if n.Ready() {
+		t.Error("got Ready true after Run returned, want false")
+	}
+}

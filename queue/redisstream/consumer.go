@@ -1,0 +1,572 @@
+package redisstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+
+	"flashsale/queue"
+)
+
+// Consumer hands a topic's batches to a handler. Create it with
+// Queue.Consumer; one Consumer may run several Consume calls, each with its
+// own identity.
+type Consumer struct {
+	q    *Queue
+	name string
+}
+
+// Consume hands batches of topic to h until ctx is cancelled or the Queue is
+// closed, then lets the handler calls in flight finish (their contexts are
+// not cancelled), acknowledges their batches if they succeeded, releases its
+// leases and returns nil. It returns an error only if it cannot go on at all:
+// an invalid topic, a closed Queue or a closed Redis client. Transient Redis
+// errors are logged and retried.
+//
+// Consume runs one loop per partition and competes for the partitions'
+// leases, holding at most its fair share, so h is called concurrently for
+// different partitions (never for one partition, hence never for one key).
+func (c *Consumer) Consume(ctx context.Context, topic string, h queue.Handler) error {
+	if err := validTopic(topic); err != nil {
+		return fmt.Errorf("consume %s: %w", topic, err)
+	}
+	if !c.q.register() {
+		return fmt.Errorf("consume %s: %w", topic, queue.ErrClosed)
+	}
+	defer c.q.active.Done()
+
+	hctx := context.WithoutCancel(ctx)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-c.q.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+
+	owner := c.name + "-" + uuid.NewString()
+	r := &run{
+		q:     c.q,
+		opts:  c.q.opts,
+		topic: topic,
+		owner: owner,
+		h:     h,
+		hctx:  hctx,
+		log:   c.q.opts.Logger.With("topic", topic, "consumer", owner),
+	}
+	r.members.Store(1)
+	if err := r.heartbeat(ctx); err != nil {
+		if isFatal(err) {
+			return fmt.Errorf("consume %s: %w", topic, err)
+		}
+		r.log.Warn("register consumer", "err", err)
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return r.keepMembership(gctx) })
+	for p := range r.opts.Partitions {
+		g.Go(func() error { return r.partitionLoop(gctx, p) })
+	}
+	if err := g.Wait(); err != nil {
+		return fmt.Errorf("consume %s: %w", topic, err)
+	}
+	return nil
+}
+
+// run is one Consume call.
+type run struct {
+	q     *Queue
+	opts  Options
+	topic string
+	owner string // lease value and consumer-group consumer name
+	h     queue.Handler
+	hctx  context.Context // handler context: never cancelled, so batches finish
+	log   *slog.Logger
+
+	members atomic.Int64 // live consumers of the topic, from the last heartbeat
+	held    atomic.Int64 // partitions this run holds or is acquiring
+}
+
+// errShed ends holding a partition given up to balance the load.
+var errShed = errors.New("partition shed for balance")
+
+// fairShare is how many partitions this run may hold.
+func (r *run) fairShare() int64 {
+	n := max(r.members.Load(), 1)
+	return (int64(r.opts.Partitions) + n - 1) / n
+}
+
+// reserve counts one more held partition if that stays within the fair share.
+func (r *run) reserve() bool {
+	for {
+		h := r.held.Load()
+		if h >= r.fairShare() {
+			return false
+		}
+		if r.held.CompareAndSwap(h, h+1) {
+			return true
+		}
+	}
+}
+
+// shed counts one partition fewer if this run holds more than its share. The
+// compare-and-swap makes exactly the surplus give up, not every partition
+// loop that notices it.
+func (r *run) shed() bool {
+	for {
+		h := r.held.Load()
+		if h <= r.fairShare() {
+			return false
+		}
+		if r.held.CompareAndSwap(h, h-1) {
+			return true
+		}
+	}
+}
+
+// retryDelay is how often a consumer without a partition tries to take it:
+// a quarter of the lease TTL, jittered so competing consumers spread out.
+func (r *run) retryDelay() time.Duration {
+	d := r.opts.LeaseTTL / 4
+	return d - d/5 + rand.N(2*d/5+1)
+}
+
+// partitionLoop competes for partition p's lease and reads it while held,
+// until ctx is done.
+func (r *run) partitionLoop(ctx context.Context, p int) error {
+	log := r.log.With("partition", p)
+	failures := 0
+	for ctx.Err() == nil {
+		if !r.reserve() {
+			sleep(ctx, r.retryDelay())
+			continue
+		}
+		l, err := acquireLease(ctx, r.q.rdb, leaseKey(r.topic, p), r.owner, r.opts.LeaseTTL)
+		if err != nil || l == nil {
+			r.held.Add(-1)
+			if err != nil {
+				if isFatal(err) {
+					return err
+				}
+				if ctx.Err() == nil {
+					failures++
+					log.Warn("acquire lease", "err", err)
+				}
+				sleep(ctx, backoff(errorBackoff, failures))
+				continue
+			}
+			failures = 0
+			sleep(ctx, r.retryDelay())
+			continue
+		}
+		failures = 0
+		err = r.hold(ctx, p, l, log)
+		if !errors.Is(err, errShed) {
+			r.held.Add(-1)
+		}
+		switch {
+		case err == nil, errors.Is(err, errShed):
+		case isFatal(err):
+			return err
+		default:
+			if ctx.Err() == nil {
+				failures++
+				log.Warn("read partition", "err", err)
+				sleep(ctx, backoff(errorBackoff, failures))
+			}
+		}
+	}
+	return nil
+}
+
+// hold serves partition p while l is held: it renews the lease in the
+// background, redelivers the group's pending entries, then reads new ones.
+// On return it releases the lease.
+func (r *run) hold(ctx context.Context, p int, l *lease, log *slog.Logger) error {
+	stream := streamKey(r.topic, p)
+	// Renewal must outlive ctx: after cancellation the batch in flight still
+	// needs the lease until it is acknowledged.
+	renewCtx, stopRenew := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Go(func() { r.keepLease(renewCtx, l, log) })
+	defer func() {
+		stopRenew()
+		wg.Wait()
+		r.leave(ctx, stream, l, log)
+	}()
+
+	if err := r.ensureGroup(ctx, stream); err != nil {
+		return err
+	}
+	if err := r.redeliverPending(ctx, stream, l, log); err != nil {
+		return err
+	}
+	return r.readNew(ctx, stream, l, log)
+}
+
+// keepLease renews l every TTL/3 until ctx is done or the lease is lost.
+func (r *run) keepLease(ctx context.Context, l *lease, log *slog.Logger) {
+	t := time.NewTicker(l.ttl / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, l.ttl/3)
+		held, err := renewLease(rctx, r.q.rdb, r.q.scripts, l)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			// Keep trying until the deadline: a blip must not drop the
+			// partition, but past the deadline another consumer may own it.
+			log.Warn("renew lease", "err", err)
+			if isFatal(err) || !l.valid() {
+				l.markLost()
+				return
+			}
+		case !held:
+			log.Warn("lease lost; stopping after the current batch")
+			l.markLost()
+			return
+		}
+	}
+}
+
+// leave gives up the partition: it deletes this run's consumer from the group
+// when it owns no pending entries (so restarts do not pile up consumers) and
+// releases the lease. It runs after ctx may have been cancelled.
+func (r *run) leave(ctx context.Context, stream string, l *lease, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+	defer cancel()
+	// Only while the lease is held: nobody else can then hand entries to
+	// this consumer name between the check and the delete, which would
+	// drop them from the group's pending list.
+	if l.valid() {
+		pending, err := r.q.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
+			Stream: stream, Group: r.opts.Group, Start: "-", End: "+", Count: 1, Consumer: r.owner,
+		}).Result()
+		if err == nil && len(pending) == 0 {
+			err = r.q.rdb.XGroupDelConsumer(ctx, stream, r.opts.Group, r.owner).Err()
+		}
+		if err != nil && !isFatal(err) && !isNoGroup(err) {
+			log.Warn("remove consumer from group", "err", err)
+		}
+	}
+	if _, err := releaseLease(ctx, r.q.rdb, r.q.scripts, l); err != nil && !isFatal(err) {
+		log.Warn("release lease", "err", err)
+	}
+}
+
+// ensureGroup creates the consumer group, and the stream if need be, at the
+// start of the stream, so messages published before any consumer ran are
+// delivered too.
+func (r *run) ensureGroup(ctx context.Context, stream string) error {
+	err := r.q.rdb.XGroupCreateMkStream(ctx, stream, r.opts.Group, "0").Err()
+	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		return fmt.Errorf("create group %s on %s: %w", r.opts.Group, stream, err)
+	}
+	return nil
+}
+
+// redeliverPending takes over every pending entry of the partition, in ID
+// order, and hands them out before any new entry. Claiming with min-idle 0
+// is safe because the lease guarantees no other consumer is working on them.
+func (r *run) redeliverPending(ctx context.Context, stream string, l *lease, log *slog.Logger) error {
+	start := "0-0"
+	for ctx.Err() == nil && l.valid() {
+		xs, next, err := r.q.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+			Stream: stream, Group: r.opts.Group, Consumer: r.owner,
+			MinIdle: 0, Start: start, Count: int64(r.opts.BatchSize),
+		}).Result()
+		if err != nil {
+			return fmt.Errorf("claim pending on %s: %w", stream, err)
+		}
+		if len(xs) > 0 {
+			// Each entry was delivered before: a claim is at least its
+			// second attempt if the counter cannot be read.
+			b := toBatch(xs, r.deliveryCounts(ctx, stream, xs, log), 2)
+			if done, err := r.deliver(ctx, stream, l, b, log); err != nil || !done {
+				return err
+			}
+		}
+		if next == "0-0" || next == "" {
+			return nil
+		}
+		start = next
+	}
+	return nil
+}
+
+// readNew hands out new entries until ctx is done, the lease is lost or the
+// partition is shed to balance the load.
+func (r *run) readNew(ctx context.Context, stream string, l *lease, log *slog.Logger) error {
+	for ctx.Err() == nil && l.valid() {
+		if r.shed() {
+			log.Debug("shedding partition for balance", "share", r.fairShare())
+			return errShed
+		}
+		res, err := r.q.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+			Group: r.opts.Group, Consumer: r.owner, Streams: []string{stream, ">"},
+			Count: int64(r.opts.BatchSize), Block: r.opts.Block,
+		}).Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+			continue
+		case isNoGroup(err):
+			// The stream was deleted (and recreated by XADD) under us.
+			if err := r.ensureGroup(ctx, stream); err != nil {
+				return err
+			}
+			continue
+		case err != nil:
+			return fmt.Errorf("read %s: %w", stream, err)
+		}
+		var xs []redis.XMessage
+		for _, s := range res {
+			xs = append(xs, s.Messages...)
+		}
+		if len(xs) == 0 {
+			continue
+		}
+		if ctx.Err() != nil && l.valid() {
+			// Read while shutting down (go-redis cannot interrupt BLOCK):
+			// hand nothing new to the handler, and reset the delivery
+			// counters so the next holder reports a first attempt.
+			r.unread(ctx, stream, xs, log)
+			return nil
+		}
+		if done, err := r.deliver(ctx, stream, l, toBatch(xs, nil, 1), log); err != nil || !done {
+			return err
+		}
+	}
+	return nil
+}
+
+// deliver hands b to the handler until it accepts it, then acknowledges it. It reports false without error when it gave up because ctx was
+// cancelled or the lease was lost: the batch then stays pending in the group
+// and the partition's next holder redelivers it first, keeping key order.
+func (r *run) deliver(ctx context.Context, stream string, l *lease, b batch, log *slog.Logger) (bool, error) {
+	for failures := 1; ; failures++ {
+		if !l.valid() {
+			return false, nil
+		}
+		err := r.h(r.hctx, b.msgs)
+		if err == nil {
+			return r.ack(ctx, stream, l, b.ids, log)
+		}
+		log.Warn("handler failed; batch will be redelivered",
+			"messages", len(b.msgs), "attempt", b.msgs[0].Attempt, "err", err)
+		if !sleep(ctx, backoff(r.opts.RedeliveryDelay, failures)) || !l.valid() {
+			return false, nil
+		}
+		b, err = r.reclaim(ctx, stream, b, log)
+		if err != nil {
+			return false, err
+		}
+		if len(b.ids) == 0 {
+			return true, nil // deleted from the stream meanwhile
+		}
+	}
+}
+
+// reclaim prepares a failed batch for redelivery: claiming the entries again
+// bumps their delivery counters in Redis, so the attempt count survives a
+// crash, and re-reads them. If Redis cannot be reached the batch is retried
+// from memory with Attempt+1.
+func (r *run) reclaim(ctx context.Context, stream string, b batch, log *slog.Logger) (batch, error) {
+	prev := make(map[string]int, len(b.ids))
+	for i, id := range b.ids {
+		prev[id] = b.msgs[i].Attempt
+	}
+	xs, err := r.q.rdb.XClaim(ctx, &redis.XClaimArgs{
+		Stream: stream, Group: r.opts.Group, Consumer: r.owner, MinIdle: 0, Messages: b.ids,
+	}).Result()
+	if err != nil {
+		if isFatal(err) {
+			return batch{}, err
+		}
+		log.Warn("reclaim failed batch", "err", err)
+		out := batch{ids: b.ids, msgs: make([]queue.Message, len(b.msgs))}
+		for i, m := range b.msgs {
+			m.Attempt++
+			out.msgs[i] = m
+		}
+		return out, nil
+	}
+	out := toBatch(xs, r.deliveryCounts(ctx, stream, xs, log), 0)
+	for i, id := range out.ids {
+		// Never report fewer attempts than already seen.
+		out.msgs[i].Attempt = max(out.msgs[i].Attempt, prev[id]+1)
+	}
+	return out, nil
+}
+
+// deliveryCounts reads the group's delivery counters for xs, which this run
+// has just claimed. Missing counters are left out.
+func (r *run) deliveryCounts(ctx context.Context, stream string, xs []redis.XMessage, log *slog.Logger) map[string]int {
+	if len(xs) == 0 {
+		return nil
+	}
+	pending, err := r.q.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: stream, Group: r.opts.Group, Consumer: r.owner,
+		Start: xs[0].ID, End: xs[len(xs)-1].ID, Count: int64(len(xs)),
+	}).Result()
+	if err != nil {
+		log.Warn("read delivery counts", "err", err)
+		return nil
+	}
+	counts := make(map[string]int, len(pending))
+	for _, p := range pending {
+		counts[p.ID] = int(p.RetryCount)
+	}
+	return counts
+}
+
+// ack acknowledges and deletes the entries ids in one MULTI. It retries while
+// the lease is valid: moving on to newer entries with an unacknowledged batch
+// behind would let that batch come back out of order. After ctx is cancelled
+// it gives up sooner, since nothing newer follows; the batch then stays
+// pending and is redelivered (a duplicate, which at-least-once allows).
+func (r *run) ack(ctx context.Context, stream string, l *lease, ids []string, log *slog.Logger) (bool, error) {
+	actx := context.WithoutCancel(ctx)
+	for failures := 1; ; failures++ {
+		c, cancel := context.WithTimeout(actx, opTimeout)
+		_, err := r.q.rdb.TxPipelined(c, func(p redis.Pipeliner) error {
+			p.XAck(c, stream, r.opts.Group, ids...)
+			p.XDel(c, stream, ids...)
+			return nil
+		})
+		cancel()
+		if err == nil {
+			return true, nil
+		}
+		if isFatal(err) {
+			return false, err
+		}
+		log.Warn("acknowledge batch", "messages", len(ids), "err", err)
+		if !l.valid() || (ctx.Err() != nil && failures >= shutdownAckTries) {
+			return false, nil
+		}
+		time.Sleep(backoff(errorBackoff, failures))
+	}
+}
+
+// unread resets the delivery counters of entries read but never handed to
+// the handler, so they still count as undelivered. Only while the lease is
+// held, so no other consumer can be working on them.
+func (r *run) unread(ctx context.Context, stream string, xs []redis.XMessage, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+	defer cancel()
+	args := []any{"XCLAIM", stream, r.opts.Group, r.owner, 0}
+	for _, x := range xs {
+		args = append(args, x.ID)
+	}
+	args = append(args, "RETRYCOUNT", 0, "JUSTID")
+	if err := r.q.rdb.Do(ctx, args...).Err(); err != nil && !isFatal(err) {
+		log.Warn("reset delivery counts", "err", err)
+	}
+}
+
+// heartbeat registers this run as a live consumer of the topic for one lease
+// TTL, drops expired registrations and counts the live ones. Registrations
+// are scored with local clocks, so hosts' clocks must agree to well within a
+// lease TTL.
+func (r *run) heartbeat(ctx context.Context) error {
+	key := membersKey(r.topic)
+	now := time.Now()
+	var card *redis.IntCmd
+	_, err := r.q.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZAdd(ctx, key, redis.Z{Score: float64(now.Add(r.opts.LeaseTTL).UnixMilli()), Member: r.owner})
+		p.ZRemRangeByScore(ctx, key, "-inf", "("+strconv.FormatInt(now.UnixMilli(), 10))
+		card = p.ZCard(ctx, key)
+		p.PExpire(ctx, key, 3*r.opts.LeaseTTL)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("heartbeat %s: %w", key, err)
+	}
+	r.members.Store(max(card.Val(), 1))
+	return nil
+}
+
+// keepMembership heartbeats every TTL/3 until ctx is done, then deregisters
+// so the remaining consumers take over this run's share at once.
+func (r *run) keepMembership(ctx context.Context) error {
+	t := time.NewTicker(r.opts.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			c, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+			defer cancel()
+			if err := r.q.rdb.ZRem(c, membersKey(r.topic), r.owner).Err(); err != nil && !isFatal(err) {
+				r.log.Warn("deregister consumer", "err", err)
+			}
+			return nil
+		case <-t.C:
+		}
+		if err := r.heartbeat(ctx); err != nil {
+			if isFatal(err) {
+				return err
+			}
+			if ctx.Err() == nil {
+				r.log.Warn("heartbeat", "err", err)
+			}
+		}
+	}
+}
+
+// batch is a handler's batch with the stream entry IDs it came from.
+type batch struct {
+	ids  []string
+	msgs []queue.Message
+}
+
+// toBatch converts stream entries. counts holds delivery counters by entry
+// ID; entries without one get fallback.
+func toBatch(xs []redis.XMessage, counts map[string]int, fallback int) batch {
+	out := batch{ids: make([]string, len(xs)), msgs: make([]queue.Message, len(xs))}
+	for i, x := range xs {
+		attempt, ok := counts[x.ID]
+		if !ok {
+			attempt = fallback
+		}
+		out.ids[i] = x.ID
+		out.msgs[i] = queue.Message{
+			ID:      str(x.Values[fieldID]),
+			Key:     str(x.Values[fieldKey]),
+			Body:    []byte(str(x.Values[fieldBody])),
+			Attempt: max(attempt, 1),
+		}
+	}
+	return out
+}
+
+func str(v any) string {
+	s, _ := v.(string)
+	return s
+}
+
+// isFatal reports errors after which a Consume call cannot go on.
+func isFatal(err error) bool { return errors.Is(err, redis.ErrClosed) }
+
+func isNoGroup(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOGROUP")
+}

@@ -1,0 +1,15 @@
+-- lease_release.lua deletes a partition lease, but only for its holder
+-- (compare-and-delete), so a consumer that lost its lease cannot free the
+-- partition under the new holder.
+--
+-- KEYS[1]  lease key, fsq:{<topic>:<partition>}:lease
+-- ARGV[1]  owner: the caller's unique consumer id
+--
+-- Replies:
+--   1  released
+--   0  not released: the lease expired or belongs to another owner
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0

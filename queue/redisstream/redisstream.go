@@ -1,0 +1,307 @@
+// Package redisstream is the queue driver on Redis Streams (go-redis v9). It
+// works on a single Redis, on Redis Cluster and on miniredis (the embedded
+// mode).
+//
+// A topic is split into Options.Partitions streams, fsq:{<topic>:<p>}, each
+// with its own hash tag so every command touches one slot. A message goes to
+// the partition FNV-1a(key) % Partitions, so all messages with one key share a
+// stream and keep their publish order.
+//
+// Consumers read through one consumer group (Options.Group). To keep each
+// key's batches serial across processes, a partition is read only by the
+// holder of its lease, fsq:{<topic>:<p>}:lease, a key with a TTL that the
+// holder keeps renewing. A new holder first takes over the group's pending
+// entries of the partition (XAUTOCLAIM), so the messages a dead or stopped
+// consumer left unacknowledged come back before anything newer; then it reads
+// new entries with XREADGROUP. Consumers of a topic register in
+// fsq:{<topic>}:members and hold at most their fair share of partitions, so
+// adding worker processes spreads the partitions over them.
+//
+// Delivery is at least once. A handler that returns nil has its batch
+// acknowledged and deleted (XACK then XDEL in one MULTI): the stream holds
+// only unacknowledged messages and needs no trimming, which could drop
+// unconsumed ones. The price is that a topic serves one consumer group.
+// A handler that returns an error gets the same batch again after a backoff,
+// with Attempt taken from the group's delivery counter.
+//
+// On miniredis, call ClockTTL(true) on the server: by default miniredis only
+// expires keys on FastForward, so a lease whose holder stopped without
+// releasing it would never expire.
+package redisstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"flashsale/queue"
+)
+
+// Defaults used for zero Options fields.
+const (
+	DefaultPartitions      = 8
+	DefaultGroup           = "workers"
+	DefaultBatchSize       = 128
+	DefaultBlock           = time.Second
+	DefaultLeaseTTL        = 10 * time.Second
+	DefaultRedeliveryDelay = 100 * time.Millisecond
+)
+
+// Limits on the backoff used after handler and Redis errors.
+const (
+	maxBackoffSteps = 6 // a delay doubles at most this many times
+	errorBackoff    = 100 * time.Millisecond
+	opTimeout       = 5 * time.Second // for cleanup commands run after ctx is cancelled
+	// shutdownAckTries bounds acknowledgement attempts once Consume's context
+	// is cancelled, so shutdown cannot hang on a Redis that refuses them.
+	shutdownAckTries = 3
+)
+
+// Options configures a Queue. Zero fields take the defaults. Every process
+// that publishes or consumes a topic must use the same Partitions and Group.
+type Options struct {
+	// Partitions is the number of streams per topic. Default 8.
+	Partitions int
+	// Group is the consumer group that consumers read through. Default
+	// "workers".
+	Group string
+	// BatchSize is the largest batch handed to a handler. Default 128.
+	BatchSize int
+	// Block is how long one XREADGROUP waits for new messages. It bounds how
+	// long Consume takes to notice cancellation, since go-redis cannot
+	// interrupt a blocked read. Default 1s.
+	Block time.Duration
+	// LeaseTTL is how long a partition lease outlives its holder's last
+	// renewal: the time until another consumer takes over from a dead one.
+	// It is renewed every LeaseTTL/3. Default 10s.
+	LeaseTTL time.Duration
+	// RedeliveryDelay is the wait before a failed batch is handed out again;
+	// it doubles with each consecutive failure of the batch. Default 100ms.
+	RedeliveryDelay time.Duration
+	// Logger receives handler and Redis errors. Nil discards.
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.Partitions <= 0 {
+		o.Partitions = DefaultPartitions
+	}
+	if o.Group == "" {
+		o.Group = DefaultGroup
+	}
+	if o.BatchSize <= 0 {
+		o.BatchSize = DefaultBatchSize
+	}
+	if o.Block <= 0 {
+		o.Block = DefaultBlock
+	}
+	if o.LeaseTTL <= 0 {
+		o.LeaseTTL = DefaultLeaseTTL
+	}
+	if o.RedeliveryDelay <= 0 {
+		o.RedeliveryDelay = DefaultRedeliveryDelay
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return o
+}
+
+// Queue publishes to and makes consumers of topics on one Redis client. It
+// does not own the client: close the client after Close. All methods are safe
+// for concurrent use.
+type Queue struct {
+	rdb     redis.UniversalClient
+	opts    Options
+	scripts leaseScripts
+
+	mu      sync.Mutex
+	closed  bool
+	closing chan struct{} // closed by Close
+	active  sync.WaitGroup
+}
+
+var (
+	_ queue.Publisher = (*Queue)(nil)
+	_ queue.Pinger    = (*Queue)(nil)
+	_ queue.Consumer  = (*Consumer)(nil)
+)
+
+// New returns a Queue on rdb. The client's pool must have room for one
+// blocked connection per partition for every running Consume call, plus a
+// few for publishing and lease renewal.
+func New(rdb redis.UniversalClient, opts Options) *Queue {
+	return &Queue{
+		rdb:     rdb,
+		opts:    opts.withDefaults(),
+		scripts: newLeaseScripts(),
+		closing: make(chan struct{}),
+	}
+}
+
+// Features reports what redisstream guarantees: per-key order, and messages
+// that outlive the processes using them, as far as the Redis server persists
+// its data (not at all on miniredis).
+func Features() queue.Features {
+	return queue.Features{PerKeyOrder: true, Persistent: true}
+}
+
+// Publish appends msgs to their partition streams in one pipelined round
+// trip. It fails with queue.ErrClosed after Close and with ctx's error if ctx
+// is already done; then nothing is stored. If Redis refused every message,
+// nothing is stored either; any other failure (a timeout, a broken
+// connection, a partial refusal) wraps queue.ErrUnknown.
+func (q *Queue) Publish(ctx context.Context, topic string, msgs ...queue.Message) error {
+	if q.isClosed() {
+		return fmt.Errorf("publish %s: %w", topic, queue.ErrClosed)
+	}
+	if err := validTopic(topic); err != nil {
+		return fmt.Errorf("publish %s: %w", topic, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("publish %s: %w", topic, err)
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	cmds, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, m := range msgs {
+			p.XAdd(ctx, &redis.XAddArgs{
+				Stream: streamKey(topic, partitionOf(m.Key, q.opts.Partitions)),
+				Values: []any{fieldID, m.ID, fieldKey, m.Key, fieldBody, m.Body},
+			})
+		}
+		return nil
+	})
+	if err == nil {
+		return nil
+	}
+	refused := 0
+	for _, c := range cmds {
+		var rerr redis.Error
+		if errors.As(c.Err(), &rerr) {
+			refused++
+		}
+	}
+	if refused == len(msgs) {
+		return fmt.Errorf("publish %s: %w", topic, err)
+	}
+	return fmt.Errorf("publish %s: %w: %w", topic, queue.ErrUnknown, err)
+}
+
+// Ping checks that Redis answers.
+func (q *Queue) Ping(ctx context.Context) error {
+	if err := q.rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("ping redis: %w", err)
+	}
+	return nil
+}
+
+// Close makes later Publish and Consume calls fail with queue.ErrClosed, stops
+// running Consume calls as if their contexts were cancelled, and waits until
+// they have finished their batches in flight and released their leases. It
+// does not close the Redis client. Close must not be called from a handler.
+func (q *Queue) Close() error {
+	q.mu.Lock()
+	if !q.closed {
+		q.closed = true
+		close(q.closing)
+	}
+	q.mu.Unlock()
+	q.active.Wait()
+	return nil
+}
+
+// Consumer returns a consumer of q. name identifies the process in leases,
+// the consumer group and logs (a host name, say); each Consume call appends
+// a unique suffix, so names need not be unique.
+func (q *Queue) Consumer(name string) *Consumer {
+	if name == "" {
+		name = "consumer"
+	}
+	return &Consumer{q: q, name: name}
+}
+
+func (q *Queue) isClosed() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.closed
+}
+
+// register counts a Consume call so Close can wait for it. Counting under the
+// lock that Close takes keeps Add from racing Wait.
+func (q *Queue) register() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return false
+	}
+	q.active.Add(1)
+	return true
+}
+
+// Stream entry fields.
+const (
+	fieldID   = "id"
+	fieldKey  = "key"
+	fieldBody = "body"
+)
+
+// streamKey is partition p's stream. The hash tag covers topic and partition,
+// so partitions spread over a cluster and each command stays in one slot.
+func streamKey(topic string, p int) string {
+	return "fsq:{" + topic + ":" + strconv.Itoa(p) + "}"
+}
+
+// leaseKey is partition p's lease; it shares the stream's hash tag.
+func leaseKey(topic string, p int) string {
+	return streamKey(topic, p) + ":lease"
+}
+
+// membersKey is the sorted set of a topic's live consumers, scored by when
+// each registration expires (Unix ms).
+func membersKey(topic string) string {
+	return "fsq:{" + topic + "}:members"
+}
+
+// validTopic rejects names that would break the keys' hash tags.
+func validTopic(topic string) error {
+	if topic == "" || strings.ContainsAny(topic, "{}") {
+		return fmt.Errorf("invalid topic %q: must be non-empty without braces", topic)
+	}
+	return nil
+}
+
+// partitionOf maps a key to a partition. Every driver hashes the same way
+// (FNV-1a), so a key lands in the same partition number everywhere.
+func partitionOf(key string, n int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	return int(h.Sum32() % uint32(n))
+}
+
+// backoff is the wait after failures consecutive failures.
+func backoff(base time.Duration, failures int) time.Duration {
+	return base << min(max(failures-1, 0), maxBackoffSteps)
+}
+
+// sleep waits d or until ctx is done; it reports whether the full d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
