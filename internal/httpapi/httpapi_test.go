@@ -1,0 +1,117 @@
+package httpapi
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+
+	"flashsale/model"
+)
+
+func TestClassify(t *testing.T) {
+	tests := []struct {
+		name       string
+		err        error
+		wantStatus int
+		wantCode   string
+	}{
+		{"invalid", model.Invalid("quantity", "bad"), 400, "invalid_request"},
+		{"wrapped invalid", fmt.Errorf("op: %w", model.Invalid("id", "bad")), 400, "invalid_request"},
+		{"unauthorized", model.ErrUnauthorized, 401, "unauthorized"},
+		{"forbidden", model.ErrForbidden, 403, "forbidden"},
+		{"not found", fmt.Errorf("campaign x: %w", model.ErrNotFound), 404, "not_found"},
+		{"too large", model.ErrBodyTooLarge, 413, "body_too_large"},
+		{"sale started", model.ErrSaleStarted, 409, "sale_started"},
+		{"not started", model.ErrNotStarted, 409, "not_started"},
+		{"ended", model.ErrEnded, 409, "ended"},
+		{"not loaded", model.ErrNotLoaded, 409, "not_loaded"},
+		{"conflict", model.ErrConflict, 409, "conflict"},
+		{"sold out", model.ErrSoldOut, 410, "sold_out"},
+		{"rate limited", &model.RateLimitError{RetryAfterSeconds: 2}, 429, "rate_limited"},
+		{"unavailable", fmt.Errorf("publish: %w: boom", model.ErrUnavailable), 503, "unavailable"},
+		{"unknown", errors.New("dial tcp 10.0.0.1:3306: secret detail"), 500, "internal"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body := Classify(tc.err)
+			if status != tc.wantStatus || body.Code != tc.wantCode {
+				t.Fatalf("got %d %q, want %d %q", status, body.Code, tc.wantStatus, tc.wantCode)
+			}
+			if status == 500 && strings.Contains(body.Message, "secret") {
+				t.Fatalf("internal details leaked: %q", body.Message)
+			}
+		})
+	}
+}
+
+func decode(body string) error {
+	gin.SetMode(gin.TestMode)
+	c, _ := gin.CreateTestContext(httptest.NewRecorder())
+	c.Request = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
+	c.Request.Body = http.MaxBytesReader(nil, c.Request.Body, 64)
+	var v struct {
+		Quantity *int64 `json:"quantity"`
+	}
+	return DecodeJSON(c, &v)
+}
+
+func TestDecodeJSON(t *testing.T) {
+	tests := []struct {
+		name    string
+		body    string
+		wantErr error
+		field   string
+	}{
+		{name: "ok", body: `{"quantity":2}`},
+		{name: "empty", body: ``, field: ""},
+		{name: "syntax", body: `{"quantity":`, field: ""},
+		{name: "type", body: `{"quantity":"2"}`, field: "quantity"},
+		{name: "unknown field", body: `{"qty":2}`, field: "qty"},
+		{name: "trailing", body: `{"quantity":2} 1`, field: ""},
+		{name: "overflow", body: `{"quantity":99999999999999999999}`, field: "quantity"},
+		{name: "too large", body: `{"quantity":1,"x":"` + strings.Repeat("a", 100) + `"}`, wantErr: model.ErrBodyTooLarge},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := decode(tc.body)
+			switch {
+			case tc.name == "ok":
+				if err != nil {
+					t.Fatalf("got %v, want nil", err)
+				}
+			case tc.wantErr != nil:
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("got %v, want %v", err, tc.wantErr)
+				}
+			default:
+				var inv *model.InvalidError
+				if !errors.As(err, &inv) || inv.Field != tc.field {
+					t.Fatalf("got %v, want an InvalidError on %q", err, tc.field)
+				}
+			}
+		})
+	}
+}
+
+// FuzzDecodeJSON: the purchase body decoder never panics and only ever
+// returns client errors.
+func FuzzDecodeJSON(f *testing.F) {
+	for _, s := range []string{`{"quantity":1}`, `{"quantity":-1}`, `{"quantity":1e400}`, `[]`, `{"quantity":null}`, "\x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		err := decode(body)
+		if err == nil {
+			return
+		}
+		status, _ := Classify(err)
+		if status != 400 && status != 413 {
+			t.Fatalf("body %q: got status %d (%v), want 400 or 413", body, status, err)
+		}
+	})
+}
