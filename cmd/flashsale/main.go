@@ -55,6 +55,7 @@ Commands:
   worker     run the queue worker only (Lua deduction + MySQL persistence)
   notifier   run the WebSocket/poll notifier only
   token      mint a shopper JWT for a user id, for trying the API
+  reconcile  compare a campaign's Redis state with its MySQL orders (--repair after the sale)
   version    print the version
 
 Run 'flashsale <command> --help' for the flags of a command.
@@ -77,6 +78,8 @@ func run(ctx context.Context, args []string, stdout io.Writer, env map[string]st
 		return nil
 	case "token":
 		return runToken(rest, stdout, env)
+	case "reconcile":
+		return runReconcile(ctx, rest, stdout, env)
 	case "serve":
 		return runRoles(ctx, cmd, rest, stdout, env, log, roleSet{gateway: true, worker: true, notifier: true})
 	case "gateway":
