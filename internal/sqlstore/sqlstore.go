@@ -71,6 +71,17 @@ func Open(ctx context.Context, driver, dsn string) (*DB, error) {
 		}
 		cfg.ParseTime = true // gorm scans DATETIME into time.Time
 		cfg.Loc = time.UTC
+		// Without I/O timeouts a stalled server blocks a worker forever instead
+		// of failing the batch so that it is retried.
+		if cfg.Timeout == 0 {
+			cfg.Timeout = 3 * time.Second
+		}
+		if cfg.ReadTimeout == 0 {
+			cfg.ReadTimeout = 10 * time.Second
+		}
+		if cfg.WriteTimeout == 0 {
+			cfg.WriteTimeout = 10 * time.Second
+		}
 		dial = mysql.Open(cfg.FormatDSN())
 	case DriverSQLite:
 		dial = sqlite.Open(dsn)

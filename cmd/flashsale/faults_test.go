@@ -1,0 +1,259 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/redis/go-redis/v9"
+
+	"flashsale/internal/testenv"
+)
+
+// shopPaced sends n purchases from n distinct users, spread over workers
+// goroutines with a pause between requests, so that a fault injected while it
+// runs hits a sale in progress. It returns the accepted request ids (with
+// their users) and the count of each status code.
+func shopPaced(t *testing.T, c *client, campaign string, n, workers int, gap time.Duration) (map[string]string, map[int]int) {
+	t.Helper()
+	var mu sync.Mutex
+	accepted, codes := map[string]string{}, map[int]int{}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				user := fmt.Sprintf("f%05d", i)
+				var p purchaseBody
+				code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", c.token(user), `{"quantity":1}`, nil, &p)
+				mu.Lock()
+				codes[code]++
+				if code == http.StatusAccepted {
+					accepted[p.RequestID] = user
+				}
+				mu.Unlock()
+				time.Sleep(gap)
+			}
+		}()
+	}
+	wg.Wait()
+	return accepted, codes
+}
+
+// proxy forwards TCP to a backend and can cut it off: while down it resets
+// every connection and refuses new ones, as an unreachable server would.
+type proxy struct {
+	ln      net.Listener
+	backend string
+	mu      sync.Mutex
+	down    bool
+	conns   map[net.Conn]bool
+}
+
+func newProxy(t *testing.T, backend string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("proxy listen: %v", err)
+	}
+	p := &proxy{ln: ln, backend: backend, conns: map[net.Conn]bool{}}
+	go p.serve()
+	t.Cleanup(func() { _ = ln.Close(); p.setDown(true) })
+	return p
+}
+
+func (p *proxy) addr() string { return p.ln.Addr().String() }
+
+func (p *proxy) serve() {
+	for {
+		in, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.down {
+			p.mu.Unlock()
+			_ = in.Close()
+			continue
+		}
+		out, err := net.DialTimeout("tcp", p.backend, 2*time.Second)
+		if err != nil {
+			p.mu.Unlock()
+			_ = in.Close()
+			continue
+		}
+		p.conns[in], p.conns[out] = true, true
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(out, in); _ = out.Close() }()
+		go func() { _, _ = io.Copy(in, out); _ = in.Close() }()
+	}
+}
+
+func (p *proxy) setDown(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
+	if down {
+		for c := range p.conns {
+			_ = c.Close()
+		}
+		p.conns = map[net.Conn]bool{}
+	}
+}
+
+// TestMySQLOutage: MariaDB is unreachable for 10 s mid-sale. Workers must not
+// acknowledge unpersisted successes, readiness must say so, and after
+// recovery every success is in MySQL exactly once.
+func TestMySQLOutage(t *testing.T) {
+	cfg := realConfig(t, "redisstream")
+	dsn, err := mysql.ParseDSN(cfg.Database.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := newProxy(t, dsn.Addr)
+	dsn.Addr = px.addr()
+	cfg.Database.DSN = dsn.FormatDSN()
+	c := startSystem(t, cfg)
+	campaign := testenv.UniqueName("mysqlout-")
+	const stock, limit = 150, 1
+	c.openCampaign(campaign, stock, limit)
+
+	outage := make(chan struct{})
+	readyDown := make(chan bool, 1)
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		px.setDown(true)
+		close(outage)
+		sawDown := false
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			var body map[string]string
+			if code := c.do("GET", "/readyz", "", nil, nil, &body); code == http.StatusServiceUnavailable && body["mysql"] == "down" {
+				sawDown = true
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		readyDown <- sawDown
+		px.setDown(false)
+	}()
+	accepted, codes := shopPaced(t, c, campaign, 600, 20, 100*time.Millisecond)
+	<-outage
+	if !<-readyDown {
+		t.Errorf("/readyz never reported mysql down during the outage")
+	}
+	// c reads orders through the proxy, now up again: the recovered path.
+	st := c.settle(campaign, 60*time.Second)
+	byStatus := verifySettled(t, c, campaign, stock, limit, accepted, st)
+	if st.Sold != stock {
+		t.Errorf("sold %d, want %d: demand (%d accepted) exceeded stock, so nothing may be undersold", st.Sold, stock, len(accepted))
+	}
+	t.Logf("codes %v, results %v", codes, byStatus)
+}
+
+// redisServer runs a redis-server of the test's own on a free port, with AOF
+// fsynced on every write, so that a SIGKILL loses nothing acknowledged.
+type redisServer struct {
+	t    *testing.T
+	port int
+	dir  string
+	cmd  *exec.Cmd
+}
+
+func startRedisServer(t *testing.T) *redisServer {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if testenv.InCI() {
+			t.Fatalf("CI=true and redis-server is not installed: %v", err)
+		}
+		t.Skip("redis-server not installed")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	rs := &redisServer{t: t, port: port, dir: t.TempDir()}
+	rs.start()
+	t.Cleanup(func() { rs.kill() })
+	return rs
+}
+
+func (rs *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(rs.port) }
+
+func (rs *redisServer) start() {
+	rs.t.Helper()
+	rs.cmd = exec.Command("redis-server", "--port", strconv.Itoa(rs.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "yes", "--appendfsync", "always", "--dir", rs.dir)
+	rs.cmd.Stdout, rs.cmd.Stderr = io.Discard, io.Discard
+	if err := rs.cmd.Start(); err != nil {
+		rs.t.Fatalf("start redis-server: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: rs.addr()})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Ping(context.Background()).Err() != nil {
+		if time.Now().After(deadline) {
+			rs.t.Fatalf("redis-server on %s did not come up", rs.addr())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (rs *redisServer) kill() {
+	if rs.cmd != nil && rs.cmd.Process != nil {
+		_ = rs.cmd.Process.Signal(os.Kill)
+		_ = rs.cmd.Wait()
+		rs.cmd = nil
+	}
+}
+
+// TestRedisRestartWithAOF: the test's own Redis (AOF, appendfsync always) is
+// SIGKILLed mid-sale and restarted from its AOF; no acknowledged request or
+// success is lost, and every invariant holds once the system settles.
+func TestRedisRestartWithAOF(t *testing.T) {
+	rs := startRedisServer(t)
+	cfg := realConfig(t, "redisstream")
+	cfg.Redis.Addr = rs.addr()
+	c := startSystem(t, cfg)
+	campaign := testenv.UniqueName("redisout-")
+	const stock, limit = 300, 1
+	c.openCampaign(campaign, stock, limit)
+
+	restarted := make(chan struct{})
+	var remainingAtKill int64
+	go func() {
+		defer close(restarted)
+		time.Sleep(500 * time.Millisecond)
+		remainingAtKill = c.stats(campaign).Remaining
+		rs.kill()
+		time.Sleep(time.Second)
+		rs.start()
+	}()
+	accepted, codes := shopPaced(t, c, campaign, 500, 10, 100*time.Millisecond)
+	<-restarted
+	if remainingAtKill == 0 || remainingAtKill == stock {
+		t.Errorf("Redis was killed with %d of %d left: want mid-sale", remainingAtKill, stock)
+	}
+	for code := range codes {
+		if code != http.StatusAccepted && code != http.StatusGone && code != http.StatusServiceUnavailable {
+			t.Errorf("unexpected status %d during a Redis restart (codes %v)", code, codes)
+		}
+	}
+	st := c.settle(campaign, 60*time.Second)
+	byStatus := verifySettled(t, c, campaign, stock, limit, accepted, st)
+	if st.Sold != stock {
+		t.Errorf("sold %d, want %d: demand exceeded stock, so nothing may be undersold", st.Sold, stock)
+	}
+	t.Logf("killed with %d left; codes %v, results %v", remainingAtKill, codes, byStatus)
+}
