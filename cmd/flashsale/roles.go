@@ -355,7 +355,7 @@ func openQueue(c config.Queue, rdb redis.UniversalClient, log *slog.Logger, sys 
 		return q, func(name string) queue.Consumer { return q.Consumer(name) }, q, nil
 	case "redisstream":
 		q := redisstream.New(rdb, redisstream.Options{Partitions: c.Partitions, BatchSize: c.BatchSize, Group: c.Group,
-			Logger: log.With("component", "redisstream")})
+			LeaseTTL: c.LeaseTTL, Logger: log.With("component", "redisstream")})
 		return q, func(name string) queue.Consumer { return q.Consumer(name) }, q, nil
 	}
 	return nil, nil, nil, fmt.Errorf("queue driver %q: unknown", c.Driver)

@@ -74,6 +74,9 @@ type Queue struct {
 	Partitions int    `yaml:"partitions" env:"PARTITIONS"`
 	BatchSize  int    `yaml:"batch_size" env:"BATCH_SIZE"`
 	Group      string `yaml:"group" env:"GROUP"`
+	// LeaseTTL bounds how long a dead worker's partitions wait before another
+	// worker takes them over (redisstream).
+	LeaseTTL time.Duration `yaml:"lease_ttl" env:"LEASE_TTL"`
 }
 
 // Gateway tunes admission.
@@ -122,7 +125,7 @@ func Default() Config {
 		Auth:     Auth{JWTSecret: DevJWTSecret, JWTLeeway: 30 * time.Second, AdminToken: DevAdminToken, Dev: true},
 		Redis:    Redis{Mode: "embedded", PoolSize: 64},
 		Database: Database{Driver: "sqlite", DSN: ":memory:"},
-		Queue:    Queue{Driver: "redisstream", Topic: "flashsale-purchases", Partitions: 8, BatchSize: 128, Group: "workers"},
+		Queue:    Queue{Driver: "redisstream", Topic: "flashsale-purchases", Partitions: 8, BatchSize: 128, Group: "workers", LeaseTTL: 10 * time.Second},
 		Gateway: Gateway{UserRate: 5, UserBurst: 10, PublishTimeout: 2 * time.Second,
 			CampaignCacheTTL: 2 * time.Second, SoldOutRecheck: time.Second},
 		Worker:   Worker{MaxAttempts: 10},
@@ -196,6 +199,8 @@ func (c Config) Validate() error {
 		return bad("queue.batch_size", "must be between 1 and 4096")
 	case c.Queue.Group == "":
 		return bad("queue.group", "is required")
+	case c.Queue.LeaseTTL < 500*time.Millisecond || c.Queue.LeaseTTL > 5*time.Minute:
+		return bad("queue.lease_ttl", "must be between 500ms and 5m")
 	case c.Gateway.UserRate < 0 || c.Gateway.CampaignRate < 0 || c.Gateway.UserBurst < 0 || c.Gateway.CampaignBurst < 0:
 		return bad("gateway.*_rate", "rates and bursts must not be negative")
 	case c.Gateway.PublishTimeout <= 0:
