@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"testing"
+	"time"
+
+	"flashsale/internal/config"
+	"flashsale/internal/testenv"
+)
+
+// startRoles runs some roles in this process until the returned stop is
+// called (or the test ends).
+func startRoles(t *testing.T, cfg config.Config, roles roleSet) (addr string, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	sys, err := start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), roles)
+	if err != nil {
+		cancel()
+		t.Fatalf("start %s: %v", roles, err)
+	}
+	stopped := false
+	stop = func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			if err := sys.Wait(); err != nil {
+				t.Errorf("stop %s: %v", roles, err)
+			}
+		}
+	}
+	t.Cleanup(stop)
+	return sys.Addr(), stop
+}
+
+// TestGatewayRestartWhileClientsWait: shoppers wait on WebSockets when the
+// gateway+notifier process restarts. Their connections close (going away);
+// they reconnect to the new process, subscribe again and still get every
+// result, which were decided while no notifier was watching.
+func TestGatewayRestartWhileClientsWait(t *testing.T) {
+	cfg := realConfig(t, "redisstream")
+	front := roleSet{gateway: true, notifier: true}
+	addr, stopFront := startRoles(t, cfg, front)
+	c := newClient(t, "http://"+addr, cfg.Auth)
+	c.db = cfg.Database
+	campaign := testenv.UniqueName("restart-")
+	c.openCampaign(campaign, 20, 1)
+
+	// No worker yet: every request stays queued while its shopper waits.
+	users := []string{"s1", "s2", "s3", "s4", "s5", "s6"}
+	accepted := map[string]string{}
+	for _, u := range users {
+		var p purchaseBody
+		if code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", c.token(u), `{"quantity":1}`, nil, &p); code != http.StatusAccepted {
+			t.Fatalf("purchase %s: got %d", u, code)
+		}
+		accepted[p.RequestID] = u
+	}
+	type waited struct {
+		rid string
+		r   resultBody
+		err error
+	}
+	firstTry := make(chan waited, len(accepted))
+	for rid, u := range accepted {
+		go func() {
+			r, err := c.wsResult(u, rid, 20*time.Second)
+			firstTry <- waited{rid, r, err}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond) // let every client subscribe
+	stopFront()
+	for range accepted {
+		if w := <-firstTry; w.err == nil {
+			t.Errorf("%s: got a result %+v from a gateway with no worker, want the connection closed", w.rid, w.r)
+		}
+	}
+
+	// The new gateway+notifier and a worker come up; clients reconnect.
+	addr, _ = startRoles(t, cfg, front)
+	startRoles(t, cfg, roleSet{worker: true})
+	c2 := newClient(t, "http://"+addr, cfg.Auth)
+	c2.db = cfg.Database
+	for rid, u := range accepted {
+		r, err := c2.wsResult(u, rid, 20*time.Second)
+		if err != nil || r.Status != "success" {
+			t.Errorf("%s after reconnect: got %+v (%v), want success", rid, r, err)
+		}
+	}
+	st := c2.settle(campaign, 10*time.Second)
+	verifySettled(t, c2, campaign, 20, 1, accepted, st)
+}
