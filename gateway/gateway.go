@@ -15,9 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-redis/redis_rate/v10"
-	"github.com/google/uuid"
-
 	"flashsale/internal/metrics"
 	"flashsale/internal/sqlstore"
 	"flashsale/internal/store"
@@ -28,8 +25,8 @@ import (
 // Stock is what the gateway needs from the Redis store.
 type Stock interface {
 	Preload(ctx context.Context, c model.Campaign, now time.Time, force bool) (store.PreloadOutcome, error)
-	Accept(ctx context.Context, a store.Acceptance) (string, bool, error)
-	Unaccept(ctx context.Context, a store.Acceptance) error
+	Admit(ctx context.Context, campaignID string, batch []store.Acceptance, limits store.RateLimits) ([]store.Admission, error)
+	UnacceptBatch(ctx context.Context, batch []store.Acceptance) error
 	SoldOut(ctx context.Context, campaignID string) (bool, error)
 	Stats(ctx context.Context, campaignID string) (store.Stats, error)
 	PublishEvent(ctx context.Context, e store.Event) error
@@ -41,11 +38,6 @@ type Campaigns interface {
 	CreateCampaign(ctx context.Context, c model.Campaign) (model.Campaign, error)
 	Campaign(ctx context.Context, id string) (model.Campaign, error)
 	CampaignOrderStats(ctx context.Context, campaignID string) (sqlstore.OrderStats, error)
-}
-
-// Limiter is a distributed rate limiter (redis_rate's *Limiter).
-type Limiter interface {
-	Allow(ctx context.Context, key string, limit redis_rate.Limit) (*redis_rate.Result, error)
 }
 
 // Options tune admission.
@@ -62,7 +54,11 @@ type Options struct {
 	// PublishTimeout bounds a publish; past it the request is refused with
 	// 503 and its queued marker removed.
 	PublishTimeout time.Duration // default 2s
-	Now            func() time.Time
+	// AdmitBatch caps the purchases coalesced into one Redis script call and
+	// one publish; AdmitConcurrency caps the batches in flight at once.
+	AdmitBatch       int // default 256
+	AdmitConcurrency int // default 4
+	Now              func() time.Time
 }
 
 func (o Options) withDefaults() Options {
@@ -74,6 +70,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.PublishTimeout <= 0 {
 		o.PublishTimeout = 2 * time.Second
+	}
+	if o.AdmitBatch <= 0 {
+		o.AdmitBatch = 256
+	}
+	if o.AdmitConcurrency <= 0 {
+		o.AdmitConcurrency = 4
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -88,28 +90,37 @@ type Service struct {
 	stock     Stock
 	campaigns Campaigns
 	pub       queue.Publisher
-	limiter   Limiter
 	m         *metrics.Metrics
 	opts      Options
+	limits    store.RateLimits
+	admitter  admitter
 
-	mu    sync.Mutex
+	mu    sync.RWMutex
 	cache map[string]*cachedCampaign
 }
 
 // cachedCampaign keeps what admission needs of a campaign in memory, so the
-// hot path touches neither MySQL nor (once sold out) Redis.
+// hot path touches neither MySQL nor (once sold out) Redis. Readers take an
+// immutable snapshot without locking: every purchase reads it.
 type cachedCampaign struct {
-	campaign  model.Campaign
-	err       error // model.ErrNotFound is cached too, against bots probing ids
-	loadedAt  time.Time
+	snap      atomic.Pointer[campaignSnapshot] // nil until first loaded
 	soldOut   atomic.Bool
-	refreshMu sync.Mutex
+	refreshMu sync.Mutex // one reload at a time
+}
+
+type campaignSnapshot struct {
+	campaign model.Campaign
+	err      error // model.ErrNotFound is cached too, against bots probing ids
+	loadedAt time.Time
 }
 
 // New returns a Service.
-func New(log *slog.Logger, stock Stock, campaigns Campaigns, pub queue.Publisher, limiter Limiter, m *metrics.Metrics, opts Options) *Service {
-	return &Service{log: log, stock: stock, campaigns: campaigns, pub: pub, limiter: limiter, m: m,
-		opts: opts.withDefaults(), cache: map[string]*cachedCampaign{}}
+func New(log *slog.Logger, stock Stock, campaigns Campaigns, pub queue.Publisher, m *metrics.Metrics, opts Options) *Service {
+	opts = opts.withDefaults()
+	return &Service{log: log, stock: stock, campaigns: campaigns, pub: pub, m: m, opts: opts,
+		limits: store.RateLimits{UserRate: opts.UserRate, UserBurst: opts.UserBurst,
+			CampaignRate: opts.CampaignRate, CampaignBurst: opts.CampaignBurst},
+		cache: map[string]*cachedCampaign{}}
 }
 
 // Run keeps the sold-out flags fresh: events from workers flip them at once,
@@ -142,9 +153,9 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 func (s *Service) applyEvent(e store.Event) {
-	s.mu.Lock()
+	s.mu.RLock()
 	cc := s.cache[e.CampaignID]
-	s.mu.Unlock()
+	s.mu.RUnlock()
 	if cc == nil {
 		return
 	}
@@ -154,67 +165,83 @@ func (s *Service) applyEvent(e store.Event) {
 	case store.EventReset:
 		cc.soldOut.Store(false)
 		cc.refreshMu.Lock()
-		cc.loadedAt = time.Time{} // reload the campaign on next use
+		cc.snap.Store(nil) // reload the campaign on next use
 		cc.refreshMu.Unlock()
 	}
 }
 
 func (s *Service) recheckSoldOut(ctx context.Context) {
-	s.mu.Lock()
+	s.mu.RLock()
 	ids := make([]string, 0, len(s.cache))
 	for id := range s.cache {
 		ids = append(ids, id)
 	}
-	s.mu.Unlock()
+	s.mu.RUnlock()
 	for _, id := range ids {
 		flag, err := s.stock.SoldOut(ctx, id)
 		if err != nil {
 			continue // keep the last known value; Redis trouble shows in readiness
 		}
-		s.mu.Lock()
+		s.mu.RLock()
 		if cc := s.cache[id]; cc != nil {
 			cc.soldOut.Store(flag)
 		}
-		s.mu.Unlock()
+		s.mu.RUnlock()
 	}
 }
 
+// fresh reports whether snap may still be used at now.
+func (s *Service) fresh(snap *campaignSnapshot, now time.Time) bool {
+	return snap != nil && now.Sub(snap.loadedAt) < s.opts.CampaignCacheTTL
+}
+
 // campaign returns the cached campaign, loading it when missing or stale.
-func (s *Service) campaign(ctx context.Context, id string) (*cachedCampaign, error) {
-	s.mu.Lock()
+// The fast path takes a read lock and an atomic load only.
+func (s *Service) campaign(ctx context.Context, id string) (*cachedCampaign, model.Campaign, error) {
+	s.mu.RLock()
 	cc := s.cache[id]
-	if cc == nil {
-		if len(s.cache) >= maxCachedCampaigns {
-			s.evictUnknownLocked()
+	s.mu.RUnlock()
+	if cc != nil {
+		if snap := cc.snap.Load(); s.fresh(snap, s.opts.Now()) {
+			return cc, snap.campaign, snap.err
 		}
-		cc = &cachedCampaign{}
-		s.cache[id] = cc
+	} else {
+		s.mu.Lock()
+		if cc = s.cache[id]; cc == nil {
+			if len(s.cache) >= maxCachedCampaigns {
+				s.evictUnknownLocked()
+			}
+			cc = &cachedCampaign{}
+			s.cache[id] = cc
+		}
+		s.mu.Unlock()
 	}
-	s.mu.Unlock()
 
 	cc.refreshMu.Lock()
 	defer cc.refreshMu.Unlock()
-	if !cc.loadedAt.IsZero() && s.opts.Now().Sub(cc.loadedAt) < s.opts.CampaignCacheTTL {
-		return cc, cc.err
+	old := cc.snap.Load()
+	if s.fresh(old, s.opts.Now()) { // another request reloaded it meanwhile
+		return cc, old.campaign, old.err
 	}
 	c, err := s.campaigns.Campaign(ctx, id)
+	next := &campaignSnapshot{loadedAt: s.opts.Now()}
 	switch {
 	case errors.Is(err, model.ErrNotFound):
-		cc.err = model.ErrNotFound
+		next.err = model.ErrNotFound
 	case err != nil:
 		// Serve the last good copy rather than fail admission on a DB blip.
-		if !cc.loadedAt.IsZero() && cc.err == nil {
-			return cc, nil
+		if old != nil && old.err == nil {
+			return cc, old.campaign, nil
 		}
-		return nil, fmt.Errorf("load campaign %s: %w: %v", id, model.ErrUnavailable, err)
+		return nil, model.Campaign{}, fmt.Errorf("load campaign %s: %w: %v", id, model.ErrUnavailable, err)
 	default:
-		cc.campaign, cc.err = c, nil
+		next.campaign = c
 		if flag, ferr := s.stock.SoldOut(ctx, id); ferr == nil {
 			cc.soldOut.Store(flag)
 		}
 	}
-	cc.loadedAt = s.opts.Now()
-	return cc, cc.err
+	cc.snap.Store(next)
+	return cc, next.campaign, next.err
 }
 
 // maxCachedCampaigns bounds the cache against bots probing random ids.
@@ -224,7 +251,7 @@ const maxCachedCampaigns = 10_000
 func (s *Service) evictUnknownLocked() {
 	for id, cc := range s.cache {
 		if cc.refreshMu.TryLock() {
-			if cc.err != nil || cc.loadedAt.IsZero() {
+			if snap := cc.snap.Load(); snap == nil || snap.err != nil {
 				delete(s.cache, id)
 			}
 			cc.refreshMu.Unlock()
@@ -299,11 +326,29 @@ func (s *Service) Campaign(ctx context.Context, id string) (PublicCampaign, erro
 	if !model.ValidCampaignID(id) {
 		return PublicCampaign{}, model.ErrNotFound
 	}
-	cc, err := s.campaign(ctx, id)
+	cc, c, err := s.campaign(ctx, id)
 	if err != nil {
 		return PublicCampaign{}, err
 	}
-	return PublicCampaign{Campaign: cc.campaign, SoldOut: cc.soldOut.Load()}, nil
+	return PublicCampaign{Campaign: c, SoldOut: cc.soldOut.Load()}, nil
+}
+
+// SoldOutEarly refuses a purchase of a cached, open campaign whose sold-out
+// flag is set, before anything else is looked at; otherwise it returns nil
+// and Purchase decides. It never loads anything, so it costs a map lookup.
+func (s *Service) SoldOutEarly(campaignID string) error {
+	s.mu.RLock()
+	cc := s.cache[campaignID]
+	s.mu.RUnlock()
+	if cc == nil || !cc.soldOut.Load() {
+		return nil
+	}
+	snap := cc.snap.Load()
+	now := s.opts.Now()
+	if !s.fresh(snap, now) || snap.err != nil || snap.campaign.Window(now) != nil {
+		return nil
+	}
+	return s.refuse("sold_out", model.ErrSoldOut)
 }
 
 // Purchase is a shopper's request to buy.
@@ -334,21 +379,18 @@ func (s *Service) Purchase(ctx context.Context, p Purchase) (Accepted, error) {
 	if p.IdempotencyKey != "" && !idempotencyKeyPattern.MatchString(p.IdempotencyKey) {
 		return Accepted{}, s.refuse("invalid", model.Invalid("Idempotency-Key", "must match [A-Za-z0-9_.:-]{1,64}"))
 	}
-	cc, err := s.campaign(ctx, p.CampaignID)
+	cc, c, err := s.campaign(ctx, p.CampaignID)
 	if err != nil {
 		return Accepted{}, s.refuse("campaign", err)
 	}
-	if p.Quantity > cc.campaign.PerUserLimit {
-		return Accepted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("exceeds the per-user limit of %d", cc.campaign.PerUserLimit)))
+	if p.Quantity > c.PerUserLimit {
+		return Accepted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("exceeds the per-user limit of %d", c.PerUserLimit)))
 	}
-	if err := cc.campaign.Window(s.opts.Now()); err != nil {
+	if err := c.Window(s.opts.Now()); err != nil {
 		return Accepted{}, s.refuse("window", err)
 	}
 	if cc.soldOut.Load() {
 		return Accepted{}, s.refuse("sold_out", model.ErrSoldOut)
-	}
-	if err := s.rateLimit(ctx, p); err != nil {
-		return Accepted{}, err
 	}
 	return s.enqueue(ctx, p)
 }
@@ -356,70 +398,4 @@ func (s *Service) Purchase(ctx context.Context, p Purchase) (Accepted, error) {
 func (s *Service) refuse(reason string, err error) error {
 	s.m.Refusals.WithLabelValues(reason).Inc()
 	return err
-}
-
-func (s *Service) rateLimit(ctx context.Context, p Purchase) error {
-	checks := []struct {
-		key         string
-		rate, burst int
-		reason      string
-	}{
-		{store.RateLimitKey(p.CampaignID, "u:"+p.UserID), s.opts.UserRate, s.opts.UserBurst, "rate_user"},
-		{store.RateLimitKey(p.CampaignID, "all"), s.opts.CampaignRate, s.opts.CampaignBurst, "rate_campaign"},
-	}
-	for _, c := range checks {
-		if c.rate <= 0 {
-			continue
-		}
-		res, err := s.limiter.Allow(ctx, c.key, redis_rate.Limit{Rate: c.rate, Burst: max(c.burst, 1), Period: time.Second})
-		if err != nil {
-			return s.refuse("unavailable", fmt.Errorf("rate limit: %w: %v", model.ErrUnavailable, err))
-		}
-		if res.Allowed == 0 {
-			retry := int(res.RetryAfter.Seconds() + 0.999)
-			return s.refuse(c.reason, &model.RateLimitError{RetryAfterSeconds: max(retry, 1)})
-		}
-	}
-	return nil
-}
-
-func (s *Service) enqueue(ctx context.Context, p Purchase) (Accepted, error) {
-	id := uuid.Must(uuid.NewV7())
-	a := store.Acceptance{
-		RequestID:      model.FormatRequestID(p.CampaignID, fmt.Sprintf("%x", id[:])),
-		CampaignID:     p.CampaignID,
-		UserID:         p.UserID,
-		Quantity:       p.Quantity,
-		IdempotencyKey: p.IdempotencyKey,
-	}
-	rid, existing, err := s.stock.Accept(ctx, a)
-	if errors.Is(err, model.ErrNotLoaded) {
-		return Accepted{}, s.refuse("not_loaded", err)
-	}
-	if err != nil {
-		return Accepted{}, s.refuse("unavailable", fmt.Errorf("%w: %v", model.ErrUnavailable, err))
-	}
-	if existing {
-		return Accepted{RequestID: rid, Existing: true}, nil
-	}
-	body, err := model.EncodePurchaseRequest(model.PurchaseRequest{RequestID: rid, CampaignID: p.CampaignID,
-		UserID: p.UserID, Quantity: p.Quantity, AcceptedAt: s.opts.Now().UTC()})
-	if err != nil {
-		return Accepted{}, fmt.Errorf("encode request: %w", err)
-	}
-	pctx, cancel := context.WithTimeout(ctx, s.opts.PublishTimeout)
-	defer cancel()
-	start := time.Now()
-	err = s.pub.Publish(pctx, s.opts.Topic, queue.Message{ID: rid, Key: p.CampaignID, Body: body})
-	metrics.Since(s.m.PublishLatency, start)
-	if err != nil {
-		// Leave nothing behind: the shopper is told 503 and may retry.
-		uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.PublishTimeout)
-		defer ucancel()
-		if uerr := s.stock.Unaccept(uctx, a); uerr != nil {
-			s.log.Error("undo acceptance after failed publish", "request_id", rid, "campaign_id", p.CampaignID, "err", uerr)
-		}
-		return Accepted{}, s.refuse("unavailable", fmt.Errorf("publish %s: %w: %v", rid, model.ErrUnavailable, err))
-	}
-	return Accepted{RequestID: rid}, nil
 }

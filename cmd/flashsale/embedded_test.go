@@ -53,9 +53,15 @@ func TestServeEmbeddedDefault(t *testing.T) {
 	}
 
 	c := newClient(t, base, config.Default().Auth)
+	// Ready only once the notifier's results subscription is confirmed, a
+	// moment after the listener is up.
 	for _, path := range []string{"/healthz", "/readyz"} {
-		if code := c.do("GET", path, "", nil, nil, nil); code != http.StatusOK {
-			t.Fatalf("%s: got %d, want 200", path, code)
+		deadline := time.Now().Add(5 * time.Second)
+		for code := c.do("GET", path, "", nil, nil, nil); code != http.StatusOK; code = c.do("GET", path, "", nil, nil, nil) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: got %d, want 200 within 5s", path, code)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	c.openCampaign("embedded-demo", 2, 1)

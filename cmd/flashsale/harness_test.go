@@ -204,6 +204,7 @@ type statsBody struct {
 	Queued           int64            `json:"queued"`
 	FinishedByStatus map[string]int64 `json:"finished_by_status"`
 	OrdersInDB       int64            `json:"orders_in_db"`
+	UnitsInDB        int64            `json:"units_in_db"`
 }
 
 func (c *client) stats(id string) statsBody {
@@ -215,13 +216,15 @@ func (c *client) stats(id string) statsBody {
 	return st
 }
 
-// settle waits until no accepted request of the campaign is still queued.
+// settle waits until no accepted request of the campaign is still queued and
+// MySQL holds every unit sold: a result is final (and visible to shoppers) as
+// soon as the Lua call decides it, a moment before the worker's INSERT lands.
 func (c *client) settle(id string, timeout time.Duration) statsBody {
 	c.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
 		st := c.stats(id)
-		if st.Queued == 0 {
+		if st.Queued == 0 && st.UnitsInDB == st.Sold {
 			return st
 		}
 		if time.Now().After(deadline) {

@@ -55,6 +55,7 @@ Commands:
   worker     run the queue worker only (Lua deduction + MySQL persistence)
   notifier   run the WebSocket/poll notifier only
   token      mint a shopper JWT for a user id, for trying the API
+  loadtest   run a flash sale against a gateway (or an in-process serve) and check its guarantees
   reconcile  compare a campaign's Redis state with its MySQL orders (--repair after the sale)
   version    print the version
 
@@ -78,6 +79,8 @@ func run(ctx context.Context, args []string, stdout io.Writer, env map[string]st
 		return nil
 	case "token":
 		return runToken(rest, stdout, env)
+	case "loadtest":
+		return runLoadtest(ctx, rest, stdout, env, log)
 	case "reconcile":
 		return runReconcile(ctx, rest, stdout, env)
 	case "serve":

@@ -15,7 +15,6 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/gin-gonic/gin"
-	"github.com/go-redis/redis_rate/v10"
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
@@ -211,7 +210,7 @@ func start(ctx context.Context, cfg config.Config, log *slog.Logger, roles roleS
 		g.Go(func() error { return ntf.Run(runCtx) })
 	}
 	if roles.gateway {
-		svc := gateway.New(log.With("role", "gateway"), st, db, pub, redis_rate.NewLimiter(rdb), sys.Metrics, gateway.Options{
+		svc := gateway.New(log.With("role", "gateway"), st, db, pub, sys.Metrics, gateway.Options{
 			Topic:            cfg.Queue.Topic,
 			UserRate:         cfg.Gateway.UserRate,
 			UserBurst:        cfg.Gateway.UserBurst,

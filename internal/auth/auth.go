@@ -18,11 +18,12 @@ type JWT struct {
 	secret []byte
 	leeway time.Duration
 	now    func() time.Time
+	cache  *verified
 }
 
 // NewJWT returns a JWT with secret and the clock skew it tolerates on exp/nbf.
 func NewJWT(secret []byte, leeway time.Duration) *JWT {
-	return &JWT{secret: secret, leeway: leeway, now: time.Now}
+	return &JWT{secret: secret, leeway: leeway, now: time.Now, cache: newVerified(defaultVerifiedEntries)}
 }
 
 // Mint returns a token for userID valid for ttl.
@@ -47,6 +48,9 @@ func (j *JWT) Mint(userID string, ttl time.Duration) (string, error) {
 // Verify returns the user id (subject) of a valid token, or an error wrapping
 // model.ErrUnauthorized.
 func (j *JWT) Verify(token string) (string, error) {
+	if user, ok := j.cache.lookup(token, j.now(), j.leeway); ok {
+		return user, nil
+	}
 	var claims jwt.RegisteredClaims
 	_, err := jwt.ParseWithClaims(token, &claims, func(*jwt.Token) (any, error) { return j.secret, nil },
 		jwt.WithValidMethods([]string{jwt.SigningMethodHS256.Alg()}),
@@ -60,6 +64,12 @@ func (j *JWT) Verify(token string) (string, error) {
 	if !model.ValidUserID(claims.Subject) {
 		return "", fmt.Errorf("%w: subject malformed", model.ErrUnauthorized)
 	}
+	// exp is required above, so it is set; nbf is optional.
+	e := verifiedToken{subject: claims.Subject, expiresAt: claims.ExpiresAt.Time}
+	if claims.NotBefore != nil {
+		e.notBefore = claims.NotBefore.Time
+	}
+	j.cache.store(token, e)
 	return claims.Subject, nil
 }
 

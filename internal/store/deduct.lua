@@ -17,6 +17,12 @@
 --   status       success | sold_out | limit_exceeded | rejected
 --   order_id     set for success, "" otherwise
 --   reason       set for rejected (insufficient_stock, not_loaded, bad_message), "" otherwise
+--
+-- Cost: every redis.call is the expensive part of a script, so the batch reads
+-- its stored results and its users' units with one HMGET each, keeps them in
+-- Lua tables, and writes the results that move no stock (the great majority
+-- once a sale is sold out) with one HSET at the end. A success still writes
+-- its deduction, its user's units and its result together, at once (see below).
 
 local n = tonumber(ARGV[1])
 local reply = { 0 }
@@ -28,21 +34,47 @@ if loaded then
   limit = tonumber(limit)
 end
 
+local rids, users = {}, {}
+local seen_user, distinct_users = {}, {}
 for i = 0, n - 1 do
-  local rid = ARGV[2 + 4 * i]
+  rids[#rids + 1] = ARGV[2 + 4 * i]
   local user = ARGV[3 + 4 * i]
-  local qty = tonumber(ARGV[4 + 4 * i])
-  local oid = ARGV[5 + 4 * i]
+  users[#users + 1] = user
+  if not seen_user[user] then
+    seen_user[user] = true
+    distinct_users[#distinct_users + 1] = user
+  end
+end
+local stored = redis.call('HMGET', KEYS[3], unpack(rids))
+local bought = {}
+-- Once sold out no request reaches the limit check: skip reading the units.
+if loaded and remaining > 0 then
+  local units = redis.call('HMGET', KEYS[2], unpack(distinct_users))
+  for j, user in ipairs(distinct_users) do
+    bought[user] = tonumber(units[j] or '0')
+  end
+end
+
+-- decided holds this batch's final results by request id, so a request
+-- delivered twice within one batch is decided once.
+local decided = {}
+local deferred = {} -- field/value pairs of results that moved no stock
+local fin = {}      -- status -> results decided by this call
+local sold = 0
+
+for i = 1, n do
+  local rid, user = rids[i], users[i]
+  local qty = tonumber(ARGV[4 * i])
+  local oid = ARGV[1 + 4 * i]
   local status, order, reason = nil, '', ''
 
-  local stored = redis.call('HGET', KEYS[3], rid)
-  if stored then
-    local s, _, o, r = string.match(stored, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|')
+  local earlier = decided[rid]
+  if earlier then
+    status, order, reason = earlier[1], earlier[2], earlier[3]
+  elseif stored[i] then
+    local s, _, o, r = string.match(stored[i], '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|')
     if s and s ~= 'queued' then
       status, order, reason = s, o, r
-      reply[#reply + 1] = status
-      reply[#reply + 1] = order
-      reply[#reply + 1] = reason
     end
   end
 
@@ -55,30 +87,50 @@ for i = 0, n - 1 do
       status = 'sold_out'
     elseif qty > remaining then
       status, reason = 'rejected', 'insufficient_stock'
+    elseif bought[user] + qty > limit then
+      status = 'limit_exceeded'
     else
-      local bought = tonumber(redis.call('HGET', KEYS[2], user) or '0')
-      if bought + qty > limit then
-        status = 'limit_exceeded'
-      else
-        status, order = 'success', oid
-        remaining = remaining - qty
-        -- Written per success (not once at the end) so that an error later in
-        -- the batch cannot leave a sale recorded without its deduction.
-        redis.call('DECRBY', KEYS[1], qty)
-        redis.call('HINCRBY', KEYS[2], user, qty)
-        redis.call('HINCRBY', KEYS[5], 'sold', qty)
-        if remaining == 0 then
-          redis.call('SET', KEYS[4], '1')
-          reply[1] = 1
-        end
+      status, order = 'success', oid
+      remaining = remaining - qty
+      bought[user] = bought[user] + qty
+      sold = sold + qty
+      -- Deduction, units and result are written per success (not once at
+      -- the end) so that an error later in the batch cannot leave a sale
+      -- without its deduction, or a deduction without its result.
+      redis.call('DECRBY', KEYS[1], qty)
+      redis.call('HINCRBY', KEYS[2], user, qty)
+      if remaining == 0 then
+        redis.call('SET', KEYS[4], '1')
+        reply[1] = 1
       end
     end
-    redis.call('HSET', KEYS[3], rid, status .. '|' .. qty .. '|' .. order .. '|' .. reason .. '|' .. user)
-    redis.call('HINCRBY', KEYS[5], 'fin:' .. status, 1)
-    reply[#reply + 1] = status
-    reply[#reply + 1] = order
-    reply[#reply + 1] = reason
+    local value = status .. '|' .. (qty or 0) .. '|' .. order .. '|' .. reason .. '|' .. user
+    if status == 'success' then
+      redis.call('HSET', KEYS[3], rid, value)
+    else
+      deferred[#deferred + 1] = rid
+      deferred[#deferred + 1] = value
+    end
+    fin[status] = (fin[status] or 0) + 1
+    decided[rid] = { status, order, reason }
   end
+  reply[#reply + 1] = status
+  reply[#reply + 1] = order
+  reply[#reply + 1] = reason
 end
 
+-- Decisions that moved no stock can wait until here: if the script stopped
+-- before this point they stay queued and are decided again on redelivery.
+-- Large batches are split to stay clear of Lua's unpack limit.
+for j = 1, #deferred, 4000 do
+  redis.call('HSET', KEYS[3], unpack(deferred, j, math.min(j + 3999, #deferred)))
+end
+-- Statistics only (the queued count and the sold total): one write per
+-- status rather than one per request.
+if sold > 0 then
+  redis.call('HINCRBY', KEYS[5], 'sold', sold)
+end
+for status, count in pairs(fin) do
+  redis.call('HINCRBY', KEYS[5], 'fin:' .. status, count)
+end
 return reply

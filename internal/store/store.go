@@ -46,6 +46,7 @@ type Store struct {
 	unaccept *redis.Script
 	preload  *redis.Script
 	reject   *redis.Script
+	admit    *redis.Script
 }
 
 // New returns a Store on rdb.
@@ -57,6 +58,7 @@ func New(rdb redis.UniversalClient) *Store {
 		unaccept: redis.NewScript(unacceptSource),
 		preload:  redis.NewScript(preloadSource),
 		reject:   redis.NewScript(rejectSource),
+		admit:    redis.NewScript(admitSource),
 	}
 }
 
@@ -64,7 +66,7 @@ func New(rdb redis.UniversalClient) *Store {
 func (s *Store) Client() redis.UniversalClient { return s.rdb }
 
 // keys of one campaign; all share the hash tag {id}.
-type keys struct{ meta, stock, soldout, counters, users, results, idem string }
+type keys struct{ meta, stock, soldout, counters, users, results, idem, userLimits string }
 
 func campaignKeys(id string) keys {
 	p := "fs:{" + id + "}:"
@@ -76,6 +78,8 @@ func campaignKeys(id string) keys {
 		users:    p + "users",
 		results:  p + "results",
 		idem:     p + "idem",
+		// Per-user rate-limit state (see admit.lua).
+		userLimits: p + "rl:users",
 	}
 }
 

@@ -1,0 +1,387 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+
+	"flashsale/internal/auth"
+	"flashsale/internal/config"
+)
+
+// loadtest is the flash-sale simulator: it sets up a campaign through the
+// admin API, lets many shoppers buy at once, waits for every result and
+// checks the guarantees the README promises. Files: loadtest.go (flags and
+// the run), loadtest_shopper.go (one shopper's requests and result),
+// loadtest_report.go (measurements, invariants and the report).
+
+// loadtestOptions are the command's flags.
+type loadtestOptions struct {
+	url             string
+	configPath      string
+	campaign        string
+	stock           int64
+	perUserLimit    int64
+	shoppers        int
+	concurrency     int
+	rate            float64
+	repeat          float64
+	idempotentShare float64
+	results         string
+	settle          time.Duration
+	timeout         time.Duration
+	json            bool
+	progress        bool
+	adminToken      string
+	jwtSecret       string
+	maxSockets      int
+	seed            uint64
+}
+
+// secondsOrDuration is a flag that takes "30", meaning seconds, or "30s".
+type secondsOrDuration struct{ d *time.Duration }
+
+func (f secondsOrDuration) String() string {
+	if f.d == nil {
+		return ""
+	}
+	return f.d.String()
+}
+
+func (f secondsOrDuration) Set(s string) error {
+	if secs, err := strconv.ParseFloat(s, 64); err == nil {
+		*f.d = time.Duration(secs * float64(time.Second))
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("want seconds (30) or a duration (30s)")
+	}
+	*f.d = d
+	return nil
+}
+
+const loadtestUsage = `Usage: flashsale loadtest [flags]
+
+Runs a flash sale against a gateway and checks that it sold every item exactly
+once: creates and preloads a campaign through the admin API, mints tokens for
+--shoppers users, fires their purchases (closed loop with --concurrency, or open
+loop with --rate), waits for every accepted request's result over WebSocket or
+polling, prints a report and exits non-zero if an invariant broke.
+
+Without --url it starts the embedded serve in this process (or the roles of
+--config) and runs against that.
+
+Flags:
+`
+
+func parseLoadtestFlags(args []string, stdout io.Writer, env map[string]string) (loadtestOptions, error) {
+	o := loadtestOptions{settle: 30 * time.Second}
+	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
+	// Parse errors are returned as one line; only --help prints the usage.
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&o.url, "url", "", "gateway base URL, e.g. http://127.0.0.1:8080 (default: start the embedded serve in-process)")
+	fs.StringVar(&o.configPath, "config", "", "config of the in-process serve (only without --url)")
+	fs.StringVar(&o.campaign, "campaign", "", "campaign id to create (default: a fresh random id)")
+	fs.Int64Var(&o.stock, "stock", 1000, "units on sale")
+	fs.Int64Var(&o.perUserLimit, "per-user-limit", 1, "units one shopper may buy")
+	fs.IntVar(&o.shoppers, "shoppers", 10_000, "distinct shoppers (users), each buys one unit")
+	fs.IntVar(&o.concurrency, "concurrency", 256, "closed loop: shoppers buying at once")
+	fs.Float64Var(&o.rate, "rate", 0, "open loop: shoppers started per second, whatever the server's speed (0 = closed loop)")
+	fs.Float64Var(&o.repeat, "repeat", 0.1, "share of shoppers who buy a second time after their first answer")
+	fs.Float64Var(&o.idempotentShare, "idempotent-share", 0.1, "share of shoppers who resend their purchase with the same Idempotency-Key")
+	fs.StringVar(&o.results, "results", "ws", "how accepted shoppers wait for results: ws or poll")
+	fs.Var(secondsOrDuration{&o.settle}, "settle", "time after the last purchase by which every result must have arrived (seconds or a duration)")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "timeout of one HTTP request")
+	fs.BoolVar(&o.json, "json", false, "write the report as JSON")
+	fs.BoolVar(&o.progress, "progress", true, "show a progress bar on stderr")
+	fs.StringVar(&o.adminToken, "admin-token", "", "admin token (default: $FLASHSALE_AUTH_ADMIN_TOKEN, else the dev token; the in-process serve's own)")
+	fs.StringVar(&o.jwtSecret, "jwt-secret", "", "HS256 secret to mint shopper tokens (default: $FLASHSALE_AUTH_JWT_SECRET, else the dev secret; the in-process serve's own)")
+	fs.IntVar(&o.maxSockets, "max-sockets", 0, "sockets the tool may open at once (default: from the open-file limit)")
+	fs.Uint64Var(&o.seed, "seed", 0, "seed that picks repeating and idempotent shoppers (default: random)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, loadtestUsage)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+		}
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.adminToken == "" {
+		o.adminToken = cmp.Or(env["FLASHSALE_AUTH_ADMIN_TOKEN"], config.DevAdminToken)
+	}
+	if o.jwtSecret == "" {
+		o.jwtSecret = cmp.Or(env["FLASHSALE_AUTH_JWT_SECRET"], config.DevJWTSecret)
+	}
+	if o.campaign == "" {
+		o.campaign = "lt-" + rand.Text()[:12]
+	}
+	if o.seed == 0 {
+		o.seed = mrand.Uint64()
+	}
+	return o, o.validate()
+}
+
+func (o loadtestOptions) validate() error {
+	bad := func(flag, why string) error { return fmt.Errorf("--%s: %s", flag, why) }
+	switch {
+	case o.stock < 1:
+		return bad("stock", "must be at least 1")
+	case o.perUserLimit < 1:
+		return bad("per-user-limit", "must be at least 1")
+	case o.shoppers < 1:
+		return bad("shoppers", "must be at least 1")
+	case o.concurrency < 1:
+		return bad("concurrency", "must be at least 1")
+	case o.rate < 0:
+		return bad("rate", "must not be negative")
+	case o.repeat < 0 || o.repeat > 1:
+		return bad("repeat", "must be a share between 0 and 1")
+	case o.idempotentShare < 0 || o.idempotentShare > 1:
+		return bad("idempotent-share", "must be a share between 0 and 1")
+	case o.results != "ws" && o.results != "poll":
+		return bad("results", `must be "ws" or "poll"`)
+	case o.settle <= 0:
+		return bad("settle", "must be positive")
+	case o.timeout <= 0:
+		return bad("timeout", "must be positive")
+	case o.maxSockets < 0:
+		return bad("max-sockets", "must not be negative")
+	case o.url != "" && o.configPath != "":
+		return bad("config", "starts an in-process serve, so it cannot go with --url")
+	}
+	if o.url != "" {
+		u, err := url.Parse(o.url)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return bad("url", fmt.Sprintf("%q is not an http(s) URL with a host", o.url))
+		}
+	}
+	return nil
+}
+
+// runLoadtest is the loadtest command.
+func runLoadtest(ctx context.Context, args []string, stdout io.Writer, env map[string]string, log *slog.Logger) error {
+	o, err := parseLoadtestFlags(args, stdout, env)
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("loadtest: %w", err)
+	}
+
+	embedded := o.url == ""
+	if embedded {
+		cfg, err := config.Load(o.configPath, env)
+		if err != nil {
+			return fmt.Errorf("loadtest: %w", err)
+		}
+		cfg.HTTP.Addr = "127.0.0.1:0"
+		sctx, stop := context.WithCancel(ctx)
+		sys, err := start(sctx, cfg, log, roleSet{gateway: true, worker: true, notifier: true})
+		if err != nil {
+			stop()
+			return fmt.Errorf("loadtest: start in-process serve: %w", err)
+		}
+		defer func() {
+			stop()
+			_ = sys.Wait()
+		}()
+		o.url, o.adminToken, o.jwtSecret = "http://"+sys.Addr(), cfg.Auth.AdminToken, cfg.Auth.JWTSecret
+		if sys.adminAddr != "" {
+			return errors.New("loadtest: an in-process serve with a separate http.admin_addr is not supported; run serve and pass --url")
+		}
+	}
+	o.url = strings.TrimRight(o.url, "/")
+
+	rep, err := newLoadtest(o, embedded).run(ctx)
+	if err != nil {
+		return fmt.Errorf("loadtest: %w", err)
+	}
+	if o.json {
+		if err := rep.writeJSON(stdout); err != nil {
+			return fmt.Errorf("loadtest: write report: %w", err)
+		}
+	} else {
+		rep.writeText(stdout)
+	}
+	if failed := rep.failed(); len(failed) > 0 {
+		return fmt.Errorf("loadtest: %d invariant(s) violated: %s", len(failed), strings.Join(failed, "; "))
+	}
+	return nil
+}
+
+// loadtest is one run: its options, clients and measurements.
+type loadtest struct {
+	o       loadtestOptions
+	http    *http.Client
+	jwt     *auth.JWT
+	wsSlots chan struct{} // one token per WebSocket the tool may hold open
+	rec     *recorder
+}
+
+// Socket budget: descriptors kept free for the process itself, and the most
+// HTTP connections used at once when the open loop sets no natural bound.
+const (
+	reservedFDs      = 256
+	maxOpenLoopConns = 1024
+)
+
+func newLoadtest(o loadtestOptions, embedded bool) *loadtest {
+	budget := o.maxSockets
+	if budget == 0 {
+		budget = max(openFileLimit()-reservedFDs, 64)
+		if embedded {
+			// The server's end of every connection is in this process too.
+			budget /= 2
+		}
+	}
+	httpConns := o.concurrency
+	if o.rate > 0 {
+		httpConns = maxOpenLoopConns
+	}
+	httpConns = max(min(httpConns, budget/2), 1)
+	wsCap := 0
+	if o.results == "ws" {
+		wsCap = max(budget-httpConns, 0)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxConnsPerHost = httpConns
+	tr.MaxIdleConnsPerHost = httpConns
+	tr.MaxIdleConns = httpConns
+	tr.DisableCompression = true
+	return &loadtest{
+		o:       o,
+		http:    &http.Client{Transport: tr, Timeout: o.timeout},
+		jwt:     auth.NewJWT([]byte(o.jwtSecret), 0),
+		wsSlots: make(chan struct{}, wsCap),
+		rec:     newRecorder(o, httpConns, wsCap),
+	}
+}
+
+// run sets the sale up, lets every shopper buy, waits for the results and
+// returns the report.
+func (lt *loadtest) run(ctx context.Context) (*report, error) {
+	if err := lt.setUp(ctx); err != nil {
+		return nil, err
+	}
+	shoppers, err := lt.planShoppers()
+	if err != nil {
+		return nil, err
+	}
+	bar := lt.progressBar()
+
+	var waiters sync.WaitGroup
+	start := time.Now()
+	lt.rec.start(start)
+	done := func() { _ = bar.Add(1) }
+	if lt.o.rate > 0 {
+		lt.openLoop(ctx, shoppers, start, &waiters, done)
+	} else {
+		lt.closedLoop(ctx, shoppers, &waiters, done)
+	}
+	fired := time.Now()
+	lt.rec.fired(fired)
+	// Waiters stop by themselves at the settle deadline.
+	waiters.Wait()
+	_ = bar.Finish()
+	if lt.o.progress {
+		fmt.Fprintln(os.Stderr)
+	}
+
+	stats, err := lt.settledStats(ctx, fired.Add(lt.o.settle))
+	if err != nil {
+		return nil, err
+	}
+	return lt.rec.report(stats), nil
+}
+
+func (lt *loadtest) progressBar() *progressbar.ProgressBar {
+	return progressbar.NewOptions(lt.o.shoppers,
+		progressbar.OptionSetVisibility(lt.o.progress),
+		progressbar.OptionSetWriter(os.Stderr),
+		progressbar.OptionSetDescription("shoppers answered"),
+		progressbar.OptionShowCount(),
+		progressbar.OptionShowIts(),
+		progressbar.OptionSetItsString("shoppers"),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionSetPredictTime(false),
+	)
+}
+
+// planShoppers mints every shopper's token before the clock starts, so
+// signing costs the generator nothing during the sale.
+func (lt *loadtest) planShoppers() ([]*shopper, error) {
+	rng := mrand.New(mrand.NewPCG(lt.o.seed, 1))
+	out := make([]*shopper, lt.o.shoppers)
+	for i := range out {
+		user := fmt.Sprintf("shopper%07d", i)
+		tok, err := lt.jwt.Mint(user, 2*time.Hour)
+		if err != nil {
+			return nil, fmt.Errorf("mint token for %s: %w", user, err)
+		}
+		out[i] = &shopper{user: user, token: tok,
+			repeat: rng.Float64() < lt.o.repeat, replay: rng.Float64() < lt.o.idempotentShare}
+	}
+	return out, nil
+}
+
+// closedLoop keeps --concurrency shoppers buying at once.
+func (lt *loadtest) closedLoop(ctx context.Context, shoppers []*shopper, waiters *sync.WaitGroup, done func()) {
+	next := make(chan *shopper)
+	var wg sync.WaitGroup
+	for range lt.o.concurrency {
+		wg.Go(func() {
+			for s := range next {
+				lt.shop(ctx, s, time.Now(), waiters, done)
+			}
+		})
+	}
+	for _, s := range shoppers {
+		select {
+		case next <- s:
+		case <-ctx.Done():
+		}
+	}
+	close(next)
+	wg.Wait()
+}
+
+// openLoop starts shoppers at --rate per second whatever the answers take;
+// each shopper's latency counts from when it was due, so a server that falls
+// behind shows its queueing instead of slowing the generator.
+func (lt *loadtest) openLoop(ctx context.Context, shoppers []*shopper, start time.Time, waiters *sync.WaitGroup, done func()) {
+	var wg sync.WaitGroup
+	interval := time.Duration(float64(time.Second) / lt.o.rate)
+	for i, s := range shoppers {
+		due := start.Add(time.Duration(i) * interval)
+		if d := time.Until(due); d > 0 {
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Go(func() { lt.shop(ctx, s, due, waiters, done) })
+	}
+	wg.Wait()
+}

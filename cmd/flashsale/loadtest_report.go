@@ -1,0 +1,420 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+)
+
+// recorder collects what shoppers saw; every method is safe for concurrent
+// use. Latencies go into HDR histograms in microseconds.
+type recorder struct {
+	o         loadtestOptions
+	httpConns int
+	wsCap     int
+
+	mu           sync.Mutex
+	t0, firedAt  time.Time
+	lastAnswerAt time.Time
+	requests     int
+	acceptedN    int // 202
+	replayedN    int // 200: an Idempotency-Key matched
+	refused      map[string]int
+	transport    map[string]int // transport errors, by a short message
+	acceptLat    *hdrhistogram.Histogram
+	resultLat    *hdrhistogram.Histogram
+	owner        map[string]string // accepted request id -> user
+	acceptedBy   map[string]int64  // user -> accepted requests
+	results      map[string]finalResult
+	byChannel    map[string]int
+	byStatus     map[string]int
+	duplicates   int // a result for a request id seen twice
+	wsFailures   map[string]int
+	wsOverCap    int
+	missingN     int
+	missingOne   string           // one missing request, for the report
+	idemBroken   int              // replays that started a second request
+	idemExamples []string         // the first few, for the report
+	units        map[string]int64 // user -> units bought (successes)
+	successes    int64
+	soldOutSeen  bool // a 410 sold_out or a sold_out result
+	soldOutAt    time.Time
+	lastResultAt time.Time
+}
+
+const maxLatencyMicros = int64(10 * time.Minute / time.Microsecond)
+
+func newRecorder(o loadtestOptions, httpConns, wsCap int) *recorder {
+	return &recorder{o: o, httpConns: httpConns, wsCap: wsCap,
+		refused: map[string]int{}, transport: map[string]int{},
+		acceptLat: hdrhistogram.New(1, maxLatencyMicros, 3), resultLat: hdrhistogram.New(1, maxLatencyMicros, 3),
+		owner: map[string]string{}, acceptedBy: map[string]int64{}, results: map[string]finalResult{},
+		byChannel: map[string]int{"ws": 0, "poll": 0}, byStatus: map[string]int{}, wsFailures: map[string]int{},
+		units: map[string]int64{}}
+}
+
+func (r *recorder) start(t time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.t0 = t
+}
+
+func (r *recorder) fired(t time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.firedAt = t
+}
+
+func micros(d time.Duration) int64 { return min(max(d.Microseconds(), 1), maxLatencyMicros) }
+
+// answer records one purchase answer (or transport failure).
+func (r *recorder) answer(a purchaseAnswer, latency time.Duration, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.requests++
+	r.lastAnswerAt = time.Now()
+	if err != nil {
+		msg := err.Error()
+		if i := strings.LastIndex(msg, ": "); i >= 0 {
+			msg = msg[i+2:]
+		}
+		r.transport[msg]++
+		return
+	}
+	_ = r.acceptLat.RecordValue(micros(latency))
+	switch a.status {
+	case http.StatusAccepted:
+		r.acceptedN++
+	case http.StatusOK:
+		r.replayedN++
+	default:
+		r.refused[a.code]++
+		if a.code == "sold_out" && !r.soldOutSeen {
+			r.soldOutSeen, r.soldOutAt = true, time.Now()
+		}
+	}
+}
+
+func (r *recorder) accepted(user, rid string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.owner[rid] = user
+	r.acceptedBy[user]++
+}
+
+// replayed checks a resent purchase: it must name the first request, or be
+// refused before admission (sold out, rate limited), never start another.
+func (r *recorder) replayed(first string, again purchaseAnswer) {
+	if again.requestID == "" || again.requestID == first && again.status == http.StatusOK {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.idemBroken++
+	if len(r.idemExamples) < 3 {
+		r.idemExamples = append(r.idemExamples, fmt.Sprintf("%s replayed as %d %s", first, again.status, again.requestID))
+	}
+}
+
+func (r *recorder) result(user string, res finalResult, channel string, sent time.Time) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.results[res.RequestID]; dup {
+		r.duplicates++
+		return
+	}
+	r.results[res.RequestID] = res
+	r.byChannel[channel]++
+	r.byStatus[res.Status]++
+	_ = r.resultLat.RecordValue(micros(now.Sub(sent)))
+	r.lastResultAt = now
+	switch res.Status {
+	case "success":
+		r.units[user] += res.Quantity
+		r.successes += res.Quantity
+		if r.successes == r.o.stock {
+			r.soldOutAt = now
+		}
+	case "sold_out":
+		r.soldOutSeen = true
+	}
+}
+
+func (r *recorder) wsFailed(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.wsFailures[err.Error()]++
+}
+
+func (r *recorder) wsCapped() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.wsOverCap++
+}
+
+func (r *recorder) missing(rid string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.missingN++
+	if r.missingOne == "" {
+		r.missingOne = fmt.Sprintf("%s: %v", rid, err)
+	}
+}
+
+// report is what a run measured and what it proved, as printed.
+type report struct {
+	URL               string         `json:"url"`
+	Campaign          string         `json:"campaign"`
+	Stock             int64          `json:"stock"`
+	PerUserLimit      int64          `json:"per_user_limit"`
+	Shoppers          int            `json:"shoppers"`
+	Mode              string         `json:"mode"`
+	Results           string         `json:"results_channel"`
+	Sockets           socketBudget   `json:"sockets"`
+	Requests          int            `json:"requests"`
+	FireSeconds       float64        `json:"fire_seconds"`
+	RequestsPerSec    float64        `json:"requests_per_second"`
+	Accepted          int            `json:"accepted"`
+	AcceptedPerSec    float64        `json:"accepted_per_second"`
+	Replayed          int            `json:"replayed"`
+	Refused           map[string]int `json:"refused"`
+	TransportErrors   map[string]int `json:"transport_errors"`
+	SellOutMillis     *float64       `json:"time_to_sell_out_ms"`
+	AllAnsweredMs     float64        `json:"all_answered_ms"`
+	AllResultsMs      *float64       `json:"all_results_ms"`
+	AcceptLatency     percentiles    `json:"accept_latency_ms"`
+	ResultLatency     percentiles    `json:"time_to_result_ms"`
+	Delivered         int            `json:"results_delivered"`
+	ByChannel         map[string]int `json:"results_by_channel"`
+	WSFallbacks       map[string]int `json:"ws_fallbacks"`
+	ByStatus          map[string]int `json:"results_by_status"`
+	Successes         int64          `json:"successes"`
+	Server            serverStats    `json:"server"`
+	Invariants        []invariant    `json:"invariants"`
+	InvariantsHolding bool           `json:"ok"`
+}
+
+type socketBudget struct {
+	HTTPConns  int `json:"http_connections"`
+	WebSockets int `json:"websockets"`
+}
+
+type percentiles struct {
+	P50 float64 `json:"p50"`
+	P90 float64 `json:"p90"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+func percentilesOf(h *hdrhistogram.Histogram) percentiles {
+	ms := func(v int64) float64 { return float64(v) / 1000 }
+	return percentiles{P50: ms(h.ValueAtQuantile(50)), P90: ms(h.ValueAtQuantile(90)),
+		P99: ms(h.ValueAtQuantile(99)), Max: ms(h.Max())}
+}
+
+// invariant is one guarantee checked on a run.
+type invariant struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
+
+// report computes the report and checks every invariant against what the
+// shoppers saw and what the server's stats say.
+func (r *recorder) report(st serverStats) *report {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	fire := r.firedAt.Sub(r.t0)
+	rep := &report{URL: r.o.url, Campaign: r.o.campaign, Stock: r.o.stock, PerUserLimit: r.o.perUserLimit,
+		Shoppers: r.o.shoppers, Results: r.o.results, Sockets: socketBudget{HTTPConns: r.httpConns, WebSockets: r.wsCap},
+		Requests: r.requests, FireSeconds: fire.Seconds(), Accepted: r.acceptedN, Replayed: r.replayedN,
+		Refused: r.refused, TransportErrors: r.transport, AllAnsweredMs: ms(r.lastAnswerAt.Sub(r.t0)),
+		AcceptLatency: percentilesOf(r.acceptLat), ResultLatency: percentilesOf(r.resultLat),
+		Delivered: len(r.results), ByChannel: r.byChannel, ByStatus: r.byStatus, Successes: r.successes, Server: st}
+	rep.Mode = fmt.Sprintf("closed loop, concurrency %d", r.o.concurrency)
+	if r.o.rate > 0 {
+		rep.Mode = fmt.Sprintf("open loop, %.0f shoppers/s", r.o.rate)
+	}
+	if secs := fire.Seconds(); secs > 0 {
+		rep.RequestsPerSec, rep.AcceptedPerSec = float64(r.requests)/secs, float64(r.acceptedN)/secs
+	}
+	if r.successes == r.o.stock && !r.soldOutAt.IsZero() {
+		v := ms(r.soldOutAt.Sub(r.t0))
+		rep.SellOutMillis = &v
+	}
+	if !r.lastResultAt.IsZero() {
+		last := r.lastResultAt
+		if r.lastAnswerAt.After(last) {
+			last = r.lastAnswerAt
+		}
+		v := ms(last.Sub(r.t0))
+		rep.AllResultsMs = &v
+	}
+	rep.WSFallbacks = map[string]int{}
+	for msg, n := range r.wsFailures {
+		rep.WSFallbacks[msg] = n
+	}
+	if r.wsOverCap > 0 {
+		rep.WSFallbacks["socket budget used up"] = r.wsOverCap
+	}
+	rep.Invariants = r.invariants(st)
+	rep.InvariantsHolding = true
+	for _, inv := range rep.Invariants {
+		rep.InvariantsHolding = rep.InvariantsHolding && inv.OK
+	}
+	return rep
+}
+
+func (r *recorder) invariants(st serverStats) []invariant {
+	check := func(name string, ok bool, format string, args ...any) invariant {
+		return invariant{Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)}
+	}
+	var out []invariant
+	out = append(out, check("no oversell", r.successes <= r.o.stock,
+		"successes %d, stock %d", r.successes, r.o.stock))
+
+	// Demand: what the accepted requests could buy within the user limit.
+	var demand int64
+	for _, n := range r.acceptedBy {
+		demand += min(n, r.o.perUserLimit)
+	}
+	mustSellOut := demand >= r.o.stock || r.soldOutSeen
+	out = append(out, check("no undersell", !mustSellOut || r.successes == r.o.stock,
+		"successes %d, stock %d, demand %d, sold out announced %v", r.successes, r.o.stock, demand, r.soldOutSeen))
+
+	missing := len(r.owner) - countAccepted(r.owner, r.results)
+	var finished int64
+	for _, n := range st.FinishedByStatus {
+		finished += n
+	}
+	out = append(out, check("one final result per accepted request within --settle",
+		missing == 0 && r.duplicates == 0 && st.Queued == 0 && finished == st.Accepted,
+		"accepted %d, results %d, missing %d%s, duplicates %d; server: accepted %d, finished %d, queued %d",
+		len(r.owner), len(r.results), missing, firstMissing(r.missingOne), r.duplicates, st.Accepted, finished, st.Queued))
+
+	var over []string
+	for user, n := range r.units {
+		if n > r.o.perUserLimit {
+			over = append(over, fmt.Sprintf("%s bought %d", user, n))
+		}
+	}
+	sort.Strings(over)
+	out = append(out, check("no user above its limit", len(over) == 0,
+		"limit %d%s", r.o.perUserLimit, listed(over)))
+
+	out = append(out, check("orders in the database = successes", st.OrdersInDB == r.successes && st.UnitsInDB == st.Sold,
+		"orders_in_db %d, successes %d, units_in_db %d, sold %d", st.OrdersInDB, r.successes, st.UnitsInDB, st.Sold))
+	out = append(out, check("server counters agree with the shoppers", st.Sold == r.successes && st.Accepted == int64(len(r.owner)),
+		"server sold %d accepted %d; shoppers saw %d successes, %d accepted", st.Sold, st.Accepted, r.successes, len(r.owner)))
+	out = append(out, check("a replayed Idempotency-Key never starts a second request", r.idemBroken == 0,
+		"%d broken%s", r.idemBroken, listed(r.idemExamples)))
+	return out
+}
+
+func countAccepted(owner map[string]string, results map[string]finalResult) int {
+	n := 0
+	for rid := range owner {
+		if _, ok := results[rid]; ok {
+			n++
+		}
+	}
+	return n
+}
+
+func firstMissing(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (first: " + s + ")"
+}
+
+// listed shows up to three examples.
+func listed(items []string) string {
+	if len(items) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(items[:min(len(items), 3)], ", ")
+}
+
+// failed names the invariants that broke.
+func (rep *report) failed() []string {
+	var out []string
+	for _, inv := range rep.Invariants {
+		if !inv.OK {
+			out = append(out, inv.Name+" ("+inv.Detail+")")
+		}
+	}
+	return out
+}
+
+func (rep *report) writeJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+func (rep *report) writeText(w io.Writer) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
+	opt := func(v *float64) string {
+		if v == nil {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.0f ms", *v)
+	}
+	lat := func(q percentiles) string {
+		return fmt.Sprintf("p50 %.1f ms  p90 %.1f ms  p99 %.1f ms  max %.1f ms", q.P50, q.P90, q.P99, q.Max)
+	}
+	p("flashsale loadtest: %s, campaign %s", rep.URL, rep.Campaign)
+	p("  sale            %d units, limit %d per user, %d shoppers, %s", rep.Stock, rep.PerUserLimit, rep.Shoppers, rep.Mode)
+	p("  requests        %d in %.2f s: %.0f req/s, accepted %d (%.0f/s), replays answered %d", rep.Requests,
+		rep.FireSeconds, rep.RequestsPerSec, rep.Accepted, rep.AcceptedPerSec, rep.Replayed)
+	p("  refused         %s", countsText(rep.Refused))
+	if len(rep.TransportErrors) > 0 {
+		p("  transport errs  %s", countsText(rep.TransportErrors))
+	}
+	p("  sold out after  %s; every shopper answered after %.0f ms; every result after %s",
+		opt(rep.SellOutMillis), rep.AllAnsweredMs, opt(rep.AllResultsMs))
+	p("  accept latency  %s", lat(rep.AcceptLatency))
+	p("  time to result  %s", lat(rep.ResultLatency))
+	p("  results         %d delivered of %d accepted: %s; by %s", rep.Delivered, rep.Accepted,
+		countsText(rep.ByStatus), countsText(rep.ByChannel))
+	if len(rep.WSFallbacks) > 0 {
+		p("  polled instead  %s", countsText(rep.WSFallbacks))
+	}
+	p("  sockets         up to %d HTTP connections, %d WebSockets", rep.Sockets.HTTPConns, rep.Sockets.WebSockets)
+	p("  successes       %d of %d units; server: sold %d, remaining %d, accepted %d, orders in DB %d",
+		rep.Successes, rep.Stock, rep.Server.Sold, rep.Server.Remaining, rep.Server.Accepted, rep.Server.OrdersInDB)
+	p("invariants:")
+	for _, inv := range rep.Invariants {
+		mark := "ok  "
+		if !inv.OK {
+			mark = "FAIL"
+		}
+		p("  %s %s: %s", mark, inv.Name, inv.Detail)
+	}
+}
+
+func countsText(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,352 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// shopper is one simulated user.
+type shopper struct {
+	user, token string
+	// repeat: buys a second time after the first answer (a new request).
+	repeat bool
+	// replay: sends the first purchase with an Idempotency-Key and resends
+	// it, as a client retrying after a lost answer would.
+	replay bool
+}
+
+// purchaseAnswer is the gateway's answer to one purchase.
+type purchaseAnswer struct {
+	status    int
+	code      string // the error body's code, or "transport" when there was no answer
+	requestID string
+}
+
+// shop runs one shopper: its purchases now, its results in the background
+// (counted in waiters). done is called once every result it waits for came.
+func (lt *loadtest) shop(ctx context.Context, s *shopper, due time.Time, waiters *sync.WaitGroup, done func()) {
+	var mine sync.WaitGroup
+	await := func(a purchaseAnswer, sent time.Time) {
+		if a.status != http.StatusAccepted {
+			return
+		}
+		lt.rec.accepted(s.user, a.requestID)
+		mine.Go(func() { lt.awaitResult(ctx, s, a.requestID, sent) })
+	}
+
+	key := ""
+	if s.replay {
+		key = "lt-" + s.user
+	}
+	first := lt.purchase(ctx, s, key, due)
+	await(first, due)
+	if s.replay && first.status == http.StatusAccepted {
+		again := lt.purchase(ctx, s, key, time.Now())
+		lt.rec.replayed(first.requestID, again)
+		await(again, time.Now()) // only a broken gateway accepts the replay anew
+	}
+	if s.repeat && first.status != 0 {
+		sent := time.Now()
+		await(lt.purchase(ctx, s, "", sent), sent)
+	}
+	waiters.Go(func() {
+		mine.Wait()
+		done()
+	})
+}
+
+// purchase sends one purchase; its latency counts from due.
+func (lt *loadtest) purchase(ctx context.Context, s *shopper, key string, due time.Time) purchaseAnswer {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
+		lt.o.url+"/api/v1/campaigns/"+lt.o.campaign+"/purchases", strings.NewReader(`{"quantity":1}`))
+	if err != nil {
+		lt.rec.answer(purchaseAnswer{code: "transport"}, 0, err)
+		return purchaseAnswer{code: "transport"}
+	}
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := lt.http.Do(req)
+	if err != nil {
+		a := purchaseAnswer{code: "transport"}
+		lt.rec.answer(a, time.Since(due), err)
+		return a
+	}
+	defer resp.Body.Close()
+	var body struct {
+		RequestID string `json:"request_id"`
+		Code      string `json:"code"`
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	_ = json.Unmarshal(raw, &body)
+	a := purchaseAnswer{status: resp.StatusCode, code: body.Code, requestID: body.RequestID}
+	if a.code == "" && resp.StatusCode >= 300 {
+		a.code = fmt.Sprintf("http_%d", resp.StatusCode)
+	}
+	lt.rec.answer(a, time.Since(due), nil)
+	return a
+}
+
+// finalResult is a request's final outcome as the shopper learned it.
+type finalResult struct {
+	RequestID string `json:"request_id"`
+	Status    string `json:"status"`
+	OrderID   string `json:"order_id"`
+	Quantity  int64  `json:"quantity"`
+}
+
+func (r finalResult) final() bool {
+	switch r.Status {
+	case "success", "sold_out", "limit_exceeded", "rejected":
+		return true
+	}
+	return false
+}
+
+// awaitResult waits for rid's final result until sent+settle: over a
+// WebSocket while the socket budget allows, else (or if the socket fails) by
+// polling.
+func (lt *loadtest) awaitResult(ctx context.Context, s *shopper, rid string, sent time.Time) {
+	deadline := sent.Add(lt.o.settle)
+	if lt.o.results == "ws" {
+		select {
+		case lt.wsSlots <- struct{}{}:
+			r, err := lt.wsResult(ctx, s, rid, deadline)
+			<-lt.wsSlots
+			if err == nil {
+				lt.rec.result(s.user, r, "ws", sent)
+				return
+			}
+			lt.rec.wsFailed(err)
+		default:
+			lt.rec.wsCapped()
+		}
+	}
+	r, err := lt.pollResult(ctx, s, rid, deadline)
+	if err != nil {
+		lt.rec.missing(rid, err)
+		return
+	}
+	lt.rec.result(s.user, r, "poll", sent)
+}
+
+// wsResult subscribes to rid on its own WebSocket and reads until the result.
+func (lt *loadtest) wsResult(ctx context.Context, s *shopper, rid string, deadline time.Time) (finalResult, error) {
+	u, _ := url.Parse(lt.o.url + "/api/v1/ws")
+	u.Scheme = strings.Replace(u.Scheme, "http", "ws", 1)
+	u.RawQuery = "access_token=" + url.QueryEscape(s.token)
+	dialer := websocket.Dialer{HandshakeTimeout: lt.o.timeout}
+	conn, resp, err := dialer.DialContext(ctx, u.String(), nil)
+	if resp != nil && resp.Body != nil {
+		_ = resp.Body.Close()
+	}
+	if err != nil {
+		return finalResult{}, fmt.Errorf("dial: %w", err)
+	}
+	defer conn.Close()
+	_ = conn.SetReadDeadline(deadline)
+	if err := conn.WriteJSON(map[string]any{"type": "subscribe", "request_ids": []string{rid}}); err != nil {
+		return finalResult{}, fmt.Errorf("subscribe: %w", err)
+	}
+	for {
+		var msg struct {
+			Type   string      `json:"type"`
+			Code   string      `json:"code"`
+			Result finalResult `json:"result"`
+		}
+		if err := conn.ReadJSON(&msg); err != nil {
+			return finalResult{}, fmt.Errorf("read: %w", err)
+		}
+		switch msg.Type {
+		case "result":
+			if msg.Result.RequestID == rid && msg.Result.final() {
+				return msg.Result, nil
+			}
+		case "error":
+			return finalResult{}, fmt.Errorf("server refused the subscription: %s", msg.Code)
+		}
+	}
+}
+
+// Poll backoff: the first poll comes after pollFirst, then the wait doubles
+// up to pollMax, so waiting shoppers cannot swamp the gateway.
+const (
+	pollFirst = 25 * time.Millisecond
+	pollMax   = time.Second
+)
+
+var errNotSettled = errors.New("no final result before the settle deadline")
+
+// pollResult polls rid until it is final or deadline passes.
+func (lt *loadtest) pollResult(ctx context.Context, s *shopper, rid string, deadline time.Time) (finalResult, error) {
+	wait := pollFirst
+	for {
+		next := time.Now().Add(wait)
+		if next.After(deadline) {
+			next = deadline
+		}
+		if !sleepUntil(ctx, next) {
+			return finalResult{}, ctx.Err()
+		}
+		r, err := lt.poll(ctx, s, rid)
+		if err == nil && r.final() {
+			return r, nil
+		}
+		if !time.Now().Before(deadline) {
+			if err != nil {
+				return finalResult{}, fmt.Errorf("%w (last poll: %v)", errNotSettled, err)
+			}
+			return finalResult{}, fmt.Errorf("%w (still %s)", errNotSettled, r.Status)
+		}
+		wait = min(2*wait, pollMax)
+	}
+}
+
+func (lt *loadtest) poll(ctx context.Context, s *shopper, rid string) (finalResult, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, lt.o.url+"/api/v1/purchases/"+url.PathEscape(rid), nil)
+	if err != nil {
+		return finalResult{}, err
+	}
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	resp, err := lt.http.Do(req)
+	if err != nil {
+		return finalResult{}, err
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return finalResult{}, fmt.Errorf("poll %s: status %d: %s", rid, resp.StatusCode, bytes.TrimSpace(raw))
+	}
+	var r finalResult
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return finalResult{}, fmt.Errorf("poll %s: %w", rid, err)
+	}
+	return r, nil
+}
+
+// sleepUntil waits until t or ctx ends; it reports whether t was reached.
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
+	}
+}
+
+// adminCall sends an admin API request and decodes a 2xx answer into out.
+func (lt *loadtest) adminCall(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, lt.o.url+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+lt.o.adminToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := lt.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		var e struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		}
+		_ = json.Unmarshal(raw, &e)
+		return fmt.Errorf("%s %s: status %d %s: %s", method, path, resp.StatusCode, e.Code, e.Message)
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
+		}
+	}
+	return nil
+}
+
+// setUp checks the gateway answers, then creates and preloads the campaign.
+func (lt *loadtest) setUp(ctx context.Context) error {
+	hctx, cancel := context.WithTimeout(ctx, lt.o.timeout)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(hctx, http.MethodGet, lt.o.url+"/healthz", nil)
+	resp, err := lt.http.Do(req)
+	if err != nil {
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err
+		}
+		return fmt.Errorf("gateway %s unreachable: %v", lt.o.url, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+
+	now := time.Now().UTC()
+	c := map[string]any{"id": lt.o.campaign, "name": "loadtest " + lt.o.campaign, "stock": lt.o.stock,
+		"per_user_limit": lt.o.perUserLimit, "start_at": now.Add(-time.Second), "end_at": now.Add(24 * time.Hour)}
+	if err := lt.adminCall(ctx, http.MethodPost, "/admin/v1/campaigns", c, nil); err != nil {
+		return fmt.Errorf("create campaign: %w", err)
+	}
+	if err := lt.adminCall(ctx, http.MethodPost, "/admin/v1/campaigns/"+lt.o.campaign+"/preload", nil, nil); err != nil {
+		return fmt.Errorf("preload campaign: %w", err)
+	}
+	return nil
+}
+
+// serverStats is the admin stats endpoint's answer.
+type serverStats struct {
+	Stock            int64            `json:"stock"`
+	Remaining        int64            `json:"remaining"`
+	Sold             int64            `json:"sold"`
+	SoldOut          bool             `json:"sold_out"`
+	Accepted         int64            `json:"accepted"`
+	Queued           int64            `json:"queued"`
+	FinishedByStatus map[string]int64 `json:"finished_by_status"`
+	OrdersInDB       int64            `json:"orders_in_db"`
+	UnitsInDB        int64            `json:"units_in_db"`
+}
+
+// settledStats reads the campaign's stats until nothing is queued and MySQL
+// holds every sale, or until deadline; then it returns the last reading.
+func (lt *loadtest) settledStats(ctx context.Context, deadline time.Time) (serverStats, error) {
+	for {
+		var st serverStats
+		err := lt.adminCall(ctx, http.MethodGet, "/admin/v1/campaigns/"+lt.o.campaign+"/stats", nil, &st)
+		if err == nil && st.Queued == 0 && st.UnitsInDB == st.Sold {
+			return st, nil
+		}
+		if !time.Now().Before(deadline) || ctx.Err() != nil {
+			if err != nil {
+				return serverStats{}, fmt.Errorf("campaign stats: %w", err)
+			}
+			return st, nil
+		}
+		sleepUntil(ctx, time.Now().Add(50*time.Millisecond))
+	}
+}

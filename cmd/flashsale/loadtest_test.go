@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func discardLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// runLoadtestCmd runs `flashsale loadtest args...` as main would, bounded in
+// time, and returns its output and error.
+func runLoadtestCmd(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	err := run(ctx, append([]string{"loadtest", "--progress=false"}, args...), &out, map[string]string{}, discardLog())
+	return out.String(), err
+}
+
+// TestLoadtestEmbedded runs small sales against the in-process embedded
+// serve and checks the JSON report: every invariant holds, the counts add up
+// and the exit status is success.
+func TestLoadtestEmbedded(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		wantWS   bool // some results came over WebSocket
+		wantPoll bool // some results were polled
+	}{
+		{"closed loop, WebSocket results", []string{"--results", "ws", "--concurrency", "32"}, true, false},
+		{"open loop, polled results", []string{"--results", "poll", "--rate", "3000"}, false, true},
+		// 12 sockets: 6 HTTP connections and 6 WebSockets for up to ~100 waiting shoppers.
+		{"socket budget forces polling", []string{"--results", "ws", "--concurrency", "8", "--max-sockets", "12"}, true, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append([]string{"--json", "--shoppers", "400", "--stock", "60", "--per-user-limit", "1",
+				"--repeat", "0.2", "--idempotent-share", "0.2", "--settle", "20s"}, tt.args...)
+			out, err := runLoadtestCmd(t, args...)
+			if err != nil {
+				t.Fatalf("loadtest: got error %v, want none; output:\n%s", err, out)
+			}
+			var rep report
+			if err := json.Unmarshal([]byte(out), &rep); err != nil {
+				t.Fatalf("report is not JSON: %v\n%s", err, out)
+			}
+			if !rep.InvariantsHolding || len(rep.Invariants) == 0 {
+				t.Errorf("invariants: got ok=%v %+v, want all holding", rep.InvariantsHolding, rep.Invariants)
+			}
+			if rep.Successes != 60 || rep.Server.OrdersInDB != 60 {
+				t.Errorf("successes: got %d (orders in DB %d), want 60 (stock)", rep.Successes, rep.Server.OrdersInDB)
+			}
+			if rep.Delivered != rep.Accepted || rep.ByChannel["ws"]+rep.ByChannel["poll"] != rep.Delivered {
+				t.Errorf("results: got %d delivered (%v) for %d accepted, want one each", rep.Delivered, rep.ByChannel, rep.Accepted)
+			}
+			if got := rep.ByChannel["ws"] > 0; got != tt.wantWS {
+				t.Errorf("results by channel %v: got some over ws %v, want %v", rep.ByChannel, got, tt.wantWS)
+			}
+			if got := rep.ByChannel["poll"] > 0; got != tt.wantPoll {
+				t.Errorf("results by channel %v: got some polled %v, want %v", rep.ByChannel, got, tt.wantPoll)
+			}
+			if rep.Requests < 400 || rep.AcceptLatency.Max <= 0 || rep.ResultLatency.P50 <= 0 {
+				t.Errorf("measurements: got %d requests, accept max %v ms, result p50 %v ms; want >= 400 and positive latencies",
+					rep.Requests, rep.AcceptLatency.Max, rep.ResultLatency.P50)
+			}
+		})
+	}
+}
+
+// fakeGateway is a gateway that answers the loadtest's API with a chosen
+// defect, so the invariant checks can be seen to fail.
+type fakeGateway struct {
+	stock    int64
+	oversell bool // every request succeeds, whatever the stock
+	loseOne  bool // one accepted request never gets a final result
+	noOrders bool // the database never holds the orders
+
+	mu       sync.Mutex
+	next     atomic.Int64
+	accepted int64
+	sold     int64
+	results  map[string]string // request id -> status
+}
+
+func (f *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	reply := func(code int, v any) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		_ = json.NewEncoder(w).Encode(v)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case r.URL.Path == "/healthz":
+		reply(http.StatusOK, map[string]string{"status": "ok"})
+	case r.Method == http.MethodPost && r.URL.Path == "/admin/v1/campaigns":
+		reply(http.StatusCreated, map[string]string{})
+	case strings.HasSuffix(r.URL.Path, "/preload"):
+		reply(http.StatusOK, map[string]string{"outcome": "loaded"})
+	case strings.HasSuffix(r.URL.Path, "/stats"):
+		orders := f.sold
+		if f.noOrders {
+			orders = 0
+		}
+		reply(http.StatusOK, serverStats{Stock: f.stock, Sold: f.sold, Accepted: f.accepted, OrdersInDB: orders,
+			UnitsInDB: f.sold, FinishedByStatus: map[string]int64{"success": f.sold, "sold_out": f.accepted - f.sold}})
+	case strings.HasSuffix(r.URL.Path, "/purchases"):
+		n := f.next.Add(1)
+		rid := fmt.Sprintf("c.%032x", n)
+		status := "sold_out"
+		if f.oversell || f.sold < f.stock {
+			status = "success"
+			f.sold++
+		}
+		if f.loseOne && n == 1 {
+			status = "queued"
+		}
+		f.accepted++
+		f.results[rid] = status
+		reply(http.StatusAccepted, map[string]string{"request_id": rid, "status": "queued"})
+	case strings.HasPrefix(r.URL.Path, "/api/v1/purchases/"):
+		rid := strings.TrimPrefix(r.URL.Path, "/api/v1/purchases/")
+		reply(http.StatusOK, finalResult{RequestID: rid, Status: f.results[rid], Quantity: 1, OrderID: "o-" + rid})
+	default:
+		reply(http.StatusNotFound, map[string]string{"code": "not_found"})
+	}
+}
+
+// TestLoadtestCatchesBrokenGateway: a gateway that breaks a guarantee makes
+// the tool fail, naming the invariant, with the report still printed.
+func TestLoadtestCatchesBrokenGateway(t *testing.T) {
+	tests := []struct {
+		name    string
+		gateway *fakeGateway
+		want    string
+	}{
+		{"oversells", &fakeGateway{oversell: true}, "no oversell"},
+		{"loses a result", &fakeGateway{loseOne: true}, "one final result per accepted request"},
+		{"orders missing from the database", &fakeGateway{noOrders: true}, "orders in the database = successes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.gateway.stock, tt.gateway.results = 5, map[string]string{}
+			srv := httptest.NewServer(tt.gateway)
+			defer srv.Close()
+			out, err := runLoadtestCmd(t, "--url", srv.URL, "--results", "poll", "--stock", "5", "--shoppers", "20",
+				"--concurrency", "4", "--repeat", "0", "--idempotent-share", "0", "--settle", "1s")
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("loadtest: got error %v, want one naming %q", err, tt.want)
+			}
+			if !strings.Contains(out, "FAIL "+tt.want) {
+				t.Errorf("report: got\n%s\nwant a FAIL line for %q", out, tt.want)
+			}
+		})
+	}
+}
+
+// TestLoadtestBadInvocation: bad flags and an unreachable gateway give one
+// line, no stack trace and no report.
+func TestLoadtestBadInvocation(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown flag", []string{"--stok", "5"}, "flag provided but not defined: -stok"},
+		{"not a number", []string{"--stock", "many"}, `invalid value "many" for flag -stock`},
+		{"zero stock", []string{"--stock", "0"}, "--stock: must be at least 1"},
+		{"share above one", []string{"--repeat", "1.5"}, "--repeat: must be a share between 0 and 1"},
+		{"unknown results channel", []string{"--results", "sms"}, `--results: must be "ws" or "poll"`},
+		{"bad settle", []string{"--settle", "soon"}, "want seconds (30) or a duration (30s)"},
+		{"url without scheme", []string{"--url", "localhost:8080"}, "--url:"},
+		{"config with url", []string{"--url", "http://127.0.0.1:1", "--config", "x.yaml"}, "--config:"},
+		{"stray argument", []string{"now"}, `unexpected argument "now"`},
+		{"unreachable gateway", []string{"--url", "http://127.0.0.1:1"}, "gateway http://127.0.0.1:1 unreachable"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := runLoadtestCmd(t, tt.args...)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got error %v, want one containing %q", err, tt.want)
+			}
+			if msg := err.Error(); strings.Contains(msg, "\n") || !strings.HasPrefix(msg, "loadtest: ") {
+				t.Errorf("got error %q, want one line starting with \"loadtest: \"", msg)
+			}
+			if out != "" {
+				t.Errorf("got output %q, want none", out)
+			}
+		})
+	}
+}
+
+func TestLoadtestHelp(t *testing.T) {
+	out, err := runLoadtestCmd(t, "--help")
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("got error %v, want %v", err, flag.ErrHelp)
+	}
+	for _, want := range []string{"Usage: flashsale loadtest", "-shoppers", "-results"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("usage: got\n%s\nwant it to contain %q", out, want)
+		}
+	}
+}

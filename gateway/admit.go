@@ -1,0 +1,227 @@
+package gateway
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"flashsale/internal/metrics"
+	"flashsale/internal/store"
+	"flashsale/model"
+	"flashsale/queue"
+)
+
+// Admission coalesces the Redis and queue work of concurrent purchases: a
+// purchase joins a pending list, and up to Options.AdmitConcurrency flush
+// loops each take everything pending (up to Options.AdmitBatch), run it as one
+// admit.lua call per campaign and one Publish, then answer every waiter.
+//
+// There is no timer: a batch is whatever arrived while the previous batches
+// were in flight, so a lone purchase goes out at once and a burst shares
+// round trips. Per request the outcome is what one-by-one admission would give:
+// the script decides requests in order, idempotency included, and a failed
+// publish undoes exactly the requests it carried before they are told 503.
+
+// admitter is the pending list and its flush loops. Loops start on demand
+// and end when nothing is pending, so it needs no lifecycle of its own.
+type admitter struct {
+	mu      sync.Mutex
+	pending []*pendingPurchase
+	loops   int
+}
+
+// pendingPurchase is one purchase waiting for its batch.
+type pendingPurchase struct {
+	acc  store.Acceptance
+	body []byte // the queue message, encoded by the request's own goroutine
+	done chan admitAnswer
+}
+
+type admitAnswer struct {
+	accepted Accepted
+	err      error
+}
+
+func (s *Service) enqueue(ctx context.Context, p Purchase) (Accepted, error) {
+	id := uuid.Must(uuid.NewV7())
+	a := store.Acceptance{
+		RequestID:      model.FormatRequestID(p.CampaignID, hex.EncodeToString(id[:])),
+		CampaignID:     p.CampaignID,
+		UserID:         p.UserID,
+		Quantity:       p.Quantity,
+		IdempotencyKey: p.IdempotencyKey,
+	}
+	body, err := model.EncodePurchaseRequest(model.PurchaseRequest{RequestID: a.RequestID, CampaignID: p.CampaignID,
+		UserID: p.UserID, Quantity: p.Quantity, AcceptedAt: s.opts.Now().UTC()})
+	if err != nil {
+		return Accepted{}, fmt.Errorf("encode request: %w", err)
+	}
+	pp := &pendingPurchase{acc: a, body: body, done: make(chan admitAnswer, 1)}
+	s.submit(pp)
+	// The batch runs detached from ctx and is bounded by PublishTimeout per
+	// step: once submitted, the outcome must be known before answering, or a
+	// published request could be reported as refused.
+	ans := <-pp.done
+	return ans.accepted, ans.err
+}
+
+// submit adds p to the pending list and starts a flush loop if fewer than
+// AdmitConcurrency are running.
+func (s *Service) submit(p *pendingPurchase) {
+	ad := &s.admitter
+	ad.mu.Lock()
+	ad.pending = append(ad.pending, p)
+	start := ad.loops < s.opts.AdmitConcurrency
+	if start {
+		ad.loops++
+	}
+	ad.mu.Unlock()
+	if start {
+		go s.flushLoop()
+	}
+}
+
+// flushLoop flushes pending purchases until there are none.
+func (s *Service) flushLoop() {
+	ad := &s.admitter
+	for {
+		ad.mu.Lock()
+		n := min(len(ad.pending), s.opts.AdmitBatch)
+		if n == 0 {
+			ad.loops--
+			ad.mu.Unlock()
+			return
+		}
+		batch := make([]*pendingPurchase, n)
+		copy(batch, ad.pending)
+		rest := copy(ad.pending, ad.pending[n:])
+		clear(ad.pending[rest:])
+		ad.pending = ad.pending[:rest]
+		ad.mu.Unlock()
+		s.flush(batch)
+	}
+}
+
+// flush admits one batch: one script call per campaign (concurrently when a
+// batch spans campaigns), then one Publish for every new request.
+func (s *Service) flush(batch []*pendingPurchase) {
+	groups := groupByCampaign(batch)
+	admitted := make([][]*pendingPurchase, len(groups))
+	if len(groups) == 1 {
+		admitted[0] = s.admitGroup(groups[0])
+	} else {
+		var wg sync.WaitGroup
+		for i, g := range groups {
+			wg.Go(func() { admitted[i] = s.admitGroup(g) })
+		}
+		wg.Wait()
+	}
+	var fresh []*pendingPurchase
+	for _, a := range admitted {
+		fresh = append(fresh, a...)
+	}
+	if len(fresh) == 0 {
+		return
+	}
+
+	msgs := make([]queue.Message, len(fresh))
+	for i, p := range fresh {
+		msgs[i] = queue.Message{ID: p.acc.RequestID, Key: p.acc.CampaignID, Body: p.body}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
+	defer cancel()
+	start := time.Now()
+	err := s.pub.Publish(ctx, s.opts.Topic, msgs...)
+	metrics.Since(s.m.PublishLatency, start)
+	if err == nil {
+		for _, p := range fresh {
+			p.done <- admitAnswer{accepted: Accepted{RequestID: p.acc.RequestID}}
+		}
+		return
+	}
+
+	// Leave nothing behind: the shoppers are told 503 and may retry.
+	uctx, ucancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
+	defer ucancel()
+	accs := make([]store.Acceptance, len(fresh))
+	for i, p := range fresh {
+		accs[i] = p.acc
+	}
+	if uerr := s.stock.UnacceptBatch(uctx, accs); uerr != nil {
+		s.log.Error("undo acceptances after failed publish", "count", len(accs), "campaign_id", accs[0].CampaignID, "err", uerr)
+	}
+	for _, p := range fresh {
+		p.done <- admitAnswer{err: s.refuse("unavailable", fmt.Errorf("publish %s: %w: %v", p.acc.RequestID, model.ErrUnavailable, err))}
+	}
+}
+
+// admitGroup runs one campaign's share of a batch through admit.lua, answers
+// every request that is settled there and returns the new ones to publish.
+func (s *Service) admitGroup(group []*pendingPurchase) []*pendingPurchase {
+	accs := make([]store.Acceptance, len(group))
+	for i, p := range group {
+		accs[i] = p.acc
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
+	defer cancel()
+	adms, err := s.stock.Admit(ctx, accs[0].CampaignID, accs, s.limits)
+	if err != nil {
+		for _, p := range group {
+			p.done <- admitAnswer{err: s.refuse("unavailable", fmt.Errorf("%w: %v", model.ErrUnavailable, err))}
+		}
+		return nil
+	}
+	var fresh []*pendingPurchase
+	for i, p := range group {
+		switch a := adms[i]; a.Code {
+		case store.Admitted:
+			fresh = append(fresh, p)
+		case store.AdmitExisting:
+			p.done <- admitAnswer{accepted: Accepted{RequestID: a.RequestID, Existing: true}}
+		case store.AdmitNotLoaded:
+			p.done <- admitAnswer{err: s.refuse("not_loaded", fmt.Errorf("admit %s: %w", p.acc.RequestID, model.ErrNotLoaded))}
+		case store.AdmitUserRateLimited, store.AdmitCampaignRateLimited:
+			reason := "rate_user"
+			if a.Code == store.AdmitCampaignRateLimited {
+				reason = "rate_campaign"
+			}
+			retry := int((a.RetryAfter + time.Second - 1) / time.Second)
+			p.done <- admitAnswer{err: s.refuse(reason, &model.RateLimitError{RetryAfterSeconds: max(retry, 1)})}
+		default:
+			p.done <- admitAnswer{err: fmt.Errorf("admit %s: unknown outcome %d", p.acc.RequestID, a.Code)}
+		}
+	}
+	return fresh
+}
+
+// groupByCampaign splits a batch by campaign, keeping arrival order.
+func groupByCampaign(batch []*pendingPurchase) [][]*pendingPurchase {
+	if first := batch[0].acc.CampaignID; allCampaign(batch, first) {
+		return [][]*pendingPurchase{batch}
+	}
+	var groups [][]*pendingPurchase
+	index := map[string]int{}
+	for _, p := range batch {
+		i, ok := index[p.acc.CampaignID]
+		if !ok {
+			i = len(groups)
+			index[p.acc.CampaignID] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], p)
+	}
+	return groups
+}
+
+func allCampaign(batch []*pendingPurchase, id string) bool {
+	for _, p := range batch {
+		if p.acc.CampaignID != id {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,208 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"flashsale/internal/metrics"
+	"flashsale/internal/store"
+	"flashsale/internal/testenv"
+	"flashsale/model"
+	"flashsale/queue"
+)
+
+// gatePublisher records every Publish call. While held, calls block until
+// release, so purchases pile up behind the flush in flight and must share
+// the next one. fail makes every call fail.
+type gatePublisher struct {
+	mu      sync.Mutex
+	calls   [][]queue.Message
+	held    chan struct{}
+	entered chan struct{} // receives once per call that starts
+	fail    bool
+}
+
+func newGatePublisher(held bool) *gatePublisher {
+	p := &gatePublisher{entered: make(chan struct{}, 1024)}
+	if held {
+		p.held = make(chan struct{})
+	}
+	return p
+}
+
+func (p *gatePublisher) Publish(ctx context.Context, _ string, msgs ...queue.Message) error {
+	p.entered <- struct{}{}
+	if p.held != nil {
+		select {
+		case <-p.held:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls = append(p.calls, msgs)
+	if p.fail {
+		return errors.New("broker unreachable")
+	}
+	return nil
+}
+
+func (p *gatePublisher) sizes() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]int, len(p.calls))
+	for i, c := range p.calls {
+		out[i] = len(c)
+	}
+	return out
+}
+
+// newAdmissionService returns a Service with one flush in flight at a time
+// on the test Redis, and an open campaign preloaded with stock 100.
+func newAdmissionService(t *testing.T, pub queue.Publisher, opts Options) (*Service, *store.Store, model.Campaign) {
+	t.Helper()
+	st := store.New(testenv.Redis(t))
+	c := model.Campaign{ID: testenv.UniqueName("adm"), Name: "t", Stock: 100, PerUserLimit: 1,
+		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}
+	if _, err := st.Preload(t.Context(), c, time.Now(), false); err != nil {
+		t.Fatalf("preload: %v", err)
+	}
+	opts.Topic, opts.AdmitConcurrency = "t", 1
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	return New(log, st, memCampaigns{c}, pub, metrics.New(), opts), st, c
+}
+
+type purchaseOutcome struct {
+	acc Accepted
+	err error
+}
+
+// purchaseBehindGate starts one purchase that holds the only flush loop in
+// Publish, then the purchases ps, waits until all of them are pending and
+// opens the gate. It returns the outcomes of ps, in order; first's is not
+// looked at.
+func purchaseBehindGate(t *testing.T, svc *Service, pub *gatePublisher, first Purchase, ps []Purchase) []purchaseOutcome {
+	t.Helper()
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = svc.Purchase(t.Context(), first) })
+	<-pub.entered
+	out := make([]purchaseOutcome, len(ps))
+	for i, p := range ps {
+		wg.Go(func() {
+			acc, err := svc.Purchase(t.Context(), p)
+			out[i] = purchaseOutcome{acc, err}
+		})
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for pending(svc) < len(ps) {
+		if time.Now().After(deadline) {
+			t.Fatalf("got %d pending purchases, want %d", pending(svc), len(ps))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(pub.held)
+	wg.Wait()
+	return out
+}
+
+func pending(svc *Service) int {
+	svc.admitter.mu.Lock()
+	defer svc.admitter.mu.Unlock()
+	return len(svc.admitter.pending)
+}
+
+// TestAdmissionCoalesces: purchases that arrive while a flush is in flight
+// share the next script call and publish, and each still gets its own
+// answer exactly as one-by-one admission would give it.
+func TestAdmissionCoalesces(t *testing.T) {
+	pub := newGatePublisher(true)
+	svc, st, c := newAdmissionService(t, pub, Options{UserRate: 1, UserBurst: 2})
+	buy := func(user, key string) Purchase {
+		return Purchase{UserID: user, CampaignID: c.ID, Quantity: 1, IdempotencyKey: key}
+	}
+	// u1 resends its key; u3 goes over its burst of 2 on the third request.
+	ps := []Purchase{buy("u1", "k1"), buy("u1", "k1"), buy("u2", ""), buy("u3", ""), buy("u3", ""), buy("u3", "")}
+	out := purchaseBehindGate(t, svc, pub, buy("u0", ""), ps)
+
+	if got := pub.sizes(); len(got) != 2 || got[1] != 4 {
+		t.Fatalf("publish sizes: got %v, want [1 4] (the four new requests in one publish)", got)
+	}
+	var fresh, existing, limited int
+	ids := map[string]bool{}
+	for i, o := range out {
+		var rl *model.RateLimitError
+		switch {
+		case o.err == nil && o.acc.Existing:
+			existing++
+		case o.err == nil:
+			fresh++
+			ids[o.acc.RequestID] = true
+		case errors.As(o.err, &rl) && rl.RetryAfterSeconds >= 1:
+			limited++
+		default:
+			t.Errorf("purchase %d: got %+v, %v; want accepted, existing or rate limited", i, o.acc, o.err)
+		}
+	}
+	if fresh != 4 || existing != 1 || limited != 1 || len(ids) != 4 {
+		t.Errorf("got %d new (%d ids), %d existing, %d rate limited; want 4 (4), 1, 1", fresh, len(ids), existing, limited)
+	}
+	if out[0].acc.RequestID != out[1].acc.RequestID {
+		t.Errorf("same key: got ids %s and %s, want the same", out[0].acc.RequestID, out[1].acc.RequestID)
+	}
+	if s, err := st.Stats(t.Context(), c.ID); err != nil || s.Accepted != 5 {
+		t.Errorf("accepted: got %d (%v), want 5 (u0's and the four new)", s.Accepted, err)
+	}
+}
+
+// TestAdmissionPublishFailure: when the shared publish fails, every request
+// it carried is refused 503 and undone, and a retry with the same key is a
+// new request, not a dangling one.
+func TestAdmissionPublishFailure(t *testing.T) {
+	pub := newGatePublisher(true)
+	pub.fail = true
+	svc, st, c := newAdmissionService(t, pub, Options{})
+	var ps []Purchase
+	for i := range 4 {
+		ps = append(ps, Purchase{UserID: fmt.Sprintf("u%d", i), CampaignID: c.ID, Quantity: 1, IdempotencyKey: "k"})
+	}
+	for i, o := range purchaseBehindGate(t, svc, pub, Purchase{UserID: "first", CampaignID: c.ID, Quantity: 1}, ps) {
+		if !errors.Is(o.err, model.ErrUnavailable) {
+			t.Errorf("purchase %d: got %+v, %v; want %v", i, o.acc, o.err, model.ErrUnavailable)
+		}
+	}
+	s, err := st.Stats(t.Context(), c.ID)
+	if err != nil || s.Accepted != 0 || s.Queued() != 0 {
+		t.Fatalf("left behind: got accepted %d queued %d (%v), want 0 0", s.Accepted, s.Queued(), err)
+	}
+	pub.mu.Lock()
+	pub.fail = false
+	pub.mu.Unlock()
+	acc, err := svc.Purchase(t.Context(), ps[0])
+	if err != nil || acc.Existing {
+		t.Fatalf("retry after 503: got %+v, %v; want a new request", acc, err)
+	}
+}
+
+// TestAdmissionNotLoaded: a campaign without stock in Redis is refused per
+// request, and nothing is published.
+func TestAdmissionNotLoaded(t *testing.T) {
+	pub := newGatePublisher(false)
+	svc, st, c := newAdmissionService(t, pub, Options{})
+	if err := st.Client().Del(t.Context(), "fs:{"+c.ID+"}:stock").Err(); err != nil {
+		t.Fatalf("unload: %v", err)
+	}
+	_, err := svc.Purchase(t.Context(), Purchase{UserID: "u1", CampaignID: c.ID, Quantity: 1})
+	if !errors.Is(err, model.ErrNotLoaded) {
+		t.Fatalf("got %v, want %v", err, model.ErrNotLoaded)
+	}
+	if got := pub.sizes(); len(got) != 0 {
+		t.Errorf("publishes: got %v, want none", got)
+	}
+}

@@ -1,0 +1,168 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"flashsale/internal/auth"
+	"flashsale/internal/httpapi"
+	"flashsale/internal/metrics"
+	"flashsale/internal/sqlstore"
+	"flashsale/internal/store"
+	"flashsale/internal/testenv"
+	"flashsale/model"
+	"flashsale/queue/redisstream"
+)
+
+// The benchmarks here run the purchase endpoint over real loopback HTTP, in
+// process, on the test Redis, with the Redis-Streams publisher. The HTTP
+// client shares the process and its two cores with the server, so compare
+// them with BenchmarkHelloCeiling run the same way, not with other machines.
+
+const benchSecret = "bench-jwt-secret-0123456789abcdef0123456789"
+
+// memCampaigns is an in-memory Campaigns holding one campaign.
+type memCampaigns struct{ c model.Campaign }
+
+func (m memCampaigns) CreateCampaign(context.Context, model.Campaign) (model.Campaign, error) {
+	return model.Campaign{}, model.ErrConflict
+}
+
+func (m memCampaigns) Campaign(_ context.Context, id string) (model.Campaign, error) {
+	if id != m.c.ID {
+		return model.Campaign{}, model.ErrNotFound
+	}
+	return m.c, nil
+}
+
+func (m memCampaigns) CampaignOrderStats(context.Context, string) (sqlstore.OrderStats, error) {
+	return sqlstore.OrderStats{}, nil
+}
+
+// benchGateway serves the shopper API of a Service on a preloaded campaign
+// with stock units and returns its base URL and the campaign.
+func benchGateway(b *testing.B, stock int64) (*Service, string, model.Campaign) {
+	b.Helper()
+	rdb := testenv.Redis(b)
+	st := store.New(rdb)
+	c := model.Campaign{ID: testenv.UniqueName("bench"), Name: "bench", Stock: stock, PerUserLimit: 1,
+		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}
+	if _, err := st.Preload(b.Context(), c, time.Now(), false); err != nil {
+		b.Fatalf("preload: %v", err)
+	}
+	topic := testenv.Topic(b)
+	b.Cleanup(func() {
+		ctx := context.Background()
+		for _, pattern := range []string{"fs:{" + c.ID + "}*", "fsq:{" + topic + ":*"} {
+			keys, _ := rdb.Keys(ctx, pattern).Result()
+			for i := 0; i < len(keys); i += 1000 {
+				_ = rdb.Del(ctx, keys[i:min(i+1000, len(keys))]...).Err()
+			}
+		}
+	})
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	m := metrics.New()
+	// Limits on, but high: the limiter's work is part of the path measured.
+	svc := New(log, st, memCampaigns{c}, redisstream.New(rdb, redisstream.Options{}), m, Options{
+		Topic: topic, UserRate: 1_000_000, UserBurst: 1_000_000, CampaignRate: 10_000_000, CampaignBurst: 10_000_000,
+	})
+	gin.SetMode(gin.ReleaseMode)
+	e := gin.New()
+	e.Use(m.GinMiddleware(), httpapi.LimitBody(log, 4096))
+	NewHandlers(log, svc).RegisterShopper(e, httpapi.Shopper(log, auth.NewJWT([]byte(benchSecret), time.Second), false))
+	srv := httptest.NewServer(e)
+	b.Cleanup(srv.Close)
+	return svc, srv.URL, c
+}
+
+// benchTokens mints tokens for n users.
+func benchTokens(b *testing.B, n int) []string {
+	b.Helper()
+	j := auth.NewJWT([]byte(benchSecret), time.Second)
+	out := make([]string, n)
+	for i := range out {
+		tok, err := j.Mint(fmt.Sprintf("shopper%d", i), time.Hour)
+		if err != nil {
+			b.Fatalf("mint: %v", err)
+		}
+		out[i] = tok
+	}
+	return out
+}
+
+func benchClient() *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 512
+	return &http.Client{Transport: tr, Timeout: 10 * time.Second}
+}
+
+// runPurchases fires purchases from 64 goroutines per core and fails on
+// any status but want.
+func runPurchases(b *testing.B, url string, tokens []string, want int) {
+	b.Helper()
+	client := benchClient()
+	var next atomic.Int64
+	b.SetParallelism(64)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			tok := tokens[int(next.Add(1))%len(tokens)]
+			req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"quantity":1}`))
+			req.Header.Set("Authorization", "Bearer "+tok)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := client.Do(req)
+			if err != nil {
+				b.Errorf("purchase: %v", err)
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode != want {
+				b.Errorf("purchase: got status %d, want %d", resp.StatusCode, want)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+}
+
+// BenchmarkAcceptPath: admission through to a published message, every
+// request accepted (202): auth, validation, campaign cache, both rate limits,
+// the queued marker and the publish, coalesced across concurrent requests.
+func BenchmarkAcceptPath(b *testing.B) {
+	_, url, c := benchGateway(b, model.MaxStock)
+	runPurchases(b, url+"/api/v1/campaigns/"+c.ID+"/purchases", benchTokens(b, 1000), http.StatusAccepted)
+}
+
+// BenchmarkSoldOutPath: a sold-out campaign is refused (410) from the
+// in-memory flag, without Redis or the queue.
+func BenchmarkSoldOutPath(b *testing.B) {
+	svc, url, c := benchGateway(b, 1)
+	if _, err := svc.stock.(*store.Store).Deduct(b.Context(), c.ID, []store.Deduction{{
+		RequestID: model.FormatRequestID(c.ID, strings.Repeat("0", 32)), UserID: "first", Quantity: 1, OrderID: "o1",
+	}}); err != nil {
+		b.Fatalf("sell the only unit: %v", err)
+	}
+	runPurchases(b, url+"/api/v1/campaigns/"+c.ID+"/purchases", benchTokens(b, 1000), http.StatusGone)
+}
+
+// BenchmarkHelloCeiling is a bare gin handler served and called the same
+// way: the ceiling the two benchmarks above are measured against.
+func BenchmarkHelloCeiling(b *testing.B) {
+	gin.SetMode(gin.ReleaseMode)
+	e := gin.New()
+	e.POST("/hello", func(c *gin.Context) { c.String(http.StatusOK, "hello") })
+	srv := httptest.NewServer(e)
+	b.Cleanup(srv.Close)
+	runPurchases(b, srv.URL+"/hello", []string{"unused"}, http.StatusOK)
+}

@@ -1,0 +1,153 @@
+package store
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"flashsale/model"
+)
+
+//go:embed admit.lua
+var admitSource string
+
+// RateLimits are the per-second limits Admit applies; a zero rate turns a
+// limit off. A burst below 1 counts as 1.
+type RateLimits struct {
+	UserRate, UserBurst         int
+	CampaignRate, CampaignBurst int
+}
+
+// AdmitCode is what Admit did with one request.
+type AdmitCode int
+
+// Admit outcomes, one per request.
+const (
+	// Admitted: stored as queued; the caller must publish it (or Unaccept it).
+	Admitted AdmitCode = iota
+	// AdmitExisting: the shopper's Idempotency-Key names an earlier request.
+	AdmitExisting
+	// AdmitNotLoaded: the campaign has no stock in Redis.
+	AdmitNotLoaded
+	// AdmitUserRateLimited and AdmitCampaignRateLimited: refused by a limit.
+	AdmitUserRateLimited
+	AdmitCampaignRateLimited
+)
+
+// Admission is Admit's answer for one request.
+type Admission struct {
+	Code AdmitCode
+	// RequestID is the request's own id, or the earlier one for AdmitExisting.
+	RequestID string
+	// RetryAfter is set for the rate-limited codes.
+	RetryAfter time.Duration
+}
+
+// Admit applies the rate limits to a batch of one campaign's acceptances and
+// stores the admitted ones as queued, in one atomic script call: what Accept
+// does for one request, for many, plus the limiter. Answers are in batch order.
+func (s *Store) Admit(ctx context.Context, campaignID string, batch []Acceptance, limits RateLimits) ([]Admission, error) {
+	if len(batch) == 0 {
+		return nil, nil
+	}
+	k := campaignKeys(campaignID)
+	keys := []string{k.results, k.idem, k.counters, k.stock, RateLimitKey(campaignID, "all"), k.userLimits}
+	args := make([]any, 0, 5+4*len(batch))
+	args = append(args, len(batch), limits.UserRate, limits.UserBurst, limits.CampaignRate, limits.CampaignBurst)
+	for _, a := range batch {
+		if a.CampaignID != campaignID {
+			return nil, fmt.Errorf("admit %s: request %s belongs to campaign %s", campaignID, a.RequestID, a.CampaignID)
+		}
+		queued := encodeStored(model.Result{Status: model.StatusQueued, Quantity: a.Quantity, UserID: a.UserID})
+		args = append(args, a.RequestID, queued, a.idemField(), a.UserID)
+	}
+	reply, err := s.admit.Run(ctx, s.rdb, keys, args...).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("admit %s (%d requests): %w", campaignID, len(batch), err)
+	}
+	out, err := parseAdmitReply(batch, reply)
+	if err != nil {
+		return nil, fmt.Errorf("admit %s: %w", campaignID, err)
+	}
+	return out, nil
+}
+
+// parseAdmitReply is the one place that reads admit.lua's reply.
+func parseAdmitReply(batch []Acceptance, reply []any) ([]Admission, error) {
+	if len(reply) != 2*len(batch) {
+		return nil, fmt.Errorf("reply has %d elements, want %d", len(reply), 2*len(batch))
+	}
+	out := make([]Admission, len(batch))
+	for i, a := range batch {
+		code, ok1 := reply[2*i].(int64)
+		value, ok2 := reply[2*i+1].(string)
+		if !ok1 || !ok2 {
+			return nil, fmt.Errorf("reply for %s malformed: %v, %v", a.RequestID, reply[2*i], reply[2*i+1])
+		}
+		switch code {
+		case 0:
+			if value != a.RequestID {
+				return nil, fmt.Errorf("reply for %s names %q", a.RequestID, value)
+			}
+			out[i] = Admission{Code: Admitted, RequestID: value}
+		case 1:
+			if value == "" {
+				return nil, fmt.Errorf("reply for %s: existing request without id", a.RequestID)
+			}
+			out[i] = Admission{Code: AdmitExisting, RequestID: value}
+		case -1:
+			out[i] = Admission{Code: AdmitNotLoaded}
+		case -2, -3:
+			secs, err := strconv.ParseFloat(value, 64)
+			if err != nil || secs < 0 || math.IsNaN(secs) || math.IsInf(secs, 0) {
+				return nil, fmt.Errorf("reply for %s: retry after %q", a.RequestID, value)
+			}
+			c := AdmitUserRateLimited
+			if code == -3 {
+				c = AdmitCampaignRateLimited
+			}
+			out[i] = Admission{Code: c, RetryAfter: time.Duration(secs * float64(time.Second))}
+		default:
+			return nil, fmt.Errorf("reply for %s: unknown code %d", a.RequestID, code)
+		}
+	}
+	return out, nil
+}
+
+// UnacceptBatch undoes the acceptances of requests whose publish failed, in
+// one pipelined round trip; like Unaccept, it keeps any result a worker
+// already decided. It returns the errors of the requests it could not undo.
+func (s *Store) UnacceptBatch(ctx context.Context, batch []Acceptance) error {
+	if len(batch) == 0 {
+		return nil
+	}
+	// EVAL, not EVALSHA: a pipeline cannot fall back on NOSCRIPT, and this is
+	// the rare failure path where sending the source costs nothing that
+	// matters.
+	cmds, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, a := range batch {
+			k := campaignKeys(a.CampaignID)
+			s.unaccept.Eval(ctx, p, []string{k.results, k.idem, k.counters}, a.RequestID, a.idemField())
+		}
+		return nil
+	})
+	if err == nil {
+		return nil
+	}
+	var errs []error
+	for i, c := range cmds {
+		if c.Err() != nil {
+			errs = append(errs, fmt.Errorf("unaccept %s: %w", batch[i].RequestID, c.Err()))
+		}
+	}
+	if len(errs) == 0 {
+		errs = append(errs, fmt.Errorf("unaccept %d requests: %w", len(batch), err))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,168 @@
+-- admit.lua: admit a batch of ONE campaign's purchase requests in one call, so
+-- a gateway pays one round trip for many concurrent shoppers instead of one
+-- per limiter and one per request. Requests are decided in order; each sees
+-- the writes of the ones before it, exactly as if they had been admitted one
+-- by one.
+--
+-- Per request: the per-user, then the per-campaign rate limit (GCRA, the
+-- algorithm of go-redis/redis_rate: a refusal changes nothing, an admission
+-- moves the key's theoretical arrival time), then accept.lua's logic: the
+-- Idempotency-Key dedupe and the "queued" marker.
+--
+-- KEYS[1] results   hash request id -> "status|qty|order_id|reason|user"
+-- KEYS[2] idem      hash "<user>|<idempotency key>" -> request id
+-- KEYS[3] counters  hash: accepted
+-- KEYS[4] stock     only checked for existence (campaign preloaded)
+-- KEYS[5] campaign rate limit: its theoretical arrival time (TAT), with a TTL
+-- KEYS[6] user rate limits: hash user id -> TAT. One hash instead of a key per
+--         user keeps the call count per batch constant; a TAT in the past
+--         means the same as none, so stale fields need no expiry.
+-- ARGV[1] n
+-- ARGV[2] user rate per second (0 = off), ARGV[3] user burst
+-- ARGV[4] campaign rate per second (0 = off), ARGV[5] campaign burst
+-- ARGV[6+4(i-1) .. 9+4(i-1)] request i: request id, queued result value,
+--                            idempotency field ("" when the shopper sent no key), user id
+--
+-- Reply: { code_1, value_1, ..., code_n, value_n }
+--    0, request id    accepted as new (or this request id again: a retry counts once)
+--    1, request id    an earlier request with the same key; nothing changed
+--   -1, ""            campaign not preloaded; nothing changed
+--   -2, retry after   per-user rate limit (seconds, as a string); nothing changed
+--   -3, retry after   per-campaign rate limit; nothing changed but the user's limit
+
+-- Cost: every redis.call is the expensive part of a script, so the batch
+-- reads everything it needs first (one HMGET per hash), decides in Lua
+-- tables, and writes at the end with one command per key: about ten calls
+-- per batch whatever its size. A script that stopped before the writes
+-- changed nothing.
+
+-- TIME makes the script non-deterministic; Redis < 5 then needs effects
+-- replication. A no-op on later versions.
+redis.replicate_commands()
+
+local n = tonumber(ARGV[1])
+local user_rate, user_burst = tonumber(ARGV[2]), tonumber(ARGV[3])
+local campaign_rate, campaign_burst = tonumber(ARGV[4]), tonumber(ARGV[5])
+
+-- The batch shares one clock reading; relative to 2017 as in redis_rate, to
+-- keep the float's precision.
+local t = redis.call('TIME')
+local now = (tonumber(t[1]) - 1483228800) + tonumber(t[2]) / 1000000
+
+local rids, idems, users, idem_fields = {}, {}, {}, {}
+for i = 1, n do
+  local base = 6 + 4 * (i - 1)
+  rids[i], idems[i], users[i] = ARGV[base], ARGV[base + 2], ARGV[base + 3]
+  if idems[i] ~= '' then
+    idem_fields[#idem_fields + 1] = idems[i]
+  end
+end
+
+-- TATs by user id ("" for the campaign), as read and as moved.
+local tats, moved = {}, {}
+if user_rate > 0 then
+  local values = redis.call('HMGET', KEYS[6], unpack(users))
+  for i = 1, n do
+    tats[users[i]] = tonumber(values[i] or now)
+  end
+end
+if campaign_rate > 0 then
+  tats[''] = tonumber(redis.call('GET', KEYS[5]) or now)
+end
+
+local function allow(subject, rate, burst)
+  local interval = 1 / rate
+  local tat = math.max(tats[subject], now)
+  local new_tat = tat + interval
+  local diff = now - (new_tat - interval * burst)
+  if diff < 0 then
+    return false, -diff
+  end
+  tats[subject], moved[subject] = new_tat, true
+  return true, 0
+end
+
+local loaded = redis.call('EXISTS', KEYS[4]) == 1
+local stored, idem_of = {}, {}
+if loaded then
+  local found = redis.call('HMGET', KEYS[1], unpack(rids))
+  for i = 1, n do
+    stored[rids[i]] = found[i] and true or false
+  end
+  if #idem_fields > 0 then
+    local earlier = redis.call('HMGET', KEYS[2], unpack(idem_fields))
+    for j, field in ipairs(idem_fields) do
+      idem_of[field] = earlier[j] or false
+    end
+  end
+end
+
+local reply = {}
+local new_results, new_idem, accepted = {}, {}, 0
+for i = 1, n do
+  local rid, idem = rids[i], idems[i]
+  local code, value = 0, rid
+  local ok, retry = true, 0
+  if user_rate > 0 then
+    ok, retry = allow(users[i], user_rate, math.max(user_burst, 1))
+    if not ok then
+      code, value = -2, tostring(retry)
+    end
+  end
+  if ok and campaign_rate > 0 then
+    ok, retry = allow('', campaign_rate, math.max(campaign_burst, 1))
+    if not ok then
+      code, value = -3, tostring(retry)
+    end
+  end
+  if ok then
+    if not loaded then
+      code, value = -1, ''
+    else
+      local earlier = idem ~= '' and idem_of[idem]
+      if earlier and earlier ~= rid then
+        code, value = 1, earlier
+      else
+        if idem ~= '' and earlier ~= rid then
+          idem_of[idem] = rid
+          new_idem[#new_idem + 1] = idem
+          new_idem[#new_idem + 1] = rid
+        end
+        -- A client retry of this same request id must not count it twice.
+        if not stored[rid] then
+          stored[rid] = true
+          new_results[#new_results + 1] = rid
+          new_results[#new_results + 1] = ARGV[7 + 4 * (i - 1)]
+          accepted = accepted + 1
+        end
+      end
+    end
+  end
+  reply[#reply + 1] = code
+  reply[#reply + 1] = value
+end
+
+-- Writes, chunked to stay clear of Lua's unpack limit.
+for j = 1, #new_idem, 4000 do
+  redis.call('HSET', KEYS[2], unpack(new_idem, j, math.min(j + 3999, #new_idem)))
+end
+for j = 1, #new_results, 4000 do
+  redis.call('HSET', KEYS[1], unpack(new_results, j, math.min(j + 3999, #new_results)))
+end
+if accepted > 0 then
+  redis.call('HINCRBY', KEYS[3], 'accepted', accepted)
+end
+-- Number arguments keep full precision (tostring would round to 14 digits).
+local user_tats = {}
+for subject in pairs(moved) do
+  if subject == '' then
+    redis.call('SET', KEYS[5], tats[''], 'EX', math.max(math.ceil(tats[''] - now), 1))
+  else
+    user_tats[#user_tats + 1] = subject
+    user_tats[#user_tats + 1] = tats[subject]
+  end
+end
+for j = 1, #user_tats, 4000 do
+  redis.call('HSET', KEYS[6], unpack(user_tats, j, math.min(j + 3999, #user_tats)))
+end
+return reply

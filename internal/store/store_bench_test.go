@@ -1,0 +1,92 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"flashsale/internal/testenv"
+	"flashsale/model"
+)
+
+// benchStore returns a store on the test Redis and a preloaded campaign with
+// stock enough for any b.N, whose keys are deleted at cleanup.
+func benchStore(b *testing.B) (*Store, model.Campaign) {
+	b.Helper()
+	s := New(testenv.Redis(b))
+	c := model.Campaign{ID: testenv.UniqueName("bench"), Name: "bench", Stock: model.MaxStock, PerUserLimit: model.MaxQuantity,
+		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}
+	if _, err := s.Preload(b.Context(), c, time.Now(), false); err != nil {
+		b.Fatalf("preload: %v", err)
+	}
+	b.Cleanup(func() {
+		// b.Context is already cancelled when cleanups run.
+		k := campaignKeys(c.ID)
+		_ = s.rdb.Del(context.Background(), k.meta, k.stock, k.soldout, k.counters, k.users, k.results, k.idem,
+			RateLimitKey(c.ID, "all"), k.userLimits).Err()
+	})
+	return s, c
+}
+
+// benchRequestID is a valid, unique request id without the cost of a random
+// source, so the benchmark measures Redis and not crypto/rand.
+func benchRequestID(campaignID string, n int) string {
+	return model.FormatRequestID(campaignID, fmt.Sprintf("%032x", n))
+}
+
+// BenchmarkDeduct measures deduct.lua, one call per batch, every request a
+// success by a distinct user (the most writes a request can cost). The
+// deductions/s metric is what one worker partition can decide.
+func BenchmarkDeduct(b *testing.B) {
+	for _, size := range []int{1, 16, 128, 512} {
+		b.Run(fmt.Sprintf("batch=%d", size), func(b *testing.B) {
+			s, c := benchStore(b)
+			batch := make([]Deduction, size)
+			n := 0
+			for b.Loop() {
+				for i := range batch {
+					n++
+					batch[i] = Deduction{RequestID: benchRequestID(c.ID, n), UserID: fmt.Sprintf("u%d", n), Quantity: 1, OrderID: "o"}
+				}
+				r, err := s.Deduct(b.Context(), c.ID, batch)
+				if err != nil {
+					b.Fatalf("Deduct: %v", err)
+				}
+				if r.Results[size-1].Status != model.StatusSuccess {
+					b.Fatalf("Deduct: got %s, want success", r.Results[size-1].Status)
+				}
+			}
+			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "deductions/s")
+		})
+	}
+}
+
+// BenchmarkAdmit measures admit.lua with both rate limits on, one call per
+// batch: the gateway's share of Redis work per purchase.
+func BenchmarkAdmit(b *testing.B) {
+	limits := RateLimits{UserRate: 1_000_000, UserBurst: 1_000_000, CampaignRate: 1_000_000, CampaignBurst: 1_000_000}
+	for _, size := range []int{1, 16, 128, 512} {
+		b.Run(fmt.Sprintf("batch=%d", size), func(b *testing.B) {
+			s, c := benchStore(b)
+			batch := make([]Acceptance, size)
+			n := 0
+			for b.Loop() {
+				for i := range batch {
+					n++
+					batch[i] = Acceptance{RequestID: benchRequestID(c.ID, n), CampaignID: c.ID, UserID: fmt.Sprintf("u%d", n%10_000),
+						Quantity: 1, IdempotencyKey: fmt.Sprintf("k%d", n)}
+				}
+				adms, err := s.Admit(b.Context(), c.ID, batch, limits)
+				if err != nil {
+					b.Fatalf("Admit: %v", err)
+				}
+				if adms[size-1].Code != Admitted {
+					b.Fatalf("Admit: got code %d, want %d", adms[size-1].Code, Admitted)
+				}
+			}
+			// The users' rate-limit keys expire on their own within a second.
+			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "admissions/s")
+		})
+	}
+}
