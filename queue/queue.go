@@ -11,6 +11,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // Message is one unit on the queue.
@@ -48,6 +49,14 @@ type Consumer interface {
 	Consume(ctx context.Context, topic string, h Handler) error
 }
 
+// DelayPublisher is implemented by publishers that can hold messages back
+// (Features.Delay). It is Publish with a delay: the messages are stored at
+// once and delivered no earlier than delay from now, possibly later (drivers
+// round up to the delays their backend supports). delay <= 0 is Publish.
+type DelayPublisher interface {
+	PublishDelayed(ctx context.Context, topic string, delay time.Duration, msgs ...Message) error
+}
+
 // Pinger reports whether a driver can reach its backend (readiness).
 type Pinger interface {
 	Ping(ctx context.Context) error
@@ -61,7 +70,7 @@ type Features struct {
 	PerKeyOrder bool
 	// Persistent: messages survive a restart of the process that holds them.
 	Persistent bool
-	// Delay: PublishDelayed is supported.
+	// Delay: the publisher implements DelayPublisher.
 	Delay bool
 }
 

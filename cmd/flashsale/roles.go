@@ -32,6 +32,7 @@ import (
 	"flashsale/queue"
 	"flashsale/queue/memqueue"
 	"flashsale/queue/redisstream"
+	"flashsale/queue/rocketmq"
 	"flashsale/worker"
 )
 
@@ -355,6 +356,26 @@ func openQueue(c config.Queue, rdb redis.UniversalClient, log *slog.Logger, sys 
 	case "redisstream":
 		q := redisstream.New(rdb, redisstream.Options{Partitions: c.Partitions, BatchSize: c.BatchSize, Group: c.Group,
 			LeaseTTL: c.LeaseTTL, Logger: log.With("component", "redisstream")})
+		return q, func(name string) queue.Consumer { return q.Consumer(name) }, q, nil
+	case "rocketmq":
+		r := c.RocketMQ
+		var libLevel slog.Level
+		_ = libLevel.UnmarshalText([]byte(r.LogLevel)) // validated by config
+		// New only resolves the name servers' host names; the clients connect
+		// lazily, and readiness (Ping) reports an unreachable broker.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		q, err := rocketmq.New(ctx, rocketmq.Options{
+			NameServers: r.NameServers, ProducerGroup: r.ProducerGroup, ConsumerGroup: c.Group,
+			ProducerInstance: r.ProducerInstance, ConsumerInstance: r.ConsumerInstance,
+			Queues: c.Partitions, BatchSize: c.BatchSize, SendAttempts: 1 + r.Retries,
+			MaxReconsumeTimes: r.MaxReconsumeTimes, SuspendTime: r.SuspendTime, ProbeTopic: c.Topic,
+			Logger: log.With("component", "rocketmq"), LibraryLogLevel: libLevel,
+		})
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("queue: %w", err)
+		}
+		sys.closers = append(sys.closers, q.Close)
 		return q, func(name string) queue.Consumer { return q.Consumer(name) }, q, nil
 	}
 	return nil, nil, nil, fmt.Errorf("queue driver %q: unknown", c.Driver)

@@ -12,13 +12,20 @@ import (
 
 // TestWholePathRace is the purchase path's main proof: 2,000 concurrent
 // shoppers through real HTTP, a real queue, real Redis and MySQL, against
-// 100 items with a per-user limit of 1.
+// 100 items with a per-user limit of 1. On rocketmq the system runs as a
+// child process against a broker double, because the RocketMQ client library
+// fails -race on its own (see startRocketMQProcess).
 func TestWholePathRace(t *testing.T) {
-	for _, driver := range []string{"memqueue", "redisstream"} {
+	for _, driver := range []string{"memqueue", "redisstream", "rocketmq"} {
 		t.Run(driver, func(t *testing.T) {
 			cfg := realConfig(t, driver)
 			cfg.Gateway.UserRate, cfg.Gateway.UserBurst = 100, 100
-			c := startSystem(t, cfg)
+			var c *client
+			if driver == "rocketmq" {
+				c = startRocketMQProcess(t, cfg)
+			} else {
+				c = startSystem(t, cfg)
+			}
 			campaign := testenv.UniqueName("race-")
 			const stock, limit = 100, 1
 			c.openCampaign(campaign, stock, limit)

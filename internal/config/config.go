@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -77,6 +79,22 @@ type Queue struct {
 	// LeaseTTL bounds how long a dead worker's partitions wait before another
 	// worker takes them over (redisstream).
 	LeaseTTL time.Duration `yaml:"lease_ttl" env:"LEASE_TTL"`
+	// RocketMQ configures the rocketmq driver.
+	RocketMQ RocketMQ `yaml:"rocketmq" envPrefix:"ROCKETMQ_"`
+}
+
+// RocketMQ configures the rocketmq driver. Its consumer group is
+// queue.group, and queue.partitions is the queue count of a topic the broker
+// creates on first send.
+type RocketMQ struct {
+	NameServers       []string      `yaml:"name_servers" env:"NAME_SERVERS"`
+	ProducerGroup     string        `yaml:"producer_group" env:"PRODUCER_GROUP"`
+	ProducerInstance  string        `yaml:"producer_instance" env:"PRODUCER_INSTANCE"`
+	ConsumerInstance  string        `yaml:"consumer_instance" env:"CONSUMER_INSTANCE"`
+	Retries           int           `yaml:"retries" env:"RETRIES"`
+	MaxReconsumeTimes int           `yaml:"max_reconsume_times" env:"MAX_RECONSUME_TIMES"`
+	SuspendTime       time.Duration `yaml:"suspend_time" env:"SUSPEND_TIME"`
+	LogLevel          string        `yaml:"log_level" env:"LOG_LEVEL"`
 }
 
 // Gateway tunes admission.
@@ -125,7 +143,9 @@ func Default() Config {
 		Auth:     Auth{JWTSecret: DevJWTSecret, JWTLeeway: 30 * time.Second, AdminToken: DevAdminToken, Dev: true},
 		Redis:    Redis{Mode: "embedded", PoolSize: 64},
 		Database: Database{Driver: "sqlite", DSN: ":memory:"},
-		Queue:    Queue{Driver: "redisstream", Topic: "flashsale-purchases", Partitions: 8, BatchSize: 128, Group: "workers", LeaseTTL: 10 * time.Second},
+		Queue: Queue{Driver: "redisstream", Topic: "flashsale-purchases", Partitions: 8, BatchSize: 128, Group: "workers", LeaseTTL: 10 * time.Second,
+			RocketMQ: RocketMQ{NameServers: []string{"127.0.0.1:9876"}, ProducerGroup: "flashsale-gateway",
+				Retries: 2, MaxReconsumeTimes: 16, SuspendTime: time.Second, LogLevel: "warn"}},
 		Gateway: Gateway{UserRate: 5, UserBurst: 10, PublishTimeout: 2 * time.Second,
 			CampaignCacheTTL: 2 * time.Second, SoldOutRecheck: time.Second},
 		Worker:   Worker{MaxAttempts: 10},
@@ -162,6 +182,10 @@ func Load(path string, environ map[string]string) (Config, error) {
 // Validate reports the first invalid key by its YAML path.
 func (c Config) Validate() error {
 	bad := func(key, why string) error { return fmt.Errorf("config: %s: %s", key, why) }
+	var rocketMQErr error
+	if c.Queue.Driver == "rocketmq" {
+		rocketMQErr = c.validateRocketMQ()
+	}
 	switch {
 	case c.HTTP.Addr == "":
 		return bad("http.addr", "is required")
@@ -189,8 +213,8 @@ func (c Config) Validate() error {
 		return bad("database.driver", `must be "sqlite" or "mysql"`)
 	case c.Database.DSN == "":
 		return bad("database.dsn", "is required")
-	case c.Queue.Driver != "redisstream" && c.Queue.Driver != "memqueue":
-		return bad("queue.driver", `must be "redisstream" or "memqueue"`)
+	case c.Queue.Driver != "redisstream" && c.Queue.Driver != "memqueue" && c.Queue.Driver != "rocketmq":
+		return bad("queue.driver", `must be "redisstream", "memqueue" or "rocketmq"`)
 	case c.Queue.Topic == "" || strings.ContainsAny(c.Queue.Topic, "{} "):
 		return bad("queue.topic", "must be non-empty without braces or spaces")
 	case c.Queue.Partitions < 1 || c.Queue.Partitions > 1024:
@@ -199,6 +223,8 @@ func (c Config) Validate() error {
 		return bad("queue.batch_size", "must be between 1 and 4096")
 	case c.Queue.Group == "":
 		return bad("queue.group", "is required")
+	case rocketMQErr != nil:
+		return rocketMQErr
 	case c.Queue.LeaseTTL < 500*time.Millisecond || c.Queue.LeaseTTL > 5*time.Minute:
 		return bad("queue.lease_ttl", "must be between 500ms and 5m")
 	case c.Gateway.UserRate < 0 || c.Gateway.CampaignRate < 0 || c.Gateway.UserBurst < 0 || c.Gateway.CampaignBurst < 0:
@@ -219,6 +245,43 @@ func (c Config) Validate() error {
 		return bad("log.level", "must be debug, info, warn or error")
 	case c.Log.Format != "text" && c.Log.Format != "json":
 		return bad("log.format", `must be "text" or "json"`)
+	}
+	return nil
+}
+
+// rocketMQName is what RocketMQ accepts as a topic or group name.
+var rocketMQName = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,127}$`)
+
+// validateRocketMQ checks the keys that matter when queue.driver is
+// rocketmq.
+func (c Config) validateRocketMQ() error {
+	bad := func(key, why string) error { return fmt.Errorf("config: %s: %s", key, why) }
+	r := c.Queue.RocketMQ
+	switch {
+	case !rocketMQName.MatchString(c.Queue.Topic):
+		return bad("queue.topic", "must be 1-127 of [a-zA-Z0-9_-] with the rocketmq driver")
+	case !rocketMQName.MatchString(c.Queue.Group):
+		return bad("queue.group", "must be 1-127 of [a-zA-Z0-9_-] with the rocketmq driver")
+	case c.Queue.BatchSize > 1024:
+		return bad("queue.batch_size", "must be at most 1024 with the rocketmq driver")
+	case len(r.NameServers) == 0:
+		return bad("queue.rocketmq.name_servers", "is required with the rocketmq driver")
+	case !rocketMQName.MatchString(r.ProducerGroup):
+		return bad("queue.rocketmq.producer_group", "must be 1-127 of [a-zA-Z0-9_-]")
+	case r.Retries < 0 || r.Retries > 16:
+		return bad("queue.rocketmq.retries", "must be between 0 and 16")
+	case r.MaxReconsumeTimes < c.Worker.MaxAttempts || r.MaxReconsumeTimes > 1000:
+		return bad("queue.rocketmq.max_reconsume_times", fmt.Sprintf("must be between worker.max_attempts (%d) and 1000, "+
+			"so the worker gives a failing request its final result before the broker dead-letters it", c.Worker.MaxAttempts))
+	case r.SuspendTime < 10*time.Millisecond || r.SuspendTime > 30*time.Second:
+		return bad("queue.rocketmq.suspend_time", "must be between 10ms and 30s")
+	case r.LogLevel != "debug" && r.LogLevel != "info" && r.LogLevel != "warn" && r.LogLevel != "error":
+		return bad("queue.rocketmq.log_level", "must be debug, info, warn or error")
+	}
+	for _, a := range r.NameServers {
+		if host, port, err := net.SplitHostPort(a); err != nil || host == "" || port == "" {
+			return bad("queue.rocketmq.name_servers", fmt.Sprintf("%q is not host:port", a))
+		}
 	}
 	return nil
 }

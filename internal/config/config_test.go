@@ -42,6 +42,9 @@ func TestProductionYAML(t *testing.T) {
 	if cfg.Redis.Mode != "server" || cfg.Redis.Addr != "redis:6379" || cfg.Database.Driver != "mysql" {
 		t.Fatalf("got redis %s %s, db %s; want server redis:6379, mysql", cfg.Redis.Mode, cfg.Redis.Addr, cfg.Database.Driver)
 	}
+	if cfg.Queue.Driver != "rocketmq" || !reflect.DeepEqual(cfg.Queue.RocketMQ.NameServers, []string{"rocketmq-namesrv:9876"}) {
+		t.Fatalf("got queue %s on %v, want rocketmq on [rocketmq-namesrv:9876]", cfg.Queue.Driver, cfg.Queue.RocketMQ.NameServers)
+	}
 }
 
 func TestEnvOverrides(t *testing.T) {
@@ -53,6 +56,8 @@ func TestEnvOverrides(t *testing.T) {
 		"FLASHSALE_DATABASE_DSN":                        "file.db",
 		"FLASHSALE_REDIS_ADDR":                          "10.0.0.1:6379",
 		"FLASHSALE_NOTIFIER_MAX_SUBSCRIPTIONS_PER_CONN": "3",
+		"FLASHSALE_QUEUE_ROCKETMQ_NAME_SERVERS":         "10.0.0.2:9876,10.0.0.3:9876",
+		"FLASHSALE_QUEUE_ROCKETMQ_SUSPEND_TIME":         "250ms",
 	})
 	if err != nil {
 		t.Fatalf("load: %v", err)
@@ -69,6 +74,8 @@ func TestEnvOverrides(t *testing.T) {
 		{"redis.addr", cfg.Redis.Addr, "10.0.0.1:6379"},
 		{"notifier.max_subscriptions_per_conn", cfg.Notifier.MaxSubscriptionsPerConn, 3},
 		{"queue.partitions (untouched)", cfg.Queue.Partitions, 8},
+		{"queue.rocketmq.name_servers", cfg.Queue.RocketMQ.NameServers, []string{"10.0.0.2:9876", "10.0.0.3:9876"}},
+		{"queue.rocketmq.suspend_time", cfg.Queue.RocketMQ.SuspendTime, 250 * time.Millisecond},
 	}
 	for _, c := range checks {
 		if !reflect.DeepEqual(c.got, c.want) {
@@ -93,6 +100,13 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 		{name: "dev secrets with real redis", yaml: "redis:\n  mode: server\n  addr: r:6379\n", wantKey: "auth"},
 		{name: "bad log level", yaml: "log:\n  level: loud\n", wantKey: "log.level"},
 		{name: "bad env number", env: map[string]string{"FLASHSALE_QUEUE_PARTITIONS": "many"}, wantKey: "FLASHSALE_QUEUE_PARTITIONS"},
+		{name: "rocketmq without name servers", yaml: "queue:\n  driver: rocketmq\n  rocketmq:\n    name_servers: []\n", wantKey: "queue.rocketmq.name_servers"},
+		{name: "rocketmq name server without port", env: map[string]string{"FLASHSALE_QUEUE_DRIVER": "rocketmq", "FLASHSALE_QUEUE_ROCKETMQ_NAME_SERVERS": "namesrv"}, wantKey: "queue.rocketmq.name_servers"},
+		{name: "rocketmq reconsumes fewer than the worker's attempts", yaml: "queue:\n  driver: rocketmq\n  rocketmq:\n    max_reconsume_times: 3\n", wantKey: "queue.rocketmq.max_reconsume_times"},
+		{name: "rocketmq batch above the client's limit", yaml: "queue:\n  driver: rocketmq\n  batch_size: 2048\n", wantKey: "queue.batch_size"},
+		{name: "rocketmq suspend too long", yaml: "queue:\n  driver: rocketmq\n  rocketmq:\n    suspend_time: 1h\n", wantKey: "queue.rocketmq.suspend_time"},
+		{name: "rocketmq bad topic", yaml: "queue:\n  driver: rocketmq\n  topic: a.b\n", wantKey: "queue.topic"},
+		{name: "rocketmq bad log level", yaml: "queue:\n  driver: rocketmq\n  rocketmq:\n    log_level: loud\n", wantKey: "queue.rocketmq.log_level"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,7 +4,8 @@
 // only, so what it checks is exactly what the gateway and the workers may rely
 // on: at-least-once delivery, acknowledgement, redelivery with a growing
 // Attempt, per-key order (when Features.PerKeyOrder), takeover of a dead
-// consumer's messages, batch limits and clean shutdown.
+// consumer's messages, batch limits, clean shutdown and delayed delivery
+// (when Features.Delay).
 package queuetest
 
 import (
@@ -17,7 +18,8 @@ import (
 // publisher and consumer it returns talks to the same storage.
 type Backend interface {
 	// Publisher returns the backend's publisher. If it also implements
-	// queue.Pinger, Ping must succeed.
+	// queue.Pinger, Ping must succeed. With Features.Delay it must implement
+	// queue.DelayPublisher.
 	Publisher() queue.Publisher
 	// NewConsumer returns a new consumer of the backend, as a separate worker
 	// process would have. name labels it in logs.
@@ -74,6 +76,7 @@ func Run(t *testing.T, f Factory) {
 		{"PublishNothing", testPublishNothing},
 		{"ConsumeAfterClose", testConsumeAfterClose},
 		{"Ping", testPing},
+		{"Delay", testDelay},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -100,12 +100,21 @@ func testAckedNotRedelivered(t *testing.T, f Factory) {
 	}
 
 	// A new consumer takes over whatever the first left unacknowledged:
-	// there must be nothing.
+	// there must be nothing. Sentinels published behind the old messages,
+	// with the same keys, show that it is running (some drivers take seconds
+	// to start) and would arrive after any redelivery.
 	again := newRecorder()
 	startConsumer(t, b.NewConsumer(t, "second"), topic, again.handle)
+	sentinels := []queue.Message{newMsg("k0", 10), newMsg("k1", 10)}
+	mustPublish(t, b.Publisher(), topic, sentinels...)
+	again.waitDistinct(t, len(sentinels))
 	time.Sleep(quiet)
-	if n := again.total(); n != 0 {
-		t.Errorf("new consumer after all were acknowledged: got %d deliveries (%v), want 0", n, sortedIDs(again.snapshot()))
+	got := again.snapshot()
+	for _, m := range sentinels {
+		delete(got, m.ID)
+	}
+	if len(got) != 0 {
+		t.Errorf("new consumer after all were acknowledged: got redeliveries of %v, want none", sortedIDs(got))
 	}
 }
 
@@ -409,18 +418,21 @@ func testShutdownFinishesInFlightBatch(t *testing.T, f Factory) {
 	}
 
 	// The batch that finished during shutdown was acknowledged: a new
-	// consumer gets only the rest.
+	// consumer gets only the rest, then a sentinel published behind them
+	// (which also shows it is running when the rest is empty).
 	rec := newRecorder()
 	startConsumer(t, b.NewConsumer(t, "next"), topic, rec.handle)
-	rec.waitDistinct(t, len(msgs)-len(inFlight))
+	sentinel := newMsg("k0", len(msgs))
+	mustPublish(t, b.Publisher(), topic, sentinel)
+	rec.waitDistinct(t, len(msgs)-len(inFlight)+1)
 	time.Sleep(quiet)
 	for _, m := range inFlight {
 		if n := len(rec.deliveries(m.ID)); n != 0 {
 			t.Errorf("message %s, acknowledged during shutdown: got %d redeliveries, want 0", m.ID, n)
 		}
 	}
-	if got, want := rec.distinct(), len(msgs)-len(inFlight); got != want {
-		t.Errorf("new consumer: got %d distinct messages, want %d", got, want)
+	if got, want := rec.distinct(), len(msgs)-len(inFlight)+1; got != want {
+		t.Errorf("new consumer: got %d distinct messages, want %d (the rest and the sentinel)", got, want)
 	}
 }
 
@@ -499,5 +511,67 @@ func testPing(t *testing.T, f Factory) {
 	defer cancel()
 	if err := p.Ping(ctx); err != nil {
 		t.Errorf("Ping: got %v, want nil", err)
+	}
+}
+
+// testDelay: a delayed message is stored at once but not delivered before
+// its delay has passed; a message published without delay meanwhile is
+// delivered at once, and a zero delay is a plain publish.
+func testDelay(t *testing.T, f Factory) {
+	if !f.Features.Delay {
+		t.Skip("driver does not support delayed delivery (Features.Delay is false)")
+	}
+	b := f.New(t)
+	dp, ok := b.Publisher().(queue.DelayPublisher)
+	if !ok {
+		t.Fatalf("Features.Delay is set but the publisher (%T) does not implement queue.DelayPublisher", b.Publisher())
+	}
+	topic := testenv.Topic(t)
+	const delay = time.Second
+
+	var mu sync.Mutex
+	arrived := make(map[string]time.Time)
+	rec := newRecorder()
+	startConsumer(t, b.NewConsumer(t, "c"), topic, func(ctx context.Context, msgs []queue.Message) error {
+		mu.Lock()
+		for _, m := range msgs {
+			if _, seen := arrived[m.ID]; !seen {
+				arrived[m.ID] = time.Now()
+			}
+		}
+		mu.Unlock()
+		return rec.handle(ctx, msgs)
+	})
+
+	// Wait until the consumer is running, so arrival times measure the delay
+	// and not the consumer's start.
+	mustPublish(t, b.Publisher(), topic, newMsg("warmup", 0))
+	rec.waitDistinct(t, 1)
+
+	delayed := []queue.Message{newMsg("late", 0), newMsg("late", 1)}
+	now, zero := newMsg("now", 0), newMsg("zero", 0)
+	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+	defer cancel()
+	sent := time.Now()
+	if err := dp.PublishDelayed(ctx, topic, delay, delayed...); err != nil {
+		t.Fatalf("PublishDelayed %v: got %v, want nil", delay, err)
+	}
+	if err := dp.PublishDelayed(ctx, topic, 0, zero); err != nil {
+		t.Fatalf("PublishDelayed 0: got %v, want nil", err)
+	}
+	mustPublish(t, b.Publisher(), topic, now)
+
+	rec.waitDistinct(t, 1+len(delayed)+2)
+	mu.Lock()
+	defer mu.Unlock()
+	for _, m := range delayed {
+		if got := arrived[m.ID].Sub(sent); got < delay {
+			t.Errorf("delayed message %s: got it %v after publishing, want >= %v", m.ID, got, delay)
+		}
+	}
+	for _, m := range []queue.Message{now, zero} {
+		if arrived[m.ID].After(arrived[delayed[0].ID]) {
+			t.Errorf("message %s published without delay: got it after the delayed ones, want it first", m.ID)
+		}
 	}
 }

@@ -1,0 +1,146 @@
+package rocketmq
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/apache/rocketmq-client-go/v2/producer"
+
+	"flashsale/queue"
+)
+
+func TestDelayLevel(t *testing.T) {
+	tests := []struct {
+		delay     time.Duration
+		wantLevel int
+		wantErr   bool
+	}{
+		{time.Millisecond, 1, false},
+		{time.Second, 1, false},
+		{time.Second + 1, 2, false},
+		{45 * time.Second, 5, false}, // 1m
+		{15 * time.Minute, 15, false},
+		{2 * time.Hour, 18, false},
+		{2*time.Hour + time.Second, 0, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.delay.String(), func(t *testing.T) {
+			got, err := delayLevel(DefaultDelayLevels(), tc.delay)
+			if got != tc.wantLevel || (err != nil) != tc.wantErr {
+				t.Errorf("got level %d, err %v; want level %d, error %v", got, err, tc.wantLevel, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestBatches(t *testing.T) {
+	msg := func(key string, size int) queue.Message {
+		return queue.Message{ID: key, Key: key, Body: make([]byte, size)}
+	}
+	many := make([]queue.Message, maxBatchMessages+1)
+	for i := range many {
+		many[i] = msg("a", 1)
+	}
+	tests := []struct {
+		name string
+		in   []queue.Message
+		want []int // run lengths
+	}{
+		{"empty", nil, nil},
+		{"one key", []queue.Message{msg("a", 1), msg("a", 1)}, []int{2}},
+		{"runs keep publish order", []queue.Message{msg("a", 1), msg("b", 1), msg("b", 1), msg("a", 1)}, []int{1, 2, 1}},
+		{"message limit", many, []int{maxBatchMessages, 1}},
+		{"byte limit", []queue.Message{msg("a", maxBatchBytes/2), msg("a", maxBatchBytes/2), msg("a", 1)}, []int{1, 2}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []int
+			total := 0
+			for _, run := range batches(tc.in) {
+				got = append(got, len(run))
+				total += len(run)
+				for _, m := range run {
+					if m.Key != run[0].Key {
+						t.Errorf("run mixes keys %q and %q", run[0].Key, m.Key)
+					}
+				}
+			}
+			if !slices.Equal(got, tc.want) || total != len(tc.in) {
+				t.Errorf("got runs %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestKeySelector checks that a batch goes where each of its messages
+// would go alone, and that the queue is the library's hash selector's.
+func TestKeySelector(t *testing.T) {
+	mqs := make([]*primitive.MessageQueue, 8)
+	for i := range mqs {
+		mqs[i] = &primitive.MessageQueue{Topic: "t", BrokerName: "b", QueueId: i}
+	}
+	library := producer.NewHashQueueSelector()
+	for i := range 50 {
+		key := fmt.Sprintf("campaign-%d", i)
+		single := toMessage("t", queue.Message{ID: "r", Key: key, Body: []byte("x")})
+		want := library.Select(single, mqs, "")
+		if got := (keySelector{}).Select(single, mqs, ""); got != want {
+			t.Fatalf("key %s: got queue %d, want the library's %d", key, got.QueueId, want.QueueId)
+		}
+		batch := &primitive.Message{Topic: "t", Batch: true, Body: producer.MarshalMessageBatch(single, single)}
+		if got := (keySelector{}).Select(batch, mqs, ""); got != want {
+			t.Fatalf("batch of key %s: got queue %d, want %d", key, got.QueueId, want.QueueId)
+		}
+		if p := partitionOf(key, len(mqs)); p != want.QueueId {
+			t.Fatalf("partitionOf(%s): got %d, want %d", key, p, want.QueueId)
+		}
+	}
+}
+
+func TestLibraryLogger(t *testing.T) {
+	var buf bytes.Buffer
+	l := libraryLogger{log: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), level: slog.LevelWarn}
+	l.Info("chatty", nil)
+	l.Warning("return not OK", map[string]any{"messages": []string{"secret body 1", "secret body 2"}, "consumerGroup": "g"})
+	l.Fatal("bad", map[string]any{"underlayError": "boom"})
+	out := buf.String()
+	for _, want := range []string{"level=WARN", `msg="return not OK"`, `messages="2 messages"`, "consumerGroup=g", "level=ERROR", "underlayError=boom"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("got log %q, want it to contain %q", out, want)
+		}
+	}
+	for _, unwanted := range []string{"chatty", "secret body"} {
+		if strings.Contains(out, unwanted) {
+			t.Errorf("got log %q, want no %q", out, unwanted)
+		}
+	}
+}
+
+func TestResolveNameServers(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      []string
+		want    []string
+		wantErr bool
+	}{
+		{"ip kept", []string{"10.0.0.1:9876"}, []string{"10.0.0.1:9876"}, false},
+		{"host name resolved", []string{"localhost:9876"}, []string{"127.0.0.1:9876"}, false},
+		{"no port", []string{"10.0.0.1"}, nil, true},
+		{"none", nil, nil, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := resolveNameServers(context.Background(), tc.in)
+			if (err != nil) != tc.wantErr || !slices.Equal(got, tc.want) {
+				t.Errorf("got %v, %v; want %v, error %v", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}
