@@ -135,7 +135,11 @@ func (s *Service) flush(batch []*pendingPurchase) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
 	defer cancel()
 	start := time.Now()
-	err := s.pub.Publish(ctx, s.opts.Topic, msgs...)
+	// The breaker counts this publish; when it is open (or half-open with a
+	// probe already out) the batch is refused without waiting on the queue.
+	_, err := s.breaker.Execute(func() (struct{}, error) {
+		return struct{}{}, s.pub.Publish(ctx, s.opts.Topic, msgs...)
+	})
 	metrics.Since(s.m.PublishLatency, start)
 	if err == nil {
 		for _, p := range fresh {

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sony/gobreaker/v2"
+
 	"flashsale/internal/metrics"
 	"flashsale/internal/sqlstore"
 	"flashsale/internal/store"
@@ -58,7 +60,13 @@ type Options struct {
 	// one publish; AdmitConcurrency caps the batches in flight at once.
 	AdmitBatch       int // default 256
 	AdmitConcurrency int // default 4
-	Now              func() time.Time
+	// BreakerFailures consecutive failed publishes open the circuit breaker
+	// in front of the queue; while it is open, purchases are refused with 503
+	// at once instead of each waiting PublishTimeout. After BreakerOpenFor one
+	// publish probes the queue, and a success closes the breaker again.
+	BreakerFailures int           // default 3
+	BreakerOpenFor  time.Duration // default 2s
+	Now             func() time.Time
 }
 
 func (o Options) withDefaults() Options {
@@ -77,6 +85,12 @@ func (o Options) withDefaults() Options {
 	if o.AdmitConcurrency <= 0 {
 		o.AdmitConcurrency = 4
 	}
+	if o.BreakerFailures <= 0 {
+		o.BreakerFailures = 3
+	}
+	if o.BreakerOpenFor <= 0 {
+		o.BreakerOpenFor = 2 * time.Second
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -94,6 +108,7 @@ type Service struct {
 	opts      Options
 	limits    store.RateLimits
 	admitter  admitter
+	breaker   *gobreaker.CircuitBreaker[struct{}]
 
 	mu    sync.RWMutex
 	cache map[string]*cachedCampaign
@@ -120,6 +135,16 @@ func New(log *slog.Logger, stock Stock, campaigns Campaigns, pub queue.Publisher
 	return &Service{log: log, stock: stock, campaigns: campaigns, pub: pub, m: m, opts: opts,
 		limits: store.RateLimits{UserRate: opts.UserRate, UserBurst: opts.UserBurst,
 			CampaignRate: opts.CampaignRate, CampaignBurst: opts.CampaignBurst},
+		breaker: gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
+			Name:    "queue-publish",
+			Timeout: opts.BreakerOpenFor,
+			ReadyToTrip: func(c gobreaker.Counts) bool {
+				return c.ConsecutiveFailures >= uint32(opts.BreakerFailures)
+			},
+			OnStateChange: func(name string, from, to gobreaker.State) {
+				log.Warn("circuit breaker", "name", name, "from", from.String(), "to", to.String())
+			},
+		}),
 		cache: map[string]*cachedCampaign{}}
 }
 
@@ -391,6 +416,11 @@ func (s *Service) Purchase(ctx context.Context, p Purchase) (Accepted, error) {
 	}
 	if cc.soldOut.Load() {
 		return Accepted{}, s.refuse("sold_out", model.ErrSoldOut)
+	}
+	// While the queue is known to be down, refuse before writing anything
+	// to Redis: nothing to undo, and the shopper learns it at once.
+	if s.breaker.State() == gobreaker.StateOpen {
+		return Accepted{}, s.refuse("queue_down", fmt.Errorf("queue: %w: circuit open", model.ErrUnavailable))
 	}
 	return s.enqueue(ctx, p)
 }

@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,30 +41,93 @@ func TestIdempotencyKey(t *testing.T) {
 	}
 }
 
-// failingPublisher refuses every publish, as a broken queue would.
-type failingPublisher struct{}
-
-func (failingPublisher) Publish(context.Context, string, ...queue.Message) error {
-	return errors.New("broker unreachable")
+// switchablePublisher passes publishes through, or while down hangs each one
+// until its deadline, like a broker that stopped answering.
+type switchablePublisher struct {
+	queue.Publisher
+	down atomic.Bool
 }
 
-// TestQueueDownLeavesNothingBehind: when the queue refuses the publish the
-// shopper gets 503 unavailable and no queued marker or counter remains.
-func TestQueueDownLeavesNothingBehind(t *testing.T) {
-	cfg := realConfig(t, "memqueue")
-	c := startSystemWith(t, cfg, func(p queue.Publisher) queue.Publisher { return failingPublisher{} })
+func (p *switchablePublisher) Publish(ctx context.Context, topic string, msgs ...queue.Message) error {
+	if p.down.Load() {
+		<-ctx.Done()
+		return errors.New("broker did not answer")
+	}
+	return p.Publisher.Publish(ctx, topic, msgs...)
+}
+
+// TestQueueOutage: the queue stops answering for 5 s mid-sale. Shoppers get
+// 503 unavailable within the publish timeout, then at once while the circuit
+// breaker is open; nothing is left behind (no queued marker, no counter), and
+// admission recovers by itself when the queue is back.
+func TestQueueOutage(t *testing.T) {
+	cfg := realConfig(t, "redisstream")
+	cfg.Gateway.PublishTimeout = 500 * time.Millisecond
+	cfg.Gateway.BreakerFailures, cfg.Gateway.BreakerOpenFor = 3, time.Second
+	var sw *switchablePublisher
+	c := startSystemWith(t, cfg, func(p queue.Publisher) queue.Publisher { sw = &switchablePublisher{Publisher: p}; return sw })
 	campaign := testenv.UniqueName("qdown-")
-	c.openCampaign(campaign, 5, 1)
-	var body purchaseBody
-	code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", c.token("ann"), `{"quantity":1}`,
-		map[string]string{"Idempotency-Key": "k1"}, &body)
-	if code != http.StatusServiceUnavailable || body.Code != "unavailable" {
-		t.Fatalf("got %d %q, want 503 unavailable", code, body.Code)
+	const stock, limit = 1000, 1
+	c.openCampaign(campaign, stock, limit)
+
+	var mu sync.Mutex
+	accepted := map[string]string{}
+	var slowest503, afterOpen503 time.Duration
+	var fast503, outageRequests, recovered int
+	buy := func(user string) (int, time.Duration) {
+		var p purchaseBody
+		start := time.Now()
+		code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", c.token(user), `{"quantity":1}`, nil, &p)
+		took := time.Since(start)
+		if code == http.StatusAccepted {
+			mu.Lock()
+			accepted[p.RequestID] = user
+			mu.Unlock()
+		} else if code != http.StatusServiceUnavailable || p.Code != "unavailable" {
+			t.Errorf("%s: got %d %q, want 202 or 503 unavailable", user, code, p.Code)
+		}
+		return code, took
 	}
-	st := c.stats(campaign)
-	if st.Accepted != 0 || st.Queued != 0 || st.Remaining != 5 {
-		t.Fatalf("left behind: %+v", st)
+	for i := range 20 {
+		buy(fmt.Sprintf("before%d", i))
 	}
+	sw.down.Store(true)
+	outageEnds := time.Now().Add(5 * time.Second)
+	for i := 0; time.Now().Before(outageEnds); i++ {
+		code, took := buy(fmt.Sprintf("during%d", i))
+		outageRequests++
+		if code != http.StatusServiceUnavailable {
+			t.Errorf("during the outage: got %d, want 503", code)
+		}
+		slowest503 = max(slowest503, took)
+		if i >= 3 { // the breaker has opened after three failed publishes
+			afterOpen503 = max(afterOpen503, took)
+			if took < 100*time.Millisecond {
+				fast503++
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sw.down.Store(false)
+	deadline := time.Now().Add(5 * time.Second)
+	for i := 0; recovered < 20; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("admission did not recover within 5 s of the queue coming back (%d accepted)", recovered)
+		}
+		if code, _ := buy(fmt.Sprintf("after%d", i)); code == http.StatusAccepted {
+			recovered++
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if slowest503 > cfg.Gateway.PublishTimeout+time.Second {
+		t.Errorf("slowest 503 took %s, want within the publish timeout (%s) plus slack", slowest503, cfg.Gateway.PublishTimeout)
+	}
+	if fast503 < (outageRequests-3)/2 {
+		t.Errorf("only %d of %d refusals after the breaker opened were fast (<100ms; slowest %s)", fast503, outageRequests-3, afterOpen503)
+	}
+	st := c.settle(campaign, 20*time.Second)
+	verifySettled(t, c, campaign, stock, limit, accepted, st)
+	t.Logf("outage: %d requests refused, slowest %s, %d under 100ms; %d accepted in all", outageRequests, slowest503, fast503, len(accepted))
 }
 
 // TestSoldOutFlagAtGateway: once stock is gone, later purchases are refused

@@ -220,6 +220,10 @@ func start(ctx context.Context, cfg config.Config, log *slog.Logger, roles roleS
 			CampaignCacheTTL: cfg.Gateway.CampaignCacheTTL,
 			SoldOutRecheck:   cfg.Gateway.SoldOutRecheck,
 			PublishTimeout:   cfg.Gateway.PublishTimeout,
+			AdmitBatch:       cfg.Gateway.AdmitBatch,
+			AdmitConcurrency: cfg.Gateway.AdmitConcurrency,
+			BreakerFailures:  cfg.Gateway.BreakerFailures,
+			BreakerOpenFor:   cfg.Gateway.BreakerOpenFor,
 		})
 		h := gateway.NewHandlers(log.With("role", "gateway"), svc)
 		h.RegisterAdmin(adminEngine, httpapi.Admin(log, cfg.Auth.AdminToken))

@@ -106,6 +106,10 @@ type Gateway struct {
 	PublishTimeout   time.Duration `yaml:"publish_timeout" env:"PUBLISH_TIMEOUT"`
 	CampaignCacheTTL time.Duration `yaml:"campaign_cache_ttl" env:"CAMPAIGN_CACHE_TTL"`
 	SoldOutRecheck   time.Duration `yaml:"soldout_recheck" env:"SOLDOUT_RECHECK"`
+	AdmitBatch       int           `yaml:"admit_batch" env:"ADMIT_BATCH"`
+	AdmitConcurrency int           `yaml:"admit_concurrency" env:"ADMIT_CONCURRENCY"`
+	BreakerFailures  int           `yaml:"breaker_failures" env:"BREAKER_FAILURES"`
+	BreakerOpenFor   time.Duration `yaml:"breaker_open_for" env:"BREAKER_OPEN_FOR"`
 }
 
 // Worker tunes consumption.
@@ -147,7 +151,8 @@ func Default() Config {
 			RocketMQ: RocketMQ{NameServers: []string{"127.0.0.1:9876"}, ProducerGroup: "flashsale-gateway",
 				Retries: 2, MaxReconsumeTimes: 16, SuspendTime: time.Second, LogLevel: "warn"}},
 		Gateway: Gateway{UserRate: 5, UserBurst: 10, PublishTimeout: 2 * time.Second,
-			CampaignCacheTTL: 2 * time.Second, SoldOutRecheck: time.Second},
+			CampaignCacheTTL: 2 * time.Second, SoldOutRecheck: time.Second, AdmitBatch: 256, AdmitConcurrency: 4,
+			BreakerFailures: 3, BreakerOpenFor: 2 * time.Second},
 		Worker:   Worker{MaxAttempts: 10},
 		Notifier: Notifier{MaxSubscriptionsPerConn: 256, PingInterval: 20 * time.Second, RecheckInterval: time.Second},
 		Log:      Log{Level: "info", Format: "text"},
@@ -235,6 +240,14 @@ func (c Config) Validate() error {
 		return bad("gateway.campaign_cache_ttl", "must be positive")
 	case c.Gateway.SoldOutRecheck <= 0:
 		return bad("gateway.soldout_recheck", "must be positive")
+	case c.Gateway.AdmitBatch < 1 || c.Gateway.AdmitBatch > 4096:
+		return bad("gateway.admit_batch", "must be between 1 and 4096")
+	case c.Gateway.AdmitConcurrency < 1 || c.Gateway.AdmitConcurrency > 64:
+		return bad("gateway.admit_concurrency", "must be between 1 and 64")
+	case c.Gateway.BreakerFailures < 1:
+		return bad("gateway.breaker_failures", "must be at least 1")
+	case c.Gateway.BreakerOpenFor <= 0:
+		return bad("gateway.breaker_open_for", "must be positive")
 	case c.Worker.MaxAttempts < 1:
 		return bad("worker.max_attempts", "must be at least 1")
 	case c.Notifier.MaxSubscriptionsPerConn < 1:
