@@ -54,6 +54,7 @@ func (s *Service) enqueue(ctx context.Context, p Purchase) (Accepted, error) {
 		UserID:         p.UserID,
 		Quantity:       p.Quantity,
 		IdempotencyKey: p.IdempotencyKey,
+		ClientIP:       p.ClientIP,
 	}
 	body, err := model.EncodePurchaseRequest(model.PurchaseRequest{RequestID: a.RequestID, CampaignID: p.CampaignID,
 		UserID: p.UserID, Quantity: p.Quantity, AcceptedAt: s.opts.Now().UTC()})
@@ -188,11 +189,9 @@ func (s *Service) admitGroup(group []*pendingPurchase) []*pendingPurchase {
 			p.done <- admitAnswer{accepted: Accepted{RequestID: a.RequestID, Existing: true}}
 		case store.AdmitNotLoaded:
 			p.done <- admitAnswer{err: s.refuse("not_loaded", fmt.Errorf("admit %s: %w", p.acc.RequestID, model.ErrNotLoaded))}
-		case store.AdmitUserRateLimited, store.AdmitCampaignRateLimited:
-			reason := "rate_user"
-			if a.Code == store.AdmitCampaignRateLimited {
-				reason = "rate_campaign"
-			}
+		case store.AdmitUserRateLimited, store.AdmitCampaignRateLimited, store.AdmitIPRateLimited:
+			reason := map[store.AdmitCode]string{store.AdmitUserRateLimited: "rate_user",
+				store.AdmitCampaignRateLimited: "rate_campaign", store.AdmitIPRateLimited: "rate_ip"}[a.Code]
 			retry := int((a.RetryAfter + time.Second - 1) / time.Second)
 			p.done <- admitAnswer{err: s.refuse(reason, &model.RateLimitError{RetryAfterSeconds: max(retry, 1)})}
 		default:

@@ -48,6 +48,9 @@ type Options struct {
 	// UserRate and CampaignRate are per second; 0 disables the limit.
 	UserRate, UserBurst         int
 	CampaignRate, CampaignBurst int
+	// IPRate limits each client IP per campaign, so one address cannot
+	// drive many accounts at full speed.
+	IPRate, IPBurst int
 	// CampaignCacheTTL bounds how stale a cached campaign (window) may be.
 	CampaignCacheTTL time.Duration // default 2s
 	// SoldOutRecheck is how often cached sold-out flags are re-read from
@@ -134,7 +137,7 @@ func New(log *slog.Logger, stock Stock, campaigns Campaigns, pub queue.Publisher
 	opts = opts.withDefaults()
 	return &Service{log: log, stock: stock, campaigns: campaigns, pub: pub, m: m, opts: opts,
 		limits: store.RateLimits{UserRate: opts.UserRate, UserBurst: opts.UserBurst,
-			CampaignRate: opts.CampaignRate, CampaignBurst: opts.CampaignBurst},
+			CampaignRate: opts.CampaignRate, CampaignBurst: opts.CampaignBurst, IPRate: opts.IPRate, IPBurst: opts.IPBurst},
 		breaker: gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 			Name:    "queue-publish",
 			Timeout: opts.BreakerOpenFor,
@@ -382,6 +385,9 @@ type Purchase struct {
 	CampaignID     string
 	Quantity       int64
 	IdempotencyKey string
+	// ClientIP is the shopper's address as the HTTP layer determined it
+	// (trusted proxies only); "" skips the per-IP limit.
+	ClientIP string
 }
 
 var idempotencyKeyPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)

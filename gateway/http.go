@@ -162,7 +162,7 @@ func (h *Handlers) purchase(c *gin.Context) {
 		qty = *req.Quantity
 	}
 	acc, err := h.svc.Purchase(c.Request.Context(), Purchase{UserID: httpapi.UserID(c), CampaignID: c.Param("id"),
-		Quantity: qty, IdempotencyKey: c.GetHeader("Idempotency-Key")})
+		Quantity: qty, IdempotencyKey: c.GetHeader("Idempotency-Key"), ClientIP: c.ClientIP()})
 	if err != nil {
 		httpapi.Abort(c, h.log, err)
 		return

@@ -175,10 +175,15 @@ func start(ctx context.Context, cfg config.Config, log *slog.Logger, roles roleS
 	}
 
 	jwt := auth.NewJWT([]byte(cfg.Auth.JWTSecret), cfg.Auth.JWTLeeway)
-	engine := newEngine(log, sys.Metrics, cfg.HTTP.MaxBodyBytes)
+	engine, err := newEngine(log, sys.Metrics, cfg.HTTP)
+	if err != nil {
+		return nil, err
+	}
 	adminEngine := engine
 	if cfg.HTTP.AdminAddr != "" {
-		adminEngine = newEngine(log, sys.Metrics, cfg.HTTP.MaxBodyBytes)
+		if adminEngine, err = newEngine(log, sys.Metrics, cfg.HTTP); err != nil {
+			return nil, err
+		}
 	}
 	checks := map[string]func(context.Context) error{"redis": st.Ping}
 	if db != nil {
@@ -217,6 +222,8 @@ func start(ctx context.Context, cfg config.Config, log *slog.Logger, roles roleS
 			UserBurst:        cfg.Gateway.UserBurst,
 			CampaignRate:     cfg.Gateway.CampaignRate,
 			CampaignBurst:    cfg.Gateway.CampaignBurst,
+			IPRate:           cfg.Gateway.IPRate,
+			IPBurst:          cfg.Gateway.IPBurst,
 			CampaignCacheTTL: cfg.Gateway.CampaignCacheTTL,
 			SoldOutRecheck:   cfg.Gateway.SoldOutRecheck,
 			PublishTimeout:   cfg.Gateway.PublishTimeout,
@@ -290,16 +297,21 @@ func start(ctx context.Context, cfg config.Config, log *slog.Logger, roles roleS
 	return sys, nil
 }
 
-func newEngine(log *slog.Logger, m *metrics.Metrics, maxBody int64) *gin.Engine {
+func newEngine(log *slog.Logger, m *metrics.Metrics, c config.HTTP) (*gin.Engine, error) {
 	e := gin.New()
+	// gin trusts every proxy by default; trust only the configured ones, so
+	// X-Forwarded-For from a client cannot choose its rate-limit key.
+	if err := e.SetTrustedProxies(c.TrustedProxies); err != nil {
+		return nil, fmt.Errorf("config: http.trusted_proxies: %w", err)
+	}
 	e.HandleMethodNotAllowed = true
 	e.Use(gin.CustomRecoveryWithWriter(io.Discard, func(c *gin.Context, rec any) {
 		httpapi.Abort(c, log, fmt.Errorf("panic: %v", rec))
 	}))
-	e.Use(m.GinMiddleware(), httpapi.LimitBody(log, maxBody))
+	e.Use(m.GinMiddleware(), httpapi.LimitBody(log, c.MaxBodyBytes))
 	e.NoRoute(func(c *gin.Context) { httpapi.Abort(c, log, fmt.Errorf("route: %w", errNoRoute)) })
 	e.NoMethod(func(c *gin.Context) { httpapi.Abort(c, log, fmt.Errorf("method: %w", errNoRoute)) })
-	return e
+	return e, nil
 }
 
 var errNoRoute = fmt.Errorf("no such route: %w", model.ErrNotFound)

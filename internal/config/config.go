@@ -41,7 +41,10 @@ type HTTP struct {
 	WriteTimeout      time.Duration `yaml:"write_timeout" env:"WRITE_TIMEOUT"`
 	IdleTimeout       time.Duration `yaml:"idle_timeout" env:"IDLE_TIMEOUT"`
 	MaxBodyBytes      int64         `yaml:"max_body_bytes" env:"MAX_BODY_BYTES"`
-	ShutdownTimeout   time.Duration `yaml:"shutdown_timeout" env:"SHUTDOWN_TIMEOUT"`
+	// TrustedProxies may set X-Forwarded-For / X-Real-IP; from anyone else
+	// those headers are ignored, so a client cannot pick its rate-limit key.
+	TrustedProxies  []string      `yaml:"trusted_proxies" env:"TRUSTED_PROXIES"`
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" env:"SHUTDOWN_TIMEOUT"`
 }
 
 // Auth holds the secrets. They are masked whenever the config is logged.
@@ -103,6 +106,8 @@ type Gateway struct {
 	UserBurst        int           `yaml:"user_burst" env:"USER_BURST"`
 	CampaignRate     int           `yaml:"campaign_rate" env:"CAMPAIGN_RATE"`
 	CampaignBurst    int           `yaml:"campaign_burst" env:"CAMPAIGN_BURST"`
+	IPRate           int           `yaml:"ip_rate" env:"IP_RATE"`
+	IPBurst          int           `yaml:"ip_burst" env:"IP_BURST"`
 	PublishTimeout   time.Duration `yaml:"publish_timeout" env:"PUBLISH_TIMEOUT"`
 	CampaignCacheTTL time.Duration `yaml:"campaign_cache_ttl" env:"CAMPAIGN_CACHE_TTL"`
 	SoldOutRecheck   time.Duration `yaml:"soldout_recheck" env:"SOLDOUT_RECHECK"`
@@ -232,7 +237,8 @@ func (c Config) Validate() error {
 		return rocketMQErr
 	case c.Queue.LeaseTTL < 500*time.Millisecond || c.Queue.LeaseTTL > 5*time.Minute:
 		return bad("queue.lease_ttl", "must be between 500ms and 5m")
-	case c.Gateway.UserRate < 0 || c.Gateway.CampaignRate < 0 || c.Gateway.UserBurst < 0 || c.Gateway.CampaignBurst < 0:
+	case c.Gateway.UserRate < 0 || c.Gateway.CampaignRate < 0 || c.Gateway.UserBurst < 0 || c.Gateway.CampaignBurst < 0 ||
+		c.Gateway.IPRate < 0 || c.Gateway.IPBurst < 0:
 		return bad("gateway.*_rate", "rates and bursts must not be negative")
 	case c.Gateway.PublishTimeout <= 0:
 		return bad("gateway.publish_timeout", "must be positive")

@@ -24,6 +24,9 @@ func normalize(c Config) Config {
 	if len(c.Notifier.AllowedOrigins) == 0 {
 		c.Notifier.AllowedOrigins = nil
 	}
+	if len(c.HTTP.TrustedProxies) == 0 {
+		c.HTTP.TrustedProxies = nil
+	}
 	return c
 }
 

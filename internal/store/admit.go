@@ -22,6 +22,8 @@ var admitSource string
 type RateLimits struct {
 	UserRate, UserBurst         int
 	CampaignRate, CampaignBurst int
+	// IPRate limits each client IP (Acceptance.ClientIP) per campaign.
+	IPRate, IPBurst int
 }
 
 // AdmitCode is what Admit did with one request.
@@ -38,6 +40,8 @@ const (
 	// AdmitUserRateLimited and AdmitCampaignRateLimited: refused by a limit.
 	AdmitUserRateLimited
 	AdmitCampaignRateLimited
+	// AdmitIPRateLimited: refused by the per-client-IP limit.
+	AdmitIPRateLimited
 )
 
 // Admission is Admit's answer for one request.
@@ -57,15 +61,16 @@ func (s *Store) Admit(ctx context.Context, campaignID string, batch []Acceptance
 		return nil, nil
 	}
 	k := campaignKeys(campaignID)
-	keys := []string{k.results, k.idem, k.counters, k.stock, RateLimitKey(campaignID, "all"), k.userLimits}
-	args := make([]any, 0, 5+4*len(batch))
-	args = append(args, len(batch), limits.UserRate, limits.UserBurst, limits.CampaignRate, limits.CampaignBurst)
+	keys := []string{k.results, k.idem, k.counters, k.stock, RateLimitKey(campaignID, "all"), k.userLimits, k.ipLimits}
+	args := make([]any, 0, 7+5*len(batch))
+	args = append(args, len(batch), limits.UserRate, limits.UserBurst, limits.CampaignRate, limits.CampaignBurst,
+		limits.IPRate, limits.IPBurst)
 	for _, a := range batch {
 		if a.CampaignID != campaignID {
 			return nil, fmt.Errorf("admit %s: request %s belongs to campaign %s", campaignID, a.RequestID, a.CampaignID)
 		}
 		queued := encodeStored(model.Result{Status: model.StatusQueued, Quantity: a.Quantity, UserID: a.UserID})
-		args = append(args, a.RequestID, queued, a.idemField(), a.UserID)
+		args = append(args, a.RequestID, queued, a.idemField(), a.UserID, a.ClientIP)
 	}
 	reply, err := s.admit.Run(ctx, s.rdb, keys, args...).Slice()
 	if err != nil {
@@ -103,14 +108,17 @@ func parseAdmitReply(batch []Acceptance, reply []any) ([]Admission, error) {
 			out[i] = Admission{Code: AdmitExisting, RequestID: value}
 		case -1:
 			out[i] = Admission{Code: AdmitNotLoaded}
-		case -2, -3:
+		case -2, -3, -4:
 			secs, err := strconv.ParseFloat(value, 64)
 			if err != nil || secs < 0 || math.IsNaN(secs) || math.IsInf(secs, 0) {
 				return nil, fmt.Errorf("reply for %s: retry after %q", a.RequestID, value)
 			}
 			c := AdmitUserRateLimited
-			if code == -3 {
+			switch code {
+			case -3:
 				c = AdmitCampaignRateLimited
+			case -4:
+				c = AdmitIPRateLimited
 			}
 			out[i] = Admission{Code: c, RetryAfter: time.Duration(secs * float64(time.Second))}
 		default:

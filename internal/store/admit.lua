@@ -17,18 +17,22 @@
 -- KEYS[6] user rate limits: hash user id -> TAT. One hash instead of a key per
 --         user keeps the call count per batch constant; a TAT in the past
 --         means the same as none, so stale fields need no expiry.
+-- KEYS[7] client IP rate limits: hash client IP -> TAT, like KEYS[6]
 -- ARGV[1] n
 -- ARGV[2] user rate per second (0 = off), ARGV[3] user burst
 -- ARGV[4] campaign rate per second (0 = off), ARGV[5] campaign burst
--- ARGV[6+4(i-1) .. 9+4(i-1)] request i: request id, queued result value,
---                            idempotency field ("" when the shopper sent no key), user id
+-- ARGV[6] client IP rate per second (0 = off), ARGV[7] client IP burst
+-- ARGV[8+5(i-1) .. 12+5(i-1)] request i: request id, queued result value,
+--                            idempotency field ("" when the shopper sent no key), user id,
+--                            client IP ("" when unknown: not limited)
 --
 -- Reply: { code_1, value_1, ..., code_n, value_n }
 --    0, request id    accepted as new (or this request id again: a retry counts once)
 --    1, request id    an earlier request with the same key; nothing changed
 --   -1, ""            campaign not preloaded; nothing changed
 --   -2, retry after   per-user rate limit (seconds, as a string); nothing changed
---   -3, retry after   per-campaign rate limit; nothing changed but the user's limit
+--   -3, retry after   per-campaign rate limit; nothing changed but the IP's and user's limits
+--   -4, retry after   per-client-IP rate limit; nothing changed
 
 -- Cost: every redis.call is the expensive part of a script, so the batch
 -- reads everything it needs first (one HMGET per hash), decides in Lua
@@ -43,23 +47,32 @@ redis.replicate_commands()
 local n = tonumber(ARGV[1])
 local user_rate, user_burst = tonumber(ARGV[2]), tonumber(ARGV[3])
 local campaign_rate, campaign_burst = tonumber(ARGV[4]), tonumber(ARGV[5])
+local ip_rate, ip_burst = tonumber(ARGV[6]), tonumber(ARGV[7])
 
 -- The batch shares one clock reading; relative to 2017 as in redis_rate, to
 -- keep the float's precision.
 local t = redis.call('TIME')
 local now = (tonumber(t[1]) - 1483228800) + tonumber(t[2]) / 1000000
 
-local rids, idems, users, idem_fields = {}, {}, {}, {}
+local rids, idems, users, ips, idem_fields = {}, {}, {}, {}, {}
 for i = 1, n do
-  local base = 6 + 4 * (i - 1)
-  rids[i], idems[i], users[i] = ARGV[base], ARGV[base + 2], ARGV[base + 3]
+  local base = 8 + 5 * (i - 1)
+  rids[i], idems[i], users[i], ips[i] = ARGV[base], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4]
   if idems[i] ~= '' then
     idem_fields[#idem_fields + 1] = idems[i]
   end
 end
 
--- TATs by user id ("" for the campaign), as read and as moved.
+-- TATs by user id ("" for the campaign), as read and as moved; client IPs
+-- have their own tables, since an IP and a user id may look alike.
 local tats, moved = {}, {}
+local ip_tats, ip_moved = {}, {}
+if ip_rate > 0 then
+  local values = redis.call('HMGET', KEYS[7], unpack(ips))
+  for i = 1, n do
+    ip_tats[ips[i]] = tonumber(values[i] or now)
+  end
+end
 if user_rate > 0 then
   local values = redis.call('HMGET', KEYS[6], unpack(users))
   for i = 1, n do
@@ -70,15 +83,15 @@ if campaign_rate > 0 then
   tats[''] = tonumber(redis.call('GET', KEYS[5]) or now)
 end
 
-local function allow(subject, rate, burst)
+local function allow(tbl, mv, subject, rate, burst)
   local interval = 1 / rate
-  local tat = math.max(tats[subject], now)
+  local tat = math.max(tbl[subject], now)
   local new_tat = tat + interval
   local diff = now - (new_tat - interval * burst)
   if diff < 0 then
     return false, -diff
   end
-  tats[subject], moved[subject] = new_tat, true
+  tbl[subject], mv[subject] = new_tat, true
   return true, 0
 end
 
@@ -103,14 +116,20 @@ for i = 1, n do
   local rid, idem = rids[i], idems[i]
   local code, value = 0, rid
   local ok, retry = true, 0
-  if user_rate > 0 then
-    ok, retry = allow(users[i], user_rate, math.max(user_burst, 1))
+  if ip_rate > 0 and ips[i] ~= '' then
+    ok, retry = allow(ip_tats, ip_moved, ips[i], ip_rate, math.max(ip_burst, 1))
+    if not ok then
+      code, value = -4, tostring(retry)
+    end
+  end
+  if ok and user_rate > 0 then
+    ok, retry = allow(tats, moved, users[i], user_rate, math.max(user_burst, 1))
     if not ok then
       code, value = -2, tostring(retry)
     end
   end
   if ok and campaign_rate > 0 then
-    ok, retry = allow('', campaign_rate, math.max(campaign_burst, 1))
+    ok, retry = allow(tats, moved, '', campaign_rate, math.max(campaign_burst, 1))
     if not ok then
       code, value = -3, tostring(retry)
     end
@@ -132,7 +151,7 @@ for i = 1, n do
         if not stored[rid] then
           stored[rid] = true
           new_results[#new_results + 1] = rid
-          new_results[#new_results + 1] = ARGV[7 + 4 * (i - 1)]
+          new_results[#new_results + 1] = ARGV[9 + 5 * (i - 1)]
           accepted = accepted + 1
         end
       end
@@ -164,5 +183,13 @@ for subject in pairs(moved) do
 end
 for j = 1, #user_tats, 4000 do
   redis.call('HSET', KEYS[6], unpack(user_tats, j, math.min(j + 3999, #user_tats)))
+end
+local moved_ips = {}
+for ip in pairs(ip_moved) do
+  moved_ips[#moved_ips + 1] = ip
+  moved_ips[#moved_ips + 1] = ip_tats[ip]
+end
+for j = 1, #moved_ips, 4000 do
+  redis.call('HSET', KEYS[7], unpack(moved_ips, j, math.min(j + 3999, #moved_ips)))
 end
 return reply

@@ -11,9 +11,9 @@ import (
 
 // admitCall is one request of an Admit batch in a table; rid is a label.
 type admitCall struct {
-	rid, user, key string
-	want           AdmitCode
-	wantRID        string // label of the request id Admit must return; "" = none
+	rid, user, key, ip string
+	want               AdmitCode
+	wantRID            string // label of the request id Admit must return; "" = none
 }
 
 func TestAdmit(t *testing.T) {
@@ -76,6 +76,29 @@ func TestAdmit(t *testing.T) {
 			wantAccepted: 2,
 		},
 		{
+			name:   "client IP over its burst is refused across users",
+			limits: RateLimits{IPRate: 1, IPBurst: 2, UserRate: 100, UserBurst: 100},
+			calls: []admitCall{
+				{rid: "r1", user: "u1", ip: "10.0.0.1", want: Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u2", ip: "10.0.0.1", want: Admitted, wantRID: "r2"},
+				{rid: "r3", user: "u3", ip: "10.0.0.1", want: AdmitIPRateLimited},
+				{rid: "r4", user: "u3", ip: "10.0.0.2", want: Admitted, wantRID: "r4"},
+				{rid: "r5", user: "u4", want: Admitted, wantRID: "r5"}, // unknown IP: not limited
+			},
+			wantAccepted: 4,
+		},
+		{
+			// An IP refusal must not use up the user's own allowance.
+			name:   "IP refusal leaves the user limit alone",
+			limits: RateLimits{IPRate: 1, IPBurst: 1, UserRate: 1, UserBurst: 1},
+			calls: []admitCall{
+				{rid: "r1", user: "u1", ip: "10.0.0.1", want: Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u2", ip: "10.0.0.1", want: AdmitIPRateLimited},
+				{rid: "r3", user: "u2", ip: "10.0.0.2", want: Admitted, wantRID: "r3"},
+			},
+			wantAccepted: 2,
+		},
+		{
 			// A user refused by its own limit must not use up the campaign's.
 			name:   "user refusal leaves the campaign limit alone",
 			limits: RateLimits{UserRate: 1, UserBurst: 1, CampaignRate: 1, CampaignBurst: 2},
@@ -97,7 +120,7 @@ func TestAdmit(t *testing.T) {
 				ids := newLabels(c.ID)
 				batch := make([]Acceptance, len(tt.calls))
 				for i, call := range tt.calls {
-					batch[i] = Acceptance{RequestID: ids.rid(call.rid), CampaignID: c.ID, UserID: call.user, Quantity: 1, IdempotencyKey: call.key}
+					batch[i] = Acceptance{RequestID: ids.rid(call.rid), CampaignID: c.ID, UserID: call.user, Quantity: 1, IdempotencyKey: call.key, ClientIP: call.ip}
 				}
 				got, err := s.Admit(t.Context(), c.ID, batch, tt.limits)
 				if err != nil {
@@ -111,7 +134,7 @@ func TestAdmit(t *testing.T) {
 					if got[i].Code != call.want || got[i].RequestID != wantRID {
 						t.Errorf("request %d (%s): got code %d id %q, want code %d id %q", i, call.rid, got[i].Code, got[i].RequestID, call.want, wantRID)
 					}
-					limited := call.want == AdmitUserRateLimited || call.want == AdmitCampaignRateLimited
+					limited := call.want == AdmitUserRateLimited || call.want == AdmitCampaignRateLimited || call.want == AdmitIPRateLimited
 					if limited != (got[i].RetryAfter > 0) {
 						t.Errorf("request %d (%s): got retry after %v, want it set only when rate limited", i, call.rid, got[i].RetryAfter)
 					}

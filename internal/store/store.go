@@ -66,7 +66,7 @@ func New(rdb redis.UniversalClient) *Store {
 func (s *Store) Client() redis.UniversalClient { return s.rdb }
 
 // keys of one campaign; all share the hash tag {id}.
-type keys struct{ meta, stock, soldout, counters, users, results, idem, userLimits string }
+type keys struct{ meta, stock, soldout, counters, users, results, idem, userLimits, ipLimits string }
 
 func campaignKeys(id string) keys {
 	p := "fs:{" + id + "}:"
@@ -80,6 +80,7 @@ func campaignKeys(id string) keys {
 		idem:     p + "idem",
 		// Per-user rate-limit state (see admit.lua).
 		userLimits: p + "rl:users",
+		ipLimits:   p + "rl:ips",
 	}
 }
 
@@ -139,6 +140,8 @@ type Acceptance struct {
 	UserID         string
 	Quantity       int64
 	IdempotencyKey string // optional
+	// ClientIP is rate-limited when RateLimits.IPRate is set; "" is not.
+	ClientIP string
 }
 
 func (a Acceptance) idemField() string {
