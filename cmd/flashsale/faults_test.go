@@ -125,7 +125,8 @@ func TestMySQLOutage(t *testing.T) {
 	cfg.Database.DSN = dsn.FormatDSN()
 	c := startSystem(t, cfg)
 	campaign := testenv.UniqueName("mysqlout-")
-	const stock, limit = 150, 1
+	soak := testenv.Soak()
+	stock, limit := int64(150*soak), int64(1)
 	c.openCampaign(campaign, stock, limit)
 
 	outage := make(chan struct{})
@@ -135,7 +136,7 @@ func TestMySQLOutage(t *testing.T) {
 		px.setDown(true)
 		close(outage)
 		sawDown := false
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(time.Duration(soak) * 10 * time.Second)
 		for time.Now().Before(deadline) {
 			var body map[string]string
 			if code := c.do("GET", "/readyz", "", nil, nil, &body); code == http.StatusServiceUnavailable && body["mysql"] == "down" {
@@ -146,7 +147,7 @@ func TestMySQLOutage(t *testing.T) {
 		readyDown <- sawDown
 		px.setDown(false)
 	}()
-	accepted, codes := shopPaced(t, c, campaign, 600, 20, 100*time.Millisecond)
+	accepted, codes := shopPaced(t, c, campaign, 600*soak, 20, 100*time.Millisecond)
 	<-outage
 	if !<-readyDown {
 		t.Errorf("/readyz never reported mysql down during the outage")

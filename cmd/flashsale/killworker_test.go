@@ -134,13 +134,14 @@ func TestWorkerKilled(t *testing.T) {
 	})
 
 	campaign := testenv.UniqueName("kill-")
-	const stock, limit = 400, 1
+	soak := testenv.Soak()
+	stock, limit := int64(400*soak), int64(1)
 	c.openCampaign(campaign, stock, limit)
 
 	killed := make(chan int, 1)
 	go func() {
 		kills := 0
-		for i := range 5 {
+		for i := range 5 * soak {
 			time.Sleep(400 * time.Millisecond)
 			if c.stats(campaign).Remaining == 0 {
 				break
@@ -155,9 +156,9 @@ func TestWorkerKilled(t *testing.T) {
 	}()
 	// About 100 purchases a second: the sale outlasts five kill-and-restart
 	// rounds.
-	accepted, codes := shopPaced(t, c, campaign, 1000, 10, 100*time.Millisecond)
-	if kills := <-killed; kills != 5 {
-		t.Errorf("only %d kills happened mid-sale, want 5 (the sale ended too early)", kills)
+	accepted, codes := shopPaced(t, c, campaign, 1000*soak, 10, 100*time.Millisecond)
+	if kills := <-killed; kills != 5*soak {
+		t.Errorf("only %d kills happened mid-sale, want %d (the sale ended too early)", kills, 5*soak)
 	}
 	st := c.settle(campaign, 60*time.Second)
 	byStatus := verifySettled(t, c, campaign, stock, limit, accepted, st)

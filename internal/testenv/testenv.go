@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +25,20 @@ import (
 const (
 	RedisAddrEnv = "FLASHSALE_TEST_REDIS_ADDR"
 	MySQLDSNEnv  = "FLASHSALE_TEST_MYSQL_DSN"
+	// SoakEnv scales the fault tests: FLASHSALE_SOAK=10 runs each sale ten
+	// times as long, with ten times the faults. Unset or 1: the short CI
+	// versions.
+	SoakEnv = "FLASHSALE_SOAK"
 )
+
+// Soak returns the fault tests' scale factor (at least 1).
+func Soak() int {
+	n, err := strconv.Atoi(os.Getenv(SoakEnv))
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
+}
 
 // InCI reports whether missing services must fail tests instead of skipping.
 func InCI() bool { v := os.Getenv("CI"); return v == "true" || v == "1" }
