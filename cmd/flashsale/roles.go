@@ -187,7 +187,7 @@ func start(ctx context.Context, cfg config.Config, log *slog.Logger, roles roleS
 	}
 	checks := map[string]func(context.Context) error{"redis": st.Ping}
 	if db != nil {
-		checks["mysql"] = db.Ping
+		checks[cfg.Database.Driver] = db.Ping // "mysql" or "sqlite"
 	}
 	if qping != nil {
 		checks["queue"] = qping.Ping
