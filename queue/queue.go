@@ -11,6 +11,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"hash/fnv"
 	"time"
 )
 
@@ -80,3 +81,12 @@ var ErrClosed = errors.New("queue closed")
 // ErrUnknown wraps publish errors after which the messages may or may not
 // have been stored (a timeout after the request was sent).
 var ErrUnknown = errors.New("publish outcome unknown")
+
+// PartitionOf maps a message key to one of n partitions (FNV-1a), the same
+// way in every driver, so a campaign lands on the same partition number
+// whichever transport carries it.
+func PartitionOf(key string, n int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	return int(h.Sum32() % uint32(n))
+}

@@ -9,7 +9,6 @@ package memqueue
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"sync"
@@ -149,14 +148,6 @@ func (q *Queue) topic(name string, consume bool) (*topic, error) {
 		q.active.Add(1)
 	}
 	return tp, nil
-}
-
-// partitionOf maps a key to a partition. Every driver hashes the same way
-// (FNV-1a), so a key lands in the same partition number everywhere.
-func partitionOf(key string, n int) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	return int(h.Sum32() % uint32(n))
 }
 
 // backoff is the wait before redelivering a batch that failed failures times

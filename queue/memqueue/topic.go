@@ -57,7 +57,7 @@ func (tp *topic) publish(msgs []queue.Message) {
 	for _, m := range msgs {
 		m.Body = bytes.Clone(m.Body)
 		m.Attempt = 0
-		p := tp.parts[partitionOf(m.Key, len(tp.parts))]
+		p := tp.parts[queue.PartitionOf(m.Key, len(tp.parts))]
 		p.msgs = append(p.msgs, m)
 	}
 	tp.broadcastLocked()

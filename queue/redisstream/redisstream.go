@@ -33,17 +33,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"flashsale/queue"
+	"flashsale/queue/internal/gate"
 )
 
 // Defaults used for zero Options fields.
@@ -124,10 +123,7 @@ type Queue struct {
 	opts    Options
 	scripts leaseScripts
 
-	mu      sync.Mutex
-	closed  bool
-	closing chan struct{} // closed by Close
-	active  sync.WaitGroup
+	gate *gate.Gate
 }
 
 var (
@@ -144,7 +140,7 @@ func New(rdb redis.UniversalClient, opts Options) *Queue {
 		rdb:     rdb,
 		opts:    opts.withDefaults(),
 		scripts: newLeaseScripts(),
-		closing: make(chan struct{}),
+		gate:    gate.New(),
 	}
 }
 
@@ -161,7 +157,7 @@ func Features() queue.Features {
 // nothing is stored either; any other failure (a timeout, a broken
 // connection, a partial refusal) wraps queue.ErrUnknown.
 func (q *Queue) Publish(ctx context.Context, topic string, msgs ...queue.Message) error {
-	if q.isClosed() {
+	if q.gate.Closed() {
 		return fmt.Errorf("publish %s: %w", topic, queue.ErrClosed)
 	}
 	if err := validTopic(topic); err != nil {
@@ -176,7 +172,7 @@ func (q *Queue) Publish(ctx context.Context, topic string, msgs ...queue.Message
 	cmds, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, m := range msgs {
 			p.XAdd(ctx, &redis.XAddArgs{
-				Stream: streamKey(topic, partitionOf(m.Key, q.opts.Partitions)),
+				Stream: streamKey(topic, queue.PartitionOf(m.Key, q.opts.Partitions)),
 				Values: []any{fieldID, m.ID, fieldKey, m.Key, fieldBody, m.Body},
 			})
 		}
@@ -211,13 +207,7 @@ func (q *Queue) Ping(ctx context.Context) error {
 // they have finished their batches in flight and released their leases. It
 // does not close the Redis client. Close must not be called from a handler.
 func (q *Queue) Close() error {
-	q.mu.Lock()
-	if !q.closed {
-		q.closed = true
-		close(q.closing)
-	}
-	q.mu.Unlock()
-	q.active.Wait()
+	q.gate.Close()
 	return nil
 }
 
@@ -229,24 +219,6 @@ func (q *Queue) Consumer(name string) *Consumer {
 		name = "consumer"
 	}
 	return &Consumer{q: q, name: name}
-}
-
-func (q *Queue) isClosed() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.closed
-}
-
-// register counts a Consume call so Close can wait for it. Counting under the
-// lock that Close takes keeps Add from racing Wait.
-func (q *Queue) register() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
-		return false
-	}
-	q.active.Add(1)
-	return true
 }
 
 // Stream entry fields.
@@ -279,14 +251,6 @@ func validTopic(topic string) error {
 		return fmt.Errorf("invalid topic %q: must be non-empty without braces", topic)
 	}
 	return nil
-}
-
-// partitionOf maps a key to a partition. Every driver hashes the same way
-// (FNV-1a), so a key lands in the same partition number everywhere.
-func partitionOf(key string, n int) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	return int(h.Sum32() % uint32(n))
 }
 
 // backoff is the wait after failures consecutive failures.

@@ -251,7 +251,7 @@ func TestLayout(t *testing.T) {
 			mustPublish(t, b.Publisher(), topic, msgs...)
 
 			for _, m := range msgs {
-				stream := streamKey(topic, partitionOf(m.Key, b.opts.Partitions))
+				stream := streamKey(topic, queue.PartitionOf(m.Key, b.opts.Partitions))
 				xs, err := rdb.XRange(ctx, stream, "-", "+").Result()
 				if err != nil {
 					t.Fatalf("XRANGE %s: %v", stream, err)

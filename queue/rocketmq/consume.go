@@ -81,22 +81,13 @@ func (c *Consumer) Consume(ctx context.Context, topic string, h queue.Handler) e
 	if err := validTopic(topic); err != nil {
 		return fmt.Errorf("consume %s: %w", topic, err)
 	}
-	if !c.q.register() {
+	hctx := context.WithoutCancel(ctx)
+	ctx, done, ok := c.q.gate.Enter(ctx)
+	if !ok {
 		return fmt.Errorf("consume %s: %w", topic, queue.ErrClosed)
 	}
-	defer c.q.active.Done()
+	defer done()
 	c.q.probe.remember(topic)
-
-	hctx := context.WithoutCancel(ctx)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-c.q.closing:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 
 	r := &run{
 		q:         c.q,

@@ -98,8 +98,8 @@ func TestKeySelector(t *testing.T) {
 		if got := (keySelector{}).Select(batch, mqs, ""); got != want {
 			t.Fatalf("batch of key %s: got queue %d, want %d", key, got.QueueId, want.QueueId)
 		}
-		if p := partitionOf(key, len(mqs)); p != want.QueueId {
-			t.Fatalf("partitionOf(%s): got %d, want %d", key, p, want.QueueId)
+		if p := queue.PartitionOf(key, len(mqs)); p != want.QueueId {
+			t.Fatalf("queue.PartitionOf(%s): got %d, want %d", key, p, want.QueueId)
 		}
 	}
 }

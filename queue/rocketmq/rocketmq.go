@@ -57,14 +57,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"time"
 
 	rmqerrors "github.com/apache/rocketmq-client-go/v2/errors"
@@ -72,6 +70,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
 	"flashsale/queue"
+	"flashsale/queue/internal/gate"
 	"flashsale/queue/rocketmq/internal/remoting"
 )
 
@@ -219,10 +218,7 @@ type Queue struct {
 	prod  sender
 	probe *prober
 
-	mu      sync.Mutex
-	closed  bool
-	closing chan struct{} // closed by Close
-	active  sync.WaitGroup
+	gate *gate.Gate
 }
 
 var (
@@ -246,10 +242,10 @@ func New(ctx context.Context, opts Options) (*Queue, error) {
 	installLibraryLogger(opts.Logger, opts.LibraryLogLevel)
 
 	q := &Queue{
-		opts:    opts,
-		log:     opts.Logger,
-		probe:   newProber(addrs, opts.ProbeTimeout),
-		closing: make(chan struct{}),
+		opts:  opts,
+		log:   opts.Logger,
+		probe: newProber(addrs, opts.ProbeTimeout),
+		gate:  gate.New(),
 	}
 	p, err := producer.NewDefaultProducer(
 		producer.WithNsResolver(primitive.NewPassthroughResolver(addrs)),
@@ -390,7 +386,7 @@ func delayLevel(levels []time.Duration, d time.Duration) (int, error) {
 }
 
 func (q *Queue) checkPublish(ctx context.Context, topic string) error {
-	if q.isClosed() {
+	if q.gate.Closed() {
 		return fmt.Errorf("publish %s: %w", topic, queue.ErrClosed)
 	}
 	if err := validTopic(topic); err != nil {
@@ -493,36 +489,11 @@ func (q *Queue) Ping(ctx context.Context) error {
 // have finished their batches in flight, and shuts the producer down. Close
 // must not be called from a handler.
 func (q *Queue) Close() error {
-	q.mu.Lock()
-	first := !q.closed
-	if first {
-		q.closed = true
-		close(q.closing)
-	}
-	q.mu.Unlock()
-	q.active.Wait()
-	if first {
+	if q.gate.Close() {
 		_ = q.prod.Shutdown()
 		q.probe.close()
 	}
 	return nil
-}
-
-func (q *Queue) isClosed() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.closed
-}
-
-// register counts a Consume call so Close can wait for it.
-func (q *Queue) register() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
-		return false
-	}
-	q.active.Add(1)
-	return true
 }
 
 // keySelector sends a message to queue FNV-1a(sharding key) mod n, like the
@@ -541,13 +512,5 @@ func (keySelector) Select(m *primitive.Message, mqs []*primitive.MessageQueue, _
 			key = inner[0].Properties[remoting.PropShardingKey]
 		}
 	}
-	return mqs[partitionOf(key, len(mqs))]
-}
-
-// partitionOf maps a key to a queue index the way every driver does
-// (FNV-1a), so a key lands in the same partition number everywhere.
-func partitionOf(key string, n int) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	return int(h.Sum32() % uint32(n))
+	return mqs[queue.PartitionOf(key, len(mqs))]
 }
