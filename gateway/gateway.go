@@ -29,6 +29,7 @@ type Stock interface {
 	Preload(ctx context.Context, c model.Campaign, now time.Time, force bool) (store.PreloadOutcome, error)
 	Admit(ctx context.Context, campaignID string, batch []store.Acceptance, limits store.RateLimits) ([]store.Admission, error)
 	UnacceptBatch(ctx context.Context, batch []store.Acceptance) error
+	IdempotentRequest(ctx context.Context, campaignID, userID, key string) (string, bool, error)
 	SoldOut(ctx context.Context, campaignID string) (bool, error)
 	Stats(ctx context.Context, campaignID string) (store.Stats, error)
 	PublishEvent(ctx context.Context, e store.Event) error
@@ -364,7 +365,10 @@ func (s *Service) Campaign(ctx context.Context, id string) (PublicCampaign, erro
 // SoldOutEarly refuses a purchase of a cached, open campaign whose sold-out
 // flag is set, before anything else is looked at; otherwise it returns nil
 // and Purchase decides. It never loads anything, so it costs a map lookup.
-func (s *Service) SoldOutEarly(campaignID string) error {
+func (s *Service) SoldOutEarly(campaignID, idempotencyKey string) error {
+	if idempotencyKey != "" {
+		return nil // Purchase looks the key up: the earlier request may have succeeded
+	}
 	s.mu.RLock()
 	cc := s.cache[campaignID]
 	s.mu.RUnlock()
@@ -421,6 +425,15 @@ func (s *Service) Purchase(ctx context.Context, p Purchase) (Accepted, error) {
 		return Accepted{}, s.refuse("window", err)
 	}
 	if cc.soldOut.Load() {
+		// A shopper repeating a request whose answer it lost must get that
+		// request back, not "sold out": it may well have succeeded.
+		if p.IdempotencyKey != "" {
+			if rid, ok, err := s.stock.IdempotentRequest(ctx, p.CampaignID, p.UserID, p.IdempotencyKey); err != nil {
+				return Accepted{}, s.refuse("unavailable", err)
+			} else if ok {
+				return Accepted{RequestID: rid, Existing: true}, nil
+			}
+		}
 		return Accepted{}, s.refuse("sold_out", model.ErrSoldOut)
 	}
 	// While the queue is known to be down, refuse before writing anything

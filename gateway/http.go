@@ -148,7 +148,7 @@ type purchaseResponse struct {
 func (h *Handlers) purchase(c *gin.Context) {
 	// Most purchases of a flash sale end at the sold-out flag: answer them
 	// before the body is even read.
-	if err := h.svc.SoldOutEarly(c.Param("id")); err != nil {
+	if err := h.svc.SoldOutEarly(c.Param("id"), c.GetHeader("Idempotency-Key")); err != nil {
 		httpapi.Abort(c, h.log, err)
 		return
 	}

@@ -159,3 +159,41 @@ func TestSoldOutFlagAtGateway(t *testing.T) {
 		t.Fatalf("public view: got %d sold_out=%v, want 200 true", code, pub.SoldOut)
 	}
 }
+
+// TestIdempotencyKeyAfterSoldOut: a shopper who lost the answer to an
+// accepted purchase and repeats it with the same Idempotency-Key after the
+// campaign sold out gets its request back (it succeeded), not 410.
+func TestIdempotencyKeyAfterSoldOut(t *testing.T) {
+	c := startSystem(t, realConfig(t, "redisstream"))
+	campaign := testenv.UniqueName("idemso-")
+	c.openCampaign(campaign, 1, 1)
+	path := "/api/v1/campaigns/" + campaign + "/purchases"
+	key := map[string]string{"Idempotency-Key": "lost-answer"}
+	var first purchaseBody
+	if code := c.do("POST", path, c.token("ann"), `{"quantity":1}`, key, &first); code != http.StatusAccepted {
+		t.Fatalf("first: got %d, want 202", code)
+	}
+	c.settle(campaign, 10*time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for { // wait until the gateway's flag says sold out
+		var p purchaseBody
+		if c.do("POST", path, c.token("ben"), `{"quantity":1}`, nil, &p) == http.StatusGone {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("campaign never reported sold out")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var again purchaseBody
+	if code := c.do("POST", path, c.token("ann"), `{"quantity":1}`, key, &again); code != http.StatusOK || again.RequestID != first.RequestID {
+		t.Fatalf("repeat after sold out: got %d %q %s, want 200 with %s", code, again.Code, again.RequestID, first.RequestID)
+	}
+	if code, r := c.poll("ann", first.RequestID); code != http.StatusOK || r.Status != "success" {
+		t.Fatalf("poll: got %d %s, want 200 success", code, r.Status)
+	}
+	var other purchaseBody
+	if code := c.do("POST", path, c.token("cat"), `{"quantity":1}`, key, &other); code != http.StatusGone {
+		t.Fatalf("another user with the same key after sold out: got %d, want 410", code)
+	}
+}

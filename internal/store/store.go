@@ -406,3 +406,17 @@ func (s *Store) Reject(ctx context.Context, d Deduction, campaignID, reason stri
 	}
 	return decodeStored(d.RequestID, campaignID, stored)
 }
+
+// IdempotentRequest returns the request id a shopper's Idempotency-Key
+// already names in a campaign, if any.
+func (s *Store) IdempotentRequest(ctx context.Context, campaignID, userID, key string) (string, bool, error) {
+	a := Acceptance{UserID: userID, IdempotencyKey: key}
+	rid, err := s.rdb.HGet(ctx, campaignKeys(campaignID).idem, a.idemField()).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("idempotency key of %s in %s: %w: %v", userID, campaignID, model.ErrUnavailable, err)
+	}
+	return rid, true, nil
+}
