@@ -125,3 +125,15 @@ func TestCommands(t *testing.T) {
 		})
 	}
 }
+
+// TestStartFailsCleanly: a service that cannot be reached is a one-line
+// error at start, not a panic, and what was opened is closed again.
+func TestStartFailsCleanly(t *testing.T) {
+	cfg := config.Default()
+	cfg.HTTP.Addr = "127.0.0.1:0"
+	cfg.Database.Driver, cfg.Database.DSN = "mysql", "root@tcp(127.0.0.1:1)/nothing"
+	_, err := start(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), roleSet{gateway: true, worker: true, notifier: true})
+	if err == nil || !strings.Contains(err.Error(), "mysql") {
+		t.Fatalf("got %v, want an error naming the unreachable mysql", err)
+	}
+}

@@ -136,13 +136,15 @@ type startOption func(*startOptions)
 
 // start builds clients and roles, binds the listeners and runs everything in
 // the background until ctx ends.
-func start(ctx context.Context, cfg config.Config, log *slog.Logger, roles roleSet, opts ...startOption) (sys *system, err error) {
+func start(ctx context.Context, cfg config.Config, log *slog.Logger, roles roleSet, opts ...startOption) (_ *system, err error) {
 	var so startOptions
 	for _, o := range opts {
 		o(&so)
 	}
 	gin.SetMode(gin.ReleaseMode)
-	sys = &system{log: log, cfg: cfg, Metrics: metrics.New()}
+	// sys is not the named result: "return nil, err" must not hide it from
+	// the cleanup below.
+	sys := &system{log: log, cfg: cfg, Metrics: metrics.New()}
 	defer func() {
 		if err != nil {
 			for i := len(sys.closers) - 1; i >= 0; i-- {
