@@ -1,17 +1,12 @@
 package model
 
-import (
-	"regexp"
-	"time"
-)
+import "time"
 
 // Campaign limits accepted by Validate.
 const (
 	MaxStock      = 10_000_000
 	MaxCampaignID = 64
 )
-
-var campaignIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // Campaign is one flash sale: a fixed stock sold in a time window with a
 // per-user limit.
@@ -27,7 +22,10 @@ type Campaign struct {
 
 // ValidCampaignID reports whether id may name a campaign. Campaign ids end up
 // inside Redis hash tags and request ids, so the alphabet is deliberately small.
-func ValidCampaignID(id string) bool { return campaignIDPattern.MatchString(id) }
+// It accepts exactly `^[A-Za-z0-9_-]{1,64}$`.
+func ValidCampaignID(id string) bool {
+	return allInSet(id, 1, MaxCampaignID, campaignLow, campaignHigh)
+}
 
 // Validate checks every field an admin supplies.
 func (c Campaign) Validate() error {

@@ -6,6 +6,10 @@ import (
 )
 
 // Result is the outcome of a purchase request as shoppers see it.
+//
+// Its wire form on the results channel is the JSON of this struct
+// (encoding/json's, byte for byte); EncodeResult and DecodeResult write and
+// read the common case by hand and defer everything else to encoding/json.
 type Result struct {
 	RequestID  string    `json:"request_id"`
 	CampaignID string    `json:"campaign_id"`
@@ -17,17 +21,102 @@ type Result struct {
 	FinishedAt time.Time `json:"finished_at,omitzero"`
 }
 
-// EncodeResult is the wire form used on the results channel.
-func EncodeResult(r Result) ([]byte, error) { return json.Marshal(r) }
+// EncodeResult is the wire form used on the results channel: exactly what
+// json.Marshal writes.
+func EncodeResult(r Result) ([]byte, error) {
+	if !jsonSafe(r.RequestID) || !jsonSafe(r.CampaignID) || !jsonSafe(r.UserID) ||
+		!jsonSafe(string(r.Status)) || !jsonSafe(r.Reason) || !jsonSafe(r.OrderID) {
+		return json.Marshal(r)
+	}
+	b := make([]byte, 0, 128+len(r.RequestID)+len(r.CampaignID)+len(r.UserID)+len(r.Reason)+len(r.OrderID))
+	b = append(b, `{"request_id":`...)
+	b = appendStr(b, r.RequestID)
+	b = append(b, `,"campaign_id":`...)
+	b = appendStr(b, r.CampaignID)
+	b = append(b, `,"user_id":`...)
+	b = appendStr(b, r.UserID)
+	b = append(b, `,"status":`...)
+	b = appendStr(b, string(r.Status))
+	if r.Reason != "" {
+		b = append(b, `,"reason":`...)
+		b = appendStr(b, r.Reason)
+	}
+	if r.OrderID != "" {
+		b = append(b, `,"order_id":`...)
+		b = appendStr(b, r.OrderID)
+	}
+	b = append(b, `,"quantity":`...)
+	b = appendInt(b, r.Quantity)
+	if !r.FinishedAt.IsZero() {
+		b = append(b, `,"finished_at":`...)
+		var err error
+		if b, err = appendTime(b, r.FinishedAt); err != nil {
+			return json.Marshal(r) // a year outside 0-9999: json's own error
+		}
+	}
+	return append(b, '}'), nil
+}
 
 // DecodeResult parses EncodeResult's output.
 func DecodeResult(b []byte) (Result, error) {
-	var r Result
-	if err := json.Unmarshal(b, &r); err != nil {
-		return Result{}, Invalid("result", err.Error())
+	r, ok := decodeResultLite(b)
+	if !ok {
+		var err error
+		if r, err = decodeResultJSON(b); err != nil {
+			return Result{}, err
+		}
 	}
 	if !r.Status.Valid() {
 		return Result{}, Invalid("status", "unknown "+string(r.Status))
 	}
 	return r, nil
+}
+
+// decodeResultJSON is the encoding/json path: the fallback, and the
+// reference the equivalence tests hold decodeResultLite to.
+func decodeResultJSON(b []byte) (Result, error) {
+	var r Result
+	if err := json.Unmarshal(b, &r); err != nil {
+		return Result{}, Invalid("result", err.Error())
+	}
+	return r, nil
+}
+
+// decodeResultLite reads what EncodeResult writes; ok is false when
+// encoding/json must decide.
+func decodeResultLite(b []byte) (r Result, ok bool) {
+	d := newLiteDecoder(b)
+	ok = d.members(func(key string) (uint16, bool) {
+		var ok bool
+		switch key {
+		case "request_id":
+			r.RequestID, _, _, ok = d.str()
+			return 1 << 0, ok
+		case "campaign_id":
+			r.CampaignID, _, _, ok = d.str()
+			return 1 << 1, ok
+		case "user_id":
+			r.UserID, _, _, ok = d.str()
+			return 1 << 2, ok
+		case "status":
+			var s string
+			s, _, _, ok = d.str()
+			r.Status = Status(s)
+			return 1 << 3, ok
+		case "reason":
+			r.Reason, _, _, ok = d.str()
+			return 1 << 4, ok
+		case "order_id":
+			r.OrderID, _, _, ok = d.str()
+			return 1 << 5, ok
+		case "quantity":
+			r.Quantity, ok = d.int()
+			return 1 << 6, ok
+		case "finished_at":
+			r.FinishedAt, ok = d.time()
+			return 1 << 7, ok
+		}
+		return 0, false
+	})
+	return r, ok
 }

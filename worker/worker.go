@@ -9,7 +9,9 @@
 package worker
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -95,25 +97,18 @@ type campaignBatch struct {
 // Handle is the queue.Handler: nil acknowledges the whole batch.
 func (w *Worker) Handle(ctx context.Context, msgs []queue.Message) error {
 	batches := w.group(msgs)
-	var results []model.Result
-	var orders []model.Order
+	results := make([]model.Result, 0, len(msgs))
 	for _, b := range batches {
 		rs, err := w.decide(ctx, b)
 		if err != nil {
 			return err
 		}
 		results = append(results, rs...)
-		for _, r := range rs {
-			w.m.Deductions.WithLabelValues(string(r.Status)).Inc()
-			if r.Status == model.StatusSuccess {
-				orders = append(orders, model.Order{ID: r.OrderID, RequestID: r.RequestID, CampaignID: r.CampaignID,
-					UserID: r.UserID, Quantity: r.Quantity, Status: model.OrderPendingPayment})
-			}
-		}
 	}
+	w.count(results)
 	// Successes must be in MySQL before the batch is acknowledged: the
 	// shopper may already have seen them through the poll endpoint.
-	if err := w.persist(ctx, orders); err != nil {
+	if err := w.persist(ctx, ordersOf(results)); err != nil {
 		return err
 	}
 	if err := w.stock.PublishResults(ctx, results); err != nil {
@@ -123,12 +118,57 @@ func (w *Worker) Handle(ctx context.Context, msgs []queue.Message) error {
 	return nil
 }
 
+// ordersOf returns the orders of the successful results, nil if none.
+func ordersOf(results []model.Result) []model.Order {
+	n := 0
+	for _, r := range results {
+		if r.Status == model.StatusSuccess {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	orders := make([]model.Order, 0, n)
+	for _, r := range results {
+		if r.Status == model.StatusSuccess {
+			orders = append(orders, model.Order{ID: r.OrderID, RequestID: r.RequestID, CampaignID: r.CampaignID,
+				UserID: r.UserID, Quantity: r.Quantity, Status: model.OrderPendingPayment})
+		}
+	}
+	return orders
+}
+
+// count adds the results to the deductions counter with one label lookup
+// per status rather than one per result (there are four statuses).
+func (w *Worker) count(results []model.Result) {
+	type tally struct {
+		status model.Status
+		n      int
+	}
+	var tallies []tally
+next:
+	for _, r := range results {
+		for i := range tallies {
+			if tallies[i].status == r.Status {
+				tallies[i].n++
+				continue next
+			}
+		}
+		tallies = append(tallies, tally{status: r.Status, n: 1})
+	}
+	for _, t := range tallies {
+		w.m.Deductions.WithLabelValues(string(t.status)).Add(float64(t.n))
+	}
+}
+
 // group splits a delivered batch by campaign, keeping arrival order. A message
 // that cannot be decoded was never produced by a gateway; it is dropped (and
 // counted) because redelivering it can never succeed.
 func (w *Worker) group(msgs []queue.Message) []*campaignBatch {
 	var order []*campaignBatch
-	byCampaign := map[string]*campaignBatch{}
+	var byCampaign map[string]*campaignBatch // made when a second campaign shows up
+	var last *campaignBatch
 	for _, msg := range msgs {
 		req, err := model.DecodePurchaseRequest(msg.Body)
 		if err != nil {
@@ -136,11 +176,25 @@ func (w *Worker) group(msgs []queue.Message) []*campaignBatch {
 			w.log.Error("undecodable message dropped", "request_id", msg.ID, "err", err)
 			continue
 		}
-		b := byCampaign[req.CampaignID]
-		if b == nil {
-			b = &campaignBatch{campaignID: req.CampaignID}
-			byCampaign[req.CampaignID] = b
-			order = append(order, b)
+		// A partition is keyed by campaign, so a batch is nearly always one
+		// campaign's: the map is only needed when that is not so.
+		b := last
+		if b == nil || b.campaignID != req.CampaignID {
+			if byCampaign == nil && last != nil {
+				byCampaign = map[string]*campaignBatch{last.campaignID: last}
+			}
+			b = byCampaign[req.CampaignID]
+			if b == nil {
+				b = &campaignBatch{campaignID: req.CampaignID}
+				if order == nil { // sized for the usual single-campaign batch
+					b.requests, b.attempts = make([]model.PurchaseRequest, 0, len(msgs)), make([]int, 0, len(msgs))
+				}
+				if byCampaign != nil {
+					byCampaign[req.CampaignID] = b
+				}
+				order = append(order, b)
+			}
+			last = b
 		}
 		b.requests = append(b.requests, req)
 		b.attempts = append(b.attempts, msg.Attempt)
@@ -150,9 +204,10 @@ func (w *Worker) group(msgs []queue.Message) []*campaignBatch {
 
 func (w *Worker) decide(ctx context.Context, b *campaignBatch) ([]model.Result, error) {
 	deductions := make([]store.Deduction, len(b.requests))
+	orderIDs := newOrderIDs(len(b.requests))
 	exhausted := false
 	for i, r := range b.requests {
-		deductions[i] = store.Deduction{RequestID: r.RequestID, UserID: r.UserID, Quantity: r.Quantity, OrderID: newOrderID()}
+		deductions[i] = store.Deduction{RequestID: r.RequestID, UserID: r.UserID, Quantity: r.Quantity, OrderID: orderIDs[i]}
 		exhausted = exhausted || b.attempts[i] > w.opts.MaxAttempts
 	}
 	w.m.WorkerBatchSize.Observe(float64(len(deductions)))
@@ -225,7 +280,39 @@ func (w *Worker) persist(ctx context.Context, orders []model.Order) error {
 	return fmt.Errorf("worker: persist %d orders: %w", len(orders), err)
 }
 
-// newOrderID returns a time-ordered id, so orders sort by creation.
-func newOrderID() string {
-	return uuid.Must(uuid.NewV7()).String()
+// newOrderIDs returns n time-ordered ids (UUIDv7, so orders sort by
+// creation). Every request of a batch needs one before the script decides
+// it, so the batch's random bits come from one crypto/rand read instead of
+// one system call per id, and its ids share one string allocation.
+func newOrderIDs(n int) []string {
+	rnd := make([]byte, 16*n)
+	_, _ = rand.Read(rnd) // crypto/rand.Read never fails (it crashes the process instead)
+	r := bytes.NewReader(rnd)
+	const idLen = 36 // xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
+	text := make([]byte, 0, idLen*n)
+	for range n {
+		// getV7Time inside keeps ids strictly increasing in this process.
+		id := uuid.Must(uuid.NewV7FromReader(r))
+		text = appendUUID(text, id)
+	}
+	all := string(text)
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = all[i*idLen : (i+1)*idLen]
+	}
+	return ids
 }
+
+// appendUUID appends id in its canonical text form, as uuid.UUID.String
+// writes it.
+func appendUUID(b []byte, id uuid.UUID) []byte {
+	for i, c := range id {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			b = append(b, '-')
+		}
+		b = append(b, hexDigits[c>>4], hexDigits[c&0x0f])
+	}
+	return b
+}
+
+const hexDigits = "0123456789abcdef"

@@ -307,3 +307,72 @@ func TestUndecodableMessageIsDropped(t *testing.T) {
 		t.Fatalf("got %d orders, want 2", len(s.orders))
 	}
 }
+
+// TestGroupKeepsArrivalOrder: a batch is split by campaign, each campaign's
+// requests in arrival order and the campaigns in order of first arrival;
+// undecodable messages are dropped.
+func TestGroupKeepsArrivalOrder(t *testing.T) {
+	w := New(discard(), nil, nil, metrics.New(), Options{})
+	var msgs []queue.Message
+	want := map[string][]string{}
+	for i, c := range []string{"a", "a", "b", "a", "c", "b", "bad", "c", "a"} {
+		rid := model.FormatRequestID(c, fmt.Sprintf("%032x", i))
+		body, _ := model.EncodePurchaseRequest(model.PurchaseRequest{RequestID: rid, CampaignID: c, UserID: "u", Quantity: 1})
+		if c == "bad" {
+			body = []byte("{")
+		} else {
+			want[c] = append(want[c], rid)
+		}
+		msgs = append(msgs, queue.Message{ID: rid, Key: c, Body: body, Attempt: i + 1})
+	}
+	got := w.group(msgs)
+	var order []string
+	for _, b := range got {
+		order = append(order, b.campaignID)
+		var ids []string
+		for i, r := range b.requests {
+			ids = append(ids, r.RequestID)
+			if want := msgs[indexOf(msgs, r.RequestID)].Attempt; b.attempts[i] != want {
+				t.Errorf("%s: got attempt %d, want %d", r.RequestID, b.attempts[i], want)
+			}
+		}
+		if fmt.Sprint(ids) != fmt.Sprint(want[b.campaignID]) {
+			t.Errorf("campaign %s: got %v, want %v", b.campaignID, ids, want[b.campaignID])
+		}
+	}
+	if fmt.Sprint(order) != "[a b c]" {
+		t.Fatalf("got campaigns %v, want [a b c]", order)
+	}
+}
+
+func indexOf(msgs []queue.Message, id string) int {
+	for i, m := range msgs {
+		if m.ID == id {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestNewOrderIDs: canonical, version-7, unique and increasing, so orders
+// sort by creation as they did with one uuid.NewV7 per order.
+func TestNewOrderIDs(t *testing.T) {
+	var all []string
+	for range 3 {
+		all = append(all, newOrderIDs(700)...)
+	}
+	seen := map[string]bool{}
+	for i, s := range all {
+		id, err := uuid.Parse(s)
+		if err != nil || id.String() != s || id.Version() != 7 || id.Variant() != uuid.RFC4122 {
+			t.Fatalf("id %q: parsed %v (%v), version %d, variant %v; want canonical RFC 4122 version 7", s, id, err, id.Version(), id.Variant())
+		}
+		if seen[s] {
+			t.Fatalf("id %q handed out twice", s)
+		}
+		seen[s] = true
+		if i > 0 && s <= all[i-1] {
+			t.Fatalf("id %q follows %q: want increasing ids", s, all[i-1])
+		}
+	}
+}

@@ -25,55 +25,112 @@ type ErrorBody struct {
 	Field   string `json:"field,omitempty"`
 }
 
-// mapping is checked in order; the first sentinel that matches wins.
-var mapping = []struct {
+// sentinel is one entry of the error mapping.
+type sentinel struct {
 	err    error
 	status int
 	code   string
-}{
-	{model.ErrUnauthorized, http.StatusUnauthorized, "unauthorized"},
-	{model.ErrForbidden, http.StatusForbidden, "forbidden"},
-	{model.ErrNotFound, http.StatusNotFound, "not_found"},
-	{model.ErrBodyTooLarge, http.StatusRequestEntityTooLarge, "body_too_large"},
-	{model.ErrSaleStarted, http.StatusConflict, "sale_started"},
-	{model.ErrNotStarted, http.StatusConflict, "not_started"},
-	{model.ErrEnded, http.StatusConflict, "ended"},
-	{model.ErrNotLoaded, http.StatusConflict, "not_loaded"},
-	{model.ErrLimitExceeded, http.StatusConflict, "limit_exceeded"},
-	{model.ErrConflict, http.StatusConflict, "conflict"},
-	{model.ErrSoldOut, http.StatusGone, "sold_out"},
-	{model.ErrRateLimited, http.StatusTooManyRequests, "rate_limited"},
-	{model.ErrTooManyStreams, http.StatusTooManyRequests, "too_many_subscriptions"},
-	{model.ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
+	// body is ErrorBody{code, err.Error()} rendered once: the body of every
+	// error that matches, since only the sentinel's own message is shown.
+	body []byte
+}
+
+// mapping is checked in order; the first sentinel that matches wins. It is
+// built once and never changed.
+var mapping = renderBodies([]sentinel{
+	{err: model.ErrUnauthorized, status: http.StatusUnauthorized, code: "unauthorized"},
+	{err: model.ErrForbidden, status: http.StatusForbidden, code: "forbidden"},
+	{err: model.ErrNotFound, status: http.StatusNotFound, code: "not_found"},
+	{err: model.ErrBodyTooLarge, status: http.StatusRequestEntityTooLarge, code: "body_too_large"},
+	{err: model.ErrSaleStarted, status: http.StatusConflict, code: "sale_started"},
+	{err: model.ErrNotStarted, status: http.StatusConflict, code: "not_started"},
+	{err: model.ErrEnded, status: http.StatusConflict, code: "ended"},
+	{err: model.ErrNotLoaded, status: http.StatusConflict, code: "not_loaded"},
+	{err: model.ErrLimitExceeded, status: http.StatusConflict, code: "limit_exceeded"},
+	{err: model.ErrConflict, status: http.StatusConflict, code: "conflict"},
+	{err: model.ErrSoldOut, status: http.StatusGone, code: "sold_out"},
+	{err: model.ErrRateLimited, status: http.StatusTooManyRequests, code: "rate_limited"},
+	{err: model.ErrTooManyStreams, status: http.StatusTooManyRequests, code: "too_many_subscriptions"},
+	{err: model.ErrUnavailable, status: http.StatusServiceUnavailable, code: "unavailable"},
+})
+
+// internalError is what every unknown error looks like to the client.
+var internalError = renderBodies([]sentinel{{status: http.StatusInternalServerError, code: "internal"}})[0]
+
+func renderBodies(ss []sentinel) []sentinel {
+	for i := range ss {
+		msg := "internal error"
+		if ss[i].err != nil {
+			msg = ss[i].err.Error()
+		}
+		b, err := json.Marshal(ErrorBody{Code: ss[i].code, Message: msg})
+		if err != nil {
+			panic(err) // two plain strings always marshal
+		}
+		ss[i].body = b
+	}
+	return ss
 }
 
 // Classify returns the HTTP status and body for err. Unknown errors are 500
 // "internal" with a generic message: details stay in the log.
 func Classify(err error) (int, ErrorBody) {
-	var inv *model.InvalidError
-	if errors.As(err, &inv) {
+	s, inv := classify(err)
+	if inv != nil {
 		return http.StatusBadRequest, ErrorBody{Code: "invalid_request", Message: inv.Error(), Field: inv.Field}
 	}
-	for _, m := range mapping {
-		if errors.Is(err, m.err) {
-			return m.status, ErrorBody{Code: m.code, Message: m.err.Error()}
+	msg := "internal error"
+	if s.err != nil {
+		msg = s.err.Error()
+	}
+	return s.status, ErrorBody{Code: s.code, Message: msg}
+}
+
+// classify finds err's entry, or its *model.InvalidError (whose body names
+// the field and so cannot be rendered in advance).
+func classify(err error) (*sentinel, *model.InvalidError) {
+	// Most refusals are a bare sentinel (sold out above all): a comparison
+	// finds them without unwrapping. A sentinel wraps nothing, so this gives
+	// what the errors.Is walk below would.
+	for i := range mapping {
+		if err == mapping[i].err {
+			return &mapping[i], nil
 		}
 	}
-	return http.StatusInternalServerError, ErrorBody{Code: "internal", Message: "internal error"}
+	var inv *model.InvalidError
+	if errors.As(err, &inv) {
+		return nil, inv
+	}
+	for i := range mapping {
+		if errors.Is(err, mapping[i].err) {
+			return &mapping[i], nil
+		}
+	}
+	return &internalError, nil
 }
+
+// jsonContentType is what gin's JSON renderer sends.
+const jsonContentType = "application/json; charset=utf-8"
 
 // Abort writes err as the response and stops the handler chain. Server errors
 // are logged once here, with the request's route.
 func Abort(c *gin.Context, log *slog.Logger, err error) {
-	status, body := Classify(err)
+	s, inv := classify(err)
+	if inv != nil {
+		c.AbortWithStatusJSON(http.StatusBadRequest, ErrorBody{Code: "invalid_request", Message: inv.Error(), Field: inv.Field})
+		return
+	}
 	var rl *model.RateLimitError
-	if errors.As(err, &rl) && rl.RetryAfterSeconds > 0 {
+	if s.status == http.StatusTooManyRequests && errors.As(err, &rl) && rl.RetryAfterSeconds > 0 {
 		c.Header("Retry-After", strconv.Itoa(rl.RetryAfterSeconds))
 	}
-	if status >= 500 {
-		log.Error("request failed", "route", c.FullPath(), "status", status, "err", err)
+	if s.status >= 500 {
+		log.Error("request failed", "route", c.FullPath(), "status", s.status, "err", err)
 	}
-	c.AbortWithStatusJSON(status, body)
+	// The same bytes gin's JSON renderer would write, without marshalling
+	// them again for every refused request.
+	c.Data(s.status, jsonContentType, s.body)
+	c.Abort()
 }
 
 // Context keys set by the middleware.

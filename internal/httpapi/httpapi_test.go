@@ -3,8 +3,10 @@ package httpapi
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -114,4 +116,76 @@ func FuzzDecodeJSON(f *testing.F) {
 			t.Fatalf("body %q: got status %d (%v), want 400 or 413", body, status, err)
 		}
 	})
+}
+
+// TestAbortRendersAsGin: Abort's pre-rendered bodies are byte for byte what
+// gin's JSON renderer writes for Classify's answer, with the same status and
+// headers, for every sentinel, bare and wrapped.
+func TestAbortRendersAsGin(t *testing.T) {
+	gin.SetMode(gin.TestMode)
+	errs := []error{
+		model.Invalid("quantity", "bad"),
+		fmt.Errorf("op: %w", model.Invalid("", "empty body")),
+		&model.RateLimitError{RetryAfterSeconds: 3},
+		fmt.Errorf("admit: %w", &model.RateLimitError{}),
+		errors.New("dial tcp 10.0.0.1:3306: secret detail"),
+		fmt.Errorf("two: %w", errors.Join(model.ErrSoldOut, model.ErrNotFound)),
+	}
+	for _, m := range mapping {
+		errs = append(errs, m.err, fmt.Errorf("wrapped: %w", m.err))
+	}
+	for _, err := range errs {
+		t.Run(err.Error(), func(t *testing.T) {
+			got := httptest.NewRecorder()
+			c, _ := gin.CreateTestContext(got)
+			Abort(c, slog.New(slog.DiscardHandler), err)
+
+			want := httptest.NewRecorder()
+			wc, _ := gin.CreateTestContext(want)
+			status, body := Classify(err)
+			var rl *model.RateLimitError
+			if errors.As(err, &rl) && rl.RetryAfterSeconds > 0 {
+				wc.Header("Retry-After", strconv.Itoa(rl.RetryAfterSeconds))
+			}
+			wc.AbortWithStatusJSON(status, body)
+
+			if got.Code != want.Code || got.Body.String() != want.Body.String() || !c.IsAborted() {
+				t.Fatalf("got %d %s (aborted %v), want %d %s", got.Code, got.Body, c.IsAborted(), want.Code, want.Body)
+			}
+			for _, h := range []string{"Content-Type", "Retry-After"} {
+				if g, w := got.Header().Get(h), want.Header().Get(h); g != w {
+					t.Fatalf("%s: got %q, want %q", h, g, w)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkAbort: a sold-out refusal through a gin engine, with Abort and
+// with gin's JSON renderer (what Abort did before).
+func BenchmarkAbort(b *testing.B) {
+	gin.SetMode(gin.ReleaseMode)
+	log := slog.New(slog.DiscardHandler)
+	for _, tc := range []struct {
+		name  string
+		abort func(*gin.Context)
+	}{
+		{"prerendered", func(c *gin.Context) { Abort(c, log, model.ErrSoldOut) }},
+		{"gin_json", func(c *gin.Context) {
+			status, body := Classify(model.ErrSoldOut)
+			c.AbortWithStatusJSON(status, body)
+		}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			e := gin.New()
+			e.POST("/api/v1/campaigns/:id/purchases", tc.abort)
+			req := httptest.NewRequest(http.MethodPost, "/api/v1/campaigns/x/purchases", nil)
+			w := httptest.NewRecorder()
+			b.ReportAllocs()
+			for b.Loop() {
+				w.Body.Reset()
+				e.ServeHTTP(w, req)
+			}
+		})
+	}
 }

@@ -4,6 +4,8 @@ package metrics
 
 import (
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -14,15 +16,15 @@ import (
 // Metrics holds every collector the roles update.
 type Metrics struct {
 	Registry         *prometheus.Registry
-	Requests         *prometheus.CounterVec // route, code
-	Refusals         *prometheus.CounterVec // reason
-	PublishLatency   prometheus.Histogram   // seconds
-	WorkerBatchSize  prometheus.Histogram   // messages per Lua call
-	Deductions       *prometheus.CounterVec // result
-	PersistLatency   prometheus.Histogram   // seconds
-	ResultsDelivered *prometheus.CounterVec // channel: ws, poll
-	WebSocketClients prometheus.Gauge       //
-	PoisonMessages   prometheus.Counter     //
+	Requests         *CounterVec          // route, code
+	Refusals         *CounterVec          // reason
+	PublishLatency   prometheus.Histogram // seconds
+	WorkerBatchSize  prometheus.Histogram // messages per Lua call
+	Deductions       *CounterVec          // result
+	PersistLatency   prometheus.Histogram // seconds
+	ResultsDelivered *CounterVec          // channel: ws, poll
+	WebSocketClients prometheus.Gauge     //
+	PoisonMessages   prometheus.Counter   //
 }
 
 // New creates and registers the collectors on a fresh registry.
@@ -32,10 +34,10 @@ func New() *Metrics {
 	f := func(c prometheus.Collector) { reg.MustRegister(c) }
 	m := &Metrics{
 		Registry: reg,
-		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Requests: newCounterVec(prometheus.CounterOpts{
 			Name: "flashsale_http_requests_total", Help: "HTTP requests by route and status code.",
 		}, []string{"route", "code"}),
-		Refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Refusals: newCounterVec(prometheus.CounterOpts{
 			Name: "flashsale_admission_refusals_total", Help: "Purchase requests refused at the gateway, by reason.",
 		}, []string{"reason"}),
 		PublishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -46,14 +48,14 @@ func New() *Metrics {
 			Name: "flashsale_worker_batch_size", Help: "Requests deducted per Lua call.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 		}),
-		Deductions: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Deductions: newCounterVec(prometheus.CounterOpts{
 			Name: "flashsale_deductions_total", Help: "Final results decided by the worker, by result.",
 		}, []string{"result"}),
 		PersistLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "flashsale_order_persist_seconds", Help: "Latency of one batched order insert.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
-		ResultsDelivered: prometheus.NewCounterVec(prometheus.CounterOpts{
+		ResultsDelivered: newCounterVec(prometheus.CounterOpts{
 			Name: "flashsale_results_delivered_total", Help: "Final results delivered to shoppers, by channel.",
 		}, []string{"channel"}),
 		WebSocketClients: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -71,16 +73,60 @@ func New() *Metrics {
 }
 
 // GinMiddleware counts requests by route template (not raw path, so ids do
-// not explode the label set) and status code.
+// not explode the label set) and status code. The counter of each route and
+// code is looked up once and kept: there are a few dozen, and formatting the
+// code and hashing both labels on every request is measurable on the
+// sold-out path, which does little else.
 func (m *Metrics) GinMiddleware() gin.HandlerFunc {
+	type key struct {
+		route string
+		code  int
+	}
+	var counters sync.Map // key → prometheus.Counter
 	return func(c *gin.Context) {
 		c.Next()
-		route := c.FullPath()
-		if route == "" {
-			route = "unmatched"
+		k := key{route: c.FullPath(), code: c.Writer.Status()}
+		if k.route == "" {
+			k.route = "unmatched"
 		}
-		m.Requests.WithLabelValues(route, strconv.Itoa(c.Writer.Status())).Inc()
+		ctr, ok := counters.Load(k)
+		if !ok {
+			ctr, _ = counters.LoadOrStore(k, m.Requests.WithLabelValues(k.route, strconv.Itoa(k.code)))
+		}
+		ctr.(prometheus.Counter).Inc()
 	}
+}
+
+// CounterVec is a prometheus.CounterVec that keeps the child of every label
+// value it hands out. flashsale's label values are few and fixed (statuses,
+// refusal reasons, channels), and the plain WithLabelValues hashes them and
+// takes a lock on every call, on paths that run once per request. Children
+// are never deleted: Delete or Reset on the embedded vector would leave the
+// kept ones counting outside the registry.
+type CounterVec struct {
+	*prometheus.CounterVec
+	children sync.Map // label values joined by "\xff" → prometheus.Counter
+}
+
+func newCounterVec(opts prometheus.CounterOpts, labels []string) *CounterVec {
+	return &CounterVec{CounterVec: prometheus.NewCounterVec(opts, labels)}
+}
+
+// WithLabelValues returns the counter of the label values, as
+// prometheus.CounterVec.WithLabelValues does (and panics as it does on a
+// wrong number of values).
+func (v *CounterVec) WithLabelValues(lvs ...string) prometheus.Counter {
+	key := ""
+	if len(lvs) == 1 {
+		key = lvs[0]
+	} else {
+		key = strings.Join(lvs, "\xff")
+	}
+	if c, ok := v.children.Load(key); ok {
+		return c.(prometheus.Counter)
+	}
+	c, _ := v.children.LoadOrStore(key, v.CounterVec.WithLabelValues(lvs...))
+	return c.(prometheus.Counter)
 }
 
 // Since observes the seconds since start on h.

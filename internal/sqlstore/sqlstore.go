@@ -5,15 +5,16 @@ package sqlstore
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/glebarez/sqlite"
 	gomysql "github.com/go-sql-driver/mysql"
 	"gorm.io/driver/mysql"
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 	"gorm.io/gorm/logger"
 
 	"flashsale/model"
@@ -34,14 +35,17 @@ type campaignRow struct {
 func (campaignRow) TableName() string { return "campaigns" }
 
 // orderRow is the orders table. The unique index on request_id is what makes
-// persisting a redelivered success a no-op.
+// persisting a redelivered success a no-op. Status has no index of its own:
+// nearly every row holds the same value, and maintaining the index cost 7 %
+// of the insert rate of a sale (BenchmarkInsertOrders); databases migrated
+// before keep theirs, which is harmless.
 type orderRow struct {
 	ID         string `gorm:"primaryKey;size:64"`
 	RequestID  string `gorm:"size:120;not null;uniqueIndex"`
 	CampaignID string `gorm:"size:64;not null;index:idx_orders_campaign_user,priority:1"`
 	UserID     string `gorm:"size:128;not null;index:idx_orders_campaign_user,priority:2"`
 	Quantity   int64  `gorm:"not null"`
-	Status     string `gorm:"size:32;not null;index"`
+	Status     string `gorm:"size:32;not null"`
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
 }
@@ -50,7 +54,9 @@ func (orderRow) TableName() string { return "orders" }
 
 // DB is flashsale's relational store.
 type DB struct {
-	gdb *gorm.DB
+	gdb    *gorm.DB
+	pool   *sql.DB // gorm's pool, for the batched order insert
+	driver string
 }
 
 // Driver names accepted by Open.
@@ -82,6 +88,11 @@ func Open(ctx context.Context, driver, dsn string) (*DB, error) {
 		if cfg.WriteTimeout == 0 {
 			cfg.WriteTimeout = 10 * time.Second
 		}
+		// The driver writes the arguments into the statement itself (it
+		// escapes them, and refuses the character sets where that is
+		// unsafe), so a statement with arguments is one round trip instead
+		// of prepare, execute and close: +15-20 % on the order insert.
+		cfg.InterpolateParams = true
 		dial = mysql.Open(cfg.FormatDSN())
 	case DriverSQLite:
 		dial = sqlite.Open(dsn)
@@ -92,7 +103,7 @@ func Open(ctx context.Context, driver, dsn string) (*DB, error) {
 		TranslateError:         true,
 		SkipDefaultTransaction: true,
 		Logger:                 logger.Discard,
-		NowFunc:                func() time.Time { return time.Now().UTC().Truncate(time.Microsecond) },
+		NowFunc:                now,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open %s database: %w", driver, err)
@@ -110,7 +121,7 @@ func Open(ctx context.Context, driver, dsn string) (*DB, error) {
 		sqlDB.SetMaxIdleConns(16)
 		sqlDB.SetConnMaxLifetime(30 * time.Minute)
 	}
-	db := &DB{gdb: gdb}
+	db := &DB{gdb: gdb, pool: sqlDB, driver: driver}
 	if err := db.Ping(ctx); err != nil {
 		_ = sqlDB.Close()
 		return nil, err
@@ -175,22 +186,70 @@ func (r campaignRow) toModel() model.Campaign {
 		StartAt: r.StartAt.UTC(), EndAt: r.EndAt.UTC(), CreatedAt: r.CreatedAt.UTC()}
 }
 
-// InsertOrders stores orders in one statement. Orders whose request id is
-// already stored are skipped, so a redelivered batch inserts nothing twice.
+// now is the time gorm and InsertOrders stamp rows with: UTC, at the
+// microsecond precision both databases keep.
+func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
+
+// maxOrdersPerInsert bounds one INSERT statement: 8 values a row keep it
+// far below MySQL's 65,535 placeholders and SQLite's 32,766 variables.
+const maxOrdersPerInsert = 1000
+
+// orderColumns are the orders table's columns in the order insertOrdersSQL
+// lists them and orderArgs fills them.
+const orderColumns = "(`id`,`request_id`,`campaign_id`,`user_id`,`quantity`,`status`,`created_at`,`updated_at`)"
+
+// InsertOrders stores orders with one multi-row INSERT per
+// maxOrdersPerInsert. Orders whose request id is already stored are
+// skipped, so a redelivered batch inserts nothing twice.
+//
+// It is written in SQL rather than through gorm's CreateInBatches because it
+// runs for every batch of successes: gorm reflects over every row and field
+// to build the same statement.
 func (db *DB) InsertOrders(ctx context.Context, orders []model.Order) error {
-	if len(orders) == 0 {
-		return nil
-	}
-	rows := make([]orderRow, len(orders))
-	for i, o := range orders {
-		rows[i] = orderRow{ID: o.ID, RequestID: o.RequestID, CampaignID: o.CampaignID, UserID: o.UserID,
-			Quantity: o.Quantity, Status: string(o.Status)}
-	}
-	err := db.gdb.WithContext(ctx).Clauses(clause.OnConflict{DoNothing: true}).CreateInBatches(rows, 1000).Error
-	if err != nil {
-		return fmt.Errorf("insert %d orders: %w", len(orders), err)
+	at := now()
+	for start := 0; start < len(orders); start += maxOrdersPerInsert {
+		chunk := orders[start:min(start+maxOrdersPerInsert, len(orders))]
+		if _, err := db.pool.ExecContext(ctx, insertOrdersSQL(db.driver, len(chunk)), orderArgs(chunk, at)...); err != nil {
+			return fmt.Errorf("insert %d orders: %w", len(orders), err)
+		}
 	}
 	return nil
+}
+
+// insertOrdersSQL is the INSERT of n orders. Only a duplicate is ignored:
+// MySQL's ON DUPLICATE KEY UPDATE with a no-op assignment (what gorm writes
+// for OnConflict{DoNothing}) and SQLite's ON CONFLICT DO NOTHING skip a row
+// whose id or request_id exists, while every other error (a value too long,
+// a NULL) still fails the statement, which INSERT IGNORE would turn into a
+// warning and a truncated row.
+func insertOrdersSQL(driver string, n int) string {
+	const row = "(?,?,?,?,?,?,?,?)"
+	var b strings.Builder
+	b.Grow(64 + len(orderColumns) + n*(len(row)+1) + 40)
+	b.WriteString("INSERT INTO `orders` ")
+	b.WriteString(orderColumns)
+	b.WriteString(" VALUES ")
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(row)
+	}
+	if driver == DriverSQLite {
+		b.WriteString(" ON CONFLICT DO NOTHING")
+	} else {
+		b.WriteString(" ON DUPLICATE KEY UPDATE `id`=`id`")
+	}
+	return b.String()
+}
+
+// orderArgs are the values of insertOrdersSQL, row by row.
+func orderArgs(orders []model.Order, at time.Time) []any {
+	args := make([]any, 0, 8*len(orders))
+	for _, o := range orders {
+		args = append(args, o.ID, o.RequestID, o.CampaignID, o.UserID, o.Quantity, string(o.Status), at, at)
+	}
+	return args
 }
 
 // OrderStats counts a campaign's orders and units.
