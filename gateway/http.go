@@ -28,10 +28,11 @@ func (h *Handlers) RegisterAdmin(r gin.IRouter, admin gin.HandlerFunc) {
 	g.GET("/campaigns/:id/stats", h.stats)
 }
 
-// RegisterShopper mounts the shopper API; shopper is the JWT middleware.
-func (h *Handlers) RegisterShopper(r gin.IRouter, shopper gin.HandlerFunc) {
+// RegisterShopper mounts the shopper API; shopper wraps a handler in the JWT
+// check (httpapi.ShopperOnly).
+func (h *Handlers) RegisterShopper(r gin.IRouter, shopper func(httpapi.ShopperHandler) gin.HandlerFunc) {
 	r.GET("/api/v1/campaigns/:id", h.publicCampaign)
-	r.POST("/api/v1/campaigns/:id/purchases", shopper, h.purchase)
+	r.POST("/api/v1/campaigns/:id/purchases", shopper(h.purchase))
 }
 
 type campaignRequest struct {
@@ -145,23 +146,19 @@ type purchaseResponse struct {
 	WSURL     string       `json:"ws_url"`
 }
 
-func (h *Handlers) purchase(c *gin.Context) {
+func (h *Handlers) purchase(c *gin.Context, userID string) {
 	// Most purchases of a flash sale end at the sold-out flag: answer them
 	// before the body is even read.
 	if err := h.svc.SoldOutEarly(c.Param("id"), c.GetHeader("Idempotency-Key")); err != nil {
 		httpapi.Abort(c, h.log, err)
 		return
 	}
-	var req purchaseRequest
-	if err := httpapi.DecodeJSON(c, &req); err != nil {
+	qty, err := decodePurchaseBody(c)
+	if err != nil {
 		httpapi.Abort(c, h.log, err)
 		return
 	}
-	qty := int64(1)
-	if req.Quantity != nil {
-		qty = *req.Quantity
-	}
-	acc, err := h.svc.Purchase(c.Request.Context(), Purchase{UserID: httpapi.UserID(c), CampaignID: c.Param("id"),
+	acc, err := h.svc.Purchase(c.Request.Context(), Purchase{UserID: userID, CampaignID: c.Param("id"),
 		Quantity: qty, IdempotencyKey: c.GetHeader("Idempotency-Key"), ClientIP: c.ClientIP()})
 	if err != nil {
 		httpapi.Abort(c, h.log, err)
@@ -171,6 +168,6 @@ func (h *Handlers) purchase(c *gin.Context) {
 	if acc.Existing {
 		status = http.StatusOK
 	}
-	c.JSON(status, purchaseResponse{RequestID: acc.RequestID, Status: model.StatusQueued,
-		PollURL: "/api/v1/purchases/" + acc.RequestID, WSURL: "/api/v1/ws"})
+	writePurchaseAnswer(c, status, purchaseResponse{RequestID: acc.RequestID, Status: model.StatusQueued,
+		PollURL: pollPath + acc.RequestID, WSURL: wsPath})
 }

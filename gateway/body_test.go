@@ -1,0 +1,171 @@
+package gateway
+
+import (
+	"bytes"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+
+	"flashsale/internal/httpapi"
+	"flashsale/model"
+)
+
+// bodyLimit is small so that the oversized cases stay readable.
+const bodyLimit = 100
+
+func bodyContext(body string) *gin.Context {
+	gin.SetMode(gin.TestMode)
+	c, _ := gin.CreateTestContext(httptest.NewRecorder())
+	c.Request = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
+	c.Request.Body = http.MaxBytesReader(nil, c.Request.Body, bodyLimit)
+	return c
+}
+
+// referenceQuantity is what the handler did before decodePurchaseBody: the
+// generic strict decoder into purchaseRequest.
+func referenceQuantity(body string) (int64, error) {
+	var req purchaseRequest
+	if err := httpapi.DecodeJSON(bodyContext(body), &req); err != nil {
+		return 0, err
+	}
+	if req.Quantity == nil {
+		return 1, nil
+	}
+	return *req.Quantity, nil
+}
+
+// sameOutcome fails unless decodePurchaseBody and the reference agree on the
+// quantity, or on the error's HTTP answer and field.
+func sameOutcome(t *testing.T, body string) {
+	t.Helper()
+	got, gotErr := decodePurchaseBody(bodyContext(body))
+	want, wantErr := referenceQuantity(body)
+	if (gotErr == nil) != (wantErr == nil) {
+		t.Fatalf("body %q: got %d, %v; want %d, %v", body, got, gotErr, want, wantErr)
+	}
+	if gotErr == nil {
+		if got != want {
+			t.Fatalf("body %q: got quantity %d, want %d", body, got, want)
+		}
+		return
+	}
+	gs, gb := httpapi.Classify(gotErr)
+	ws, wb := httpapi.Classify(wantErr)
+	if gs != ws || gb != wb {
+		t.Fatalf("body %q: got %d %+v, want %d %+v", body, gs, gb, ws, wb)
+	}
+}
+
+func TestDecodePurchaseBodyMatchesDecodeJSON(t *testing.T) {
+	tests := []struct{ name, body string }{
+		{"common", `{"quantity":1}`},
+		{"two", `{"quantity":2}`},
+		{"empty object", `{}`},
+		{"eighteen digits", `{"quantity":123456789012345678}`},
+		{"nineteen digits", `{"quantity":1234567890123456789}`},
+		{"int64 overflow", `{"quantity":9223372036854775808}`},
+		{"zero", `{"quantity":0}`},
+		{"leading zero", `{"quantity":01}`},
+		{"negative", `{"quantity":-3}`},
+		{"fraction", `{"quantity":1.5}`},
+		{"exponent", `{"quantity":1e2}`},
+		{"string", `{"quantity":"1"}`},
+		{"null", `{"quantity":null}`},
+		{"spaces", ` { "quantity" : 1 } `},
+		{"trailing newline", "{\"quantity\":1}\n"},
+		{"other case key", `{"Quantity":1}`},
+		{"unknown field", `{"quantity":1,"price":0}`},
+		{"repeated key", `{"quantity":1,"quantity":2}`},
+		{"trailing data", `{"quantity":1}{"quantity":1}`},
+		{"truncated", `{"quantity":`},
+		{"no digits", `{"quantity":}`},
+		{"empty", ``},
+		{"array", `[1]`},
+		{"just under the buffer", `{"quantity":1,"x":"` + strings.Repeat("a", 40) + `"}`},
+		{"over the buffer", `{"quantity":1` + strings.Repeat(" ", 60) + `}`},
+		{"over the limit", `{"quantity":1,"x":"` + strings.Repeat("a", 200) + `"}`},
+		{"limit in trailing space", `{"quantity":1}` + strings.Repeat(" ", 200)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { sameOutcome(t, tc.body) })
+	}
+}
+
+func FuzzDecodePurchaseBody(f *testing.F) {
+	for _, s := range []string{`{"quantity":1}`, `{}`, `{"quantity":01}`, `{"quantity":1e400}`, `{"quantity":-1}`, "\x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) { sameOutcome(t, body) })
+}
+
+func TestDecodePurchaseBodyTooLarge(t *testing.T) {
+	_, err := decodePurchaseBody(bodyContext(`{"quantity":1,"x":"` + strings.Repeat("a", 200) + `"}`))
+	if !errors.Is(err, model.ErrBodyTooLarge) {
+		t.Fatalf("got %v, want %v", err, model.ErrBodyTooLarge)
+	}
+}
+
+// TestWritePurchaseAnswerMatchesGin: the hand-built answer is byte for byte
+// gin's c.JSON, headers and status included, and ids that would need
+// escaping take gin's renderer.
+func TestWritePurchaseAnswerMatchesGin(t *testing.T) {
+	ids := []string{
+		model.FormatRequestID("spring-sale_1", "0193aa55bb66cc77dd88ee99ff001122"),
+		"a.b",
+		`odd"id`,
+		"<script>",
+		"tab\tid",
+		"ünï",
+	}
+	for _, status := range []int{http.StatusAccepted, http.StatusOK} {
+		for _, id := range ids {
+			resp := purchaseResponse{RequestID: id, Status: model.StatusQueued, PollURL: pollPath + id, WSURL: wsPath}
+			gin.SetMode(gin.TestMode)
+			got := httptest.NewRecorder()
+			c, _ := gin.CreateTestContext(got)
+			writePurchaseAnswer(c, status, resp)
+			want := httptest.NewRecorder()
+			wc, _ := gin.CreateTestContext(want)
+			wc.JSON(status, resp)
+			if got.Code != want.Code || !bytes.Equal(got.Body.Bytes(), want.Body.Bytes()) ||
+				got.Header().Get("Content-Type") != want.Header().Get("Content-Type") {
+				t.Fatalf("id %q: got %d %q %q, want %d %q %q", id, got.Code, got.Header().Get("Content-Type"), got.Body,
+					want.Code, want.Header().Get("Content-Type"), want.Body)
+			}
+		}
+	}
+}
+
+func BenchmarkDecodePurchaseBody(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		fn   func(*gin.Context) error
+	}{
+		{"fast", func(c *gin.Context) error { _, err := decodePurchaseBody(c); return err }},
+		{"DecodeJSON", func(c *gin.Context) error { var r purchaseRequest; return httpapi.DecodeJSON(c, &r) }},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			gin.SetMode(gin.TestMode)
+			c, _ := gin.CreateTestContext(httptest.NewRecorder())
+			req := httptest.NewRequest(http.MethodPost, "/", nil)
+			body := strings.NewReader(`{"quantity":1}`)
+			b.ReportAllocs()
+			for b.Loop() {
+				body.Reset(`{"quantity":1}`)
+				req.Body = http.MaxBytesReader(nil, nopCloser{body}, 4096)
+				c.Request = req
+				if err := tc.fn(c); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+type nopCloser struct{ *strings.Reader }
+
+func (nopCloser) Close() error { return nil }
