@@ -67,17 +67,33 @@ end
 -- have their own tables, since an IP and a user id may look alike.
 local tats, moved = {}, {}
 local ip_tats, ip_moved = {}, {}
-if ip_rate > 0 then
-  local values = redis.call('HMGET', KEYS[7], unpack(ips))
+
+-- read_tats loads the TATs of the distinct non-empty subjects into tbl: a
+-- subject that repeats within a batch (shoppers behind one NAT, a bot) costs
+-- one field read, not one per request.
+local function read_tats(key, subjects, tbl)
+  local fields = {}
   for i = 1, n do
-    ip_tats[ips[i]] = tonumber(values[i] or now)
+    local s = subjects[i]
+    if s ~= '' and tbl[s] == nil then
+      tbl[s] = false
+      fields[#fields + 1] = s
+    end
+  end
+  if #fields == 0 then
+    return
+  end
+  local values = redis.call('HMGET', key, unpack(fields))
+  for j = 1, #fields do
+    tbl[fields[j]] = tonumber(values[j] or now)
   end
 end
+
+if ip_rate > 0 then
+  read_tats(KEYS[7], ips, ip_tats)
+end
 if user_rate > 0 then
-  local values = redis.call('HMGET', KEYS[6], unpack(users))
-  for i = 1, n do
-    tats[users[i]] = tonumber(values[i] or now)
-  end
+  read_tats(KEYS[6], users, tats)
 end
 if campaign_rate > 0 then
   tats[''] = tonumber(redis.call('GET', KEYS[5]) or now)

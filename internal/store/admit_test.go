@@ -88,6 +88,15 @@ func TestAdmit(t *testing.T) {
 			wantAccepted: 4,
 		},
 		{
+			name:   "IP limit on, no request with a known IP",
+			limits: RateLimits{IPRate: 1, IPBurst: 1},
+			calls: []admitCall{
+				{rid: "r1", user: "u1", want: Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u2", want: Admitted, wantRID: "r2"},
+			},
+			wantAccepted: 2,
+		},
+		{
 			// An IP refusal must not use up the user's own allowance.
 			name:   "IP refusal leaves the user limit alone",
 			limits: RateLimits{IPRate: 1, IPBurst: 1, UserRate: 1, UserBurst: 1},
