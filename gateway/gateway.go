@@ -61,9 +61,12 @@ type Options struct {
 	// 503 and its queued marker removed.
 	PublishTimeout time.Duration // default 2s
 	// AdmitBatch caps the purchases coalesced into one Redis script call and
-	// one publish; AdmitConcurrency caps the batches in flight at once.
+	// one publish; AdmitConcurrency caps the batches in flight at once. Two
+	// let one batch's script call overlap the other's publish; more split the
+	// same arrivals into smaller batches, which pay the round trips' system
+	// calls and the script's fixed work more often (docs/BENCHMARKS.md).
 	AdmitBatch       int // default 256
-	AdmitConcurrency int // default 4
+	AdmitConcurrency int // default 2
 	// BreakerFailures consecutive failed publishes open the circuit breaker
 	// in front of the queue; while it is open, purchases are refused with 503
 	// at once instead of each waiting PublishTimeout. After BreakerOpenFor one
@@ -87,7 +90,7 @@ func (o Options) withDefaults() Options {
 		o.AdmitBatch = 256
 	}
 	if o.AdmitConcurrency <= 0 {
-		o.AdmitConcurrency = 4
+		o.AdmitConcurrency = 2
 	}
 	if o.BreakerFailures <= 0 {
 		o.BreakerFailures = 3

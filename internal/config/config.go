@@ -156,7 +156,7 @@ func Default() Config {
 			RocketMQ: RocketMQ{NameServers: []string{"127.0.0.1:9876"}, ProducerGroup: "flashsale-gateway",
 				Retries: 2, MaxReconsumeTimes: 16, SuspendTime: time.Second, LogLevel: "warn"}},
 		Gateway: Gateway{UserRate: 5, UserBurst: 10, PublishTimeout: 2 * time.Second,
-			CampaignCacheTTL: 2 * time.Second, SoldOutRecheck: time.Second, AdmitBatch: 256, AdmitConcurrency: 4,
+			CampaignCacheTTL: 2 * time.Second, SoldOutRecheck: time.Second, AdmitBatch: 256, AdmitConcurrency: 2,
 			BreakerFailures: 3, BreakerOpenFor: 2 * time.Second},
 		Worker:   Worker{MaxAttempts: 10},
 		Notifier: Notifier{MaxSubscriptionsPerConn: 256, PingInterval: 20 * time.Second, RecheckInterval: time.Second},
