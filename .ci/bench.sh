@@ -13,7 +13,12 @@
 #
 # Not part of .ci/run. Tunables: BENCH_DURATION (10s), BENCH_CONNECTIONS (128),
 # BENCH_THREADS (1: wrk keeps at most one core), BENCH_SHOPPERS (100000),
-# BENCH_STOCK (1000).
+# BENCH_STOCK (1000). BENCH_PROFILE=DIR also writes a CPU profile of the server
+# during each stage to DIR/<stage>.pb.gz (`go tool pprof -top -cum FILE`):
+# the binaries then get net/http/pprof through `go build -overlay` from a file
+# made in the run's temporary folder, so nothing in the tree imports it.
+# Profiling costs the server a few per cent; compare profiled runs only with
+# profiled runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,8 +61,34 @@ cleanup() {
 trap cleanup EXIT
 
 say "building"
-go build -o "$WORK/flashsale" ./cmd/flashsale
-go build -o "$WORK/hello" ./.ci/benchhello
+BUILD_FLAGS=()
+PPROF_ADDR=127.0.0.1:18070
+if [ -n "${BENCH_PROFILE:-}" ]; then
+  mkdir -p "$BENCH_PROFILE"
+  BENCH_PROFILE=$(cd "$BENCH_PROFILE" && pwd)
+  cat >"$WORK/zz_bench_pprof.go" <<'EOF'
+package main
+
+import (
+	"net/http"
+	_ "net/http/pprof" // bench.sh's profiles only: never in the tree
+	"os"
+)
+
+func init() {
+	if addr := os.Getenv("BENCH_PPROF_ADDR"); addr != "" {
+		go func() { _ = http.ListenAndServe(addr, nil) }()
+	}
+}
+EOF
+  printf '{"Replace":{"%s":"%s","%s":"%s"}}\n' \
+    "$PWD/cmd/flashsale/zz_bench_pprof.go" "$WORK/zz_bench_pprof.go" \
+    "$PWD/.ci/benchhello/zz_bench_pprof.go" "$WORK/zz_bench_pprof.go" >"$WORK/overlay.json"
+  BUILD_FLAGS=(-overlay "$WORK/overlay.json")
+  export BENCH_PPROF_ADDR=$PPROF_ADDR
+fi
+go build "${BUILD_FLAGS[@]}" -o "$WORK/flashsale" ./cmd/flashsale
+go build "${BUILD_FLAGS[@]}" -o "$WORK/hello" ./.ci/benchhello
 mariadb -h 127.0.0.1 -uroot -e "CREATE DATABASE $DB"
 
 export FLASHSALE_HTTP_ADDR=127.0.0.1:$PORT
@@ -118,12 +149,25 @@ HZ=$(getconf CLK_TCK)
 REDIS_PID=$(pgrep -o -x redis-server || true)
 MARIADB_PID=$(pgrep -o -x mariadbd || true)
 
+# profile NAME SECONDS: with BENCH_PROFILE, a CPU profile of the server in
+# the background, starting a second into the stage.
+profile() {
+  [ -n "${BENCH_PROFILE:-}" ] || return 0
+  (sleep 1; curl -fs -o "$BENCH_PROFILE/$1.pb.gz" "http://$PPROF_ADDR/debug/pprof/profile?seconds=$2" \
+    || say "no profile for $1") &
+  PROFILE_PIDS+=($!)
+}
+PROFILE_PIDS=()
+PROFILE_SECONDS=5 # within the stage: wrk's duration less the first and last second
+if [[ $DURATION =~ ^([0-9]+)s$ ]] && [ "${BASH_REMATCH[1]}" -gt 3 ]; then PROFILE_SECONDS=$((BASH_REMATCH[1] - 2)); fi
+
 # load NAME URL_PATH SERVER_PID: wrk against the path; prints req/s and the
 # CPU split of the run, and records the non-2xx count.
 declare -A RPS NON2XX CPU
 load() {
   local name=$1 path=$2 server=$3 out t0 s0 r0 m0 t1 s1 r1 m1
   t0=$(all_ticks) s0=$(cpu_ticks "$server") r0=$(cpu_ticks "$REDIS_PID") m0=$(cpu_ticks "$MARIADB_PID")
+  profile "$name" "$PROFILE_SECONDS"
   out=$(BENCH_PATH=$path wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" -s "$WORK/purchase.lua" "http://127.0.0.1:$4")
   t1=$(all_ticks) s1=$(cpu_ticks "$server") r1=$(cpu_ticks "$REDIS_PID") m1=$(cpu_ticks "$MARIADB_PID")
   RPS[$name]=$(awk '/^Requests\/sec:/{printf "%.0f", $2}' <<<"$out")
@@ -189,6 +233,7 @@ load soldout "/api/v1/campaigns/$SO/purchases" "$SRV" "$PORT"
 say "end to end: $SHOPPERS shoppers, $STOCK items"
 E2E=bench-$RUN_ID-e2e
 t0=$(all_ticks) s0=$(cpu_ticks "$SRV") r0=$(cpu_ticks "$REDIS_PID") m0=$(cpu_ticks "$MARIADB_PID")
+profile e2e 3
 set +e
 "$WORK/flashsale" loadtest --url "$BASE" --campaign "$E2E" --stock "$STOCK" --shoppers "$SHOPPERS" \
   --concurrency 256 --repeat 0 --idempotent-share 0 --results ws --settle 30 --progress=false --json >"$WORK/e2e.json"
@@ -214,6 +259,11 @@ for k in fire_seconds all_answered_ms all_results_ms time_to_sell_out_ms accepte
   printf '  %-22s %s\n' "$k" "$(json "$k")"
 done
 sed -n '/"time_to_result_ms"/,/}/p;/"accept_latency_ms"/,/}/p' "$WORK/e2e.json" | tr -d ' \n' | sed 's/}/}\n/g' | sed 's/^,//;s/^/  /'
+if [ -n "${BENCH_PROFILE:-}" ]; then
+  for pid in "${PROFILE_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  echo
+  echo "profiles in $BENCH_PROFILE: $(cd "$BENCH_PROFILE" && ls -- *.pb.gz 2>/dev/null | tr '\n' ' ')(go tool pprof -top -cum FILE)"
+fi
 [ "${NON2XX[accept]}" = 0 ] || die "accept path: ${NON2XX[accept]} answers were not 2xx"
 [ "${NON2XX[soldout]}" != 0 ] || die "sold-out path: no refusals, the campaign was not sold out"
 [ "$E2E_STATUS" = 0 ] || die "end to end: loadtest reported violated invariants (exit $E2E_STATUS); see above"
