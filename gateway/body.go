@@ -7,6 +7,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"flashsale/internal/httpapi"
+	"flashsale/model"
 )
 
 // The purchase endpoint is the one hot route: every shopper of a sale calls
@@ -77,7 +78,7 @@ func fastQuantity(b []byte) (q int64, ok bool) {
 // when the request id needs no JSON escaping (ours never do; a value from
 // elsewhere takes the generic path).
 func writePurchaseAnswer(c *gin.Context, status int, resp purchaseResponse) {
-	if !plainJSONString(resp.RequestID) || !plainJSONString(string(resp.Status)) ||
+	if !model.JSONSafe(resp.RequestID) || !model.JSONSafe(string(resp.Status)) ||
 		resp.PollURL != pollPath+resp.RequestID || resp.WSURL != wsPath {
 		c.JSON(status, resp)
 		return
@@ -98,15 +99,3 @@ const (
 	pollPath = "/api/v1/purchases/"
 	wsPath   = "/api/v1/ws"
 )
-
-// plainJSONString reports whether encoding/json writes s between quotes
-// unchanged: printable ASCII without '"', '\\' and the HTML-escaped <, >, &.
-func plainJSONString(s string) bool {
-	for i := 0; i < len(s); i++ {
-		switch ch := s[i]; {
-		case ch < 0x20 || ch >= 0x7f, ch == '"', ch == '\\', ch == '<', ch == '>', ch == '&':
-			return false
-		}
-	}
-	return true
-}

@@ -137,9 +137,11 @@ func (d *liteDecoder) members(member func(key string) (bit uint16, ok bool)) boo
 	}
 }
 
-// jsonSafe reports whether encoding/json writes s unchanged between quotes:
+// JSONSafe reports whether encoding/json writes s unchanged between quotes:
 // printable ASCII other than '"', '\\' and the HTML-escaped '<', '>', '&'.
-func jsonSafe(s string) bool {
+// Hand-written encoders (here and the gateway's purchase answer) copy such a
+// string as it is and leave any other to encoding/json.
+func JSONSafe(s string) bool {
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; {
 		case c < 0x20 || c >= 0x7f, c == '"', c == '\\', c == '<', c == '>', c == '&':
@@ -149,7 +151,7 @@ func jsonSafe(s string) bool {
 	return true
 }
 
-// appendStr appends a jsonSafe string as a JSON string.
+// appendStr appends a JSONSafe string as a JSON string.
 func appendStr(b []byte, s string) []byte {
 	b = append(b, '"')
 	b = append(b, s...)

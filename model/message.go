@@ -56,7 +56,7 @@ func (p PurchaseRequest) Validate() error {
 // json.Marshal writes, so any version of the worker reads it.
 func EncodePurchaseRequest(p PurchaseRequest) ([]byte, error) {
 	p.Version = MessageVersion
-	if !jsonSafe(p.RequestID) || !jsonSafe(p.CampaignID) || !jsonSafe(p.UserID) {
+	if !JSONSafe(p.RequestID) || !JSONSafe(p.CampaignID) || !JSONSafe(p.UserID) {
 		return json.Marshal(p) // escapes; never a valid request anyway
 	}
 	b := make([]byte, 0, 160+len(p.RequestID)+len(p.CampaignID)+len(p.UserID))

@@ -24,8 +24,8 @@ type Result struct {
 // EncodeResult is the wire form used on the results channel: exactly what
 // json.Marshal writes.
 func EncodeResult(r Result) ([]byte, error) {
-	if !jsonSafe(r.RequestID) || !jsonSafe(r.CampaignID) || !jsonSafe(r.UserID) ||
-		!jsonSafe(string(r.Status)) || !jsonSafe(r.Reason) || !jsonSafe(r.OrderID) {
+	if !JSONSafe(r.RequestID) || !JSONSafe(r.CampaignID) || !JSONSafe(r.UserID) ||
+		!JSONSafe(string(r.Status)) || !JSONSafe(r.Reason) || !JSONSafe(r.OrderID) {
 		return json.Marshal(r)
 	}
 	b := make([]byte, 0, 128+len(r.RequestID)+len(r.CampaignID)+len(r.UserID)+len(r.Reason)+len(r.OrderID))
