@@ -51,7 +51,7 @@ func (j *JWT) Verify(token string) (string, error) {
 	if user, ok := j.cache.lookup(token, j.now(), j.leeway); ok {
 		return user, nil
 	}
-	var claims jwt.RegisteredClaims
+	var claims shopperClaims
 	_, err := jwt.ParseWithClaims(token, &claims, func(*jwt.Token) (any, error) { return j.secret, nil },
 		jwt.WithValidMethods([]string{jwt.SigningMethodHS256.Alg()}),
 		jwt.WithLeeway(j.leeway),
