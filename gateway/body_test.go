@@ -123,11 +123,11 @@ func TestWritePurchaseAnswerMatchesGin(t *testing.T) {
 	}
 	for _, status := range []int{http.StatusAccepted, http.StatusOK} {
 		for _, id := range ids {
-			resp := purchaseResponse{RequestID: id, Status: model.StatusQueued, PollURL: pollPath + id, WSURL: wsPath}
+			resp := purchaseResponse{RequestID: id, Status: model.StatusQueued, PollURL: "/api/v1/purchases/" + id, WSURL: "/api/v1/ws"}
 			gin.SetMode(gin.TestMode)
 			got := httptest.NewRecorder()
 			c, _ := gin.CreateTestContext(got)
-			writePurchaseAnswer(c, status, resp)
+			writePurchaseAnswer(c, status, id)
 			want := httptest.NewRecorder()
 			wc, _ := gin.CreateTestContext(want)
 			wc.JSON(status, resp)

@@ -79,7 +79,7 @@ func benchGateway(b *testing.B, stock int64) (*Service, string, model.Campaign) 
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
 	e.Use(m.GinMiddleware(), httpapi.LimitBody(log, 4096))
-	NewHandlers(log, svc).RegisterShopper(e, httpapi.ShopperOnly(log, auth.NewJWT([]byte(benchSecret), time.Second)))
+	NewHandlers(log, svc).RegisterShopper(e, httpapi.Shopper(log, auth.NewJWT([]byte(benchSecret), time.Second), false))
 	srv := httptest.NewServer(e)
 	b.Cleanup(srv.Close)
 	return svc, srv.URL, c

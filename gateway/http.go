@@ -29,7 +29,7 @@ func (h *Handlers) RegisterAdmin(r gin.IRouter, admin gin.HandlerFunc) {
 }
 
 // RegisterShopper mounts the shopper API; shopper wraps a handler in the JWT
-// check (httpapi.ShopperOnly).
+// check (httpapi.Shopper).
 func (h *Handlers) RegisterShopper(r gin.IRouter, shopper func(httpapi.ShopperHandler) gin.HandlerFunc) {
 	r.GET("/api/v1/campaigns/:id", h.publicCampaign)
 	r.POST("/api/v1/campaigns/:id/purchases", shopper(h.purchase))
@@ -149,7 +149,8 @@ type purchaseResponse struct {
 func (h *Handlers) purchase(c *gin.Context, userID string) {
 	// Most purchases of a flash sale end at the sold-out flag: answer them
 	// before the body is even read.
-	if err := h.svc.SoldOutEarly(c.Param("id"), c.GetHeader("Idempotency-Key")); err != nil {
+	campaignID, idempotencyKey := c.Param("id"), c.GetHeader("Idempotency-Key")
+	if err := h.svc.SoldOutEarly(campaignID, idempotencyKey); err != nil {
 		httpapi.Abort(c, h.log, err)
 		return
 	}
@@ -158,8 +159,8 @@ func (h *Handlers) purchase(c *gin.Context, userID string) {
 		httpapi.Abort(c, h.log, err)
 		return
 	}
-	acc, err := h.svc.Purchase(c.Request.Context(), Purchase{UserID: userID, CampaignID: c.Param("id"),
-		Quantity: qty, IdempotencyKey: c.GetHeader("Idempotency-Key"), ClientIP: c.ClientIP()})
+	acc, err := h.svc.Purchase(c.Request.Context(), Purchase{UserID: userID, CampaignID: campaignID,
+		Quantity: qty, IdempotencyKey: idempotencyKey, ClientIP: c.ClientIP()})
 	if err != nil {
 		httpapi.Abort(c, h.log, err)
 		return
@@ -168,6 +169,5 @@ func (h *Handlers) purchase(c *gin.Context, userID string) {
 	if acc.Existing {
 		status = http.StatusOK
 	}
-	writePurchaseAnswer(c, status, purchaseResponse{RequestID: acc.RequestID, Status: model.StatusQueued,
-		PollURL: pollPath + acc.RequestID, WSURL: wsPath})
+	writePurchaseAnswer(c, status, acc.RequestID)
 }

@@ -15,18 +15,22 @@ import (
 // makes the hand-written path give up, and the caller falls back to
 // encoding/json, so every input decodes exactly as encoding/json decodes it.
 
-// liteDecoder reads one flat object. s is string(b), made once, so that every
-// string field is a substring of one allocation.
-type liteDecoder struct {
+// LiteDecoder reads one flat object in that shape; it is exported for the
+// other hand-written fast paths (the gateway's purchase body, the token
+// claims of internal/auth), which fall back to encoding/json the same way.
+// s is string(b), made once, so that every string field is a substring of
+// one allocation.
+type LiteDecoder struct {
 	b []byte
 	s string
 	i int
 }
 
-func newLiteDecoder(b []byte) *liteDecoder { return &liteDecoder{b: b, s: string(b)} }
+// NewLiteDecoder returns a LiteDecoder of b.
+func NewLiteDecoder(b []byte) *LiteDecoder { return &LiteDecoder{b: b, s: string(b)} }
 
 // byte consumes c if it is next.
-func (d *liteDecoder) byte(c byte) bool {
+func (d *LiteDecoder) byte(c byte) bool {
 	if d.i < len(d.b) && d.b[d.i] == c {
 		d.i++
 		return true
@@ -35,10 +39,10 @@ func (d *liteDecoder) byte(c byte) bool {
 }
 
 // done reports whether the whole input was read.
-func (d *liteDecoder) done() bool { return d.i == len(d.b) }
+func (d *LiteDecoder) done() bool { return d.i == len(d.b) }
 
 // str reads a string without escapes and returns it with its position in b.
-func (d *liteDecoder) str() (s string, start, end int, ok bool) {
+func (d *LiteDecoder) str() (s string, start, end int, ok bool) {
 	if !d.byte('"') {
 		return "", 0, 0, false
 	}
@@ -60,7 +64,7 @@ func (d *liteDecoder) str() (s string, start, end int, ok bool) {
 }
 
 // key reads `"name":`.
-func (d *liteDecoder) key() (string, bool) {
+func (d *LiteDecoder) key() (string, bool) {
 	k, _, _, ok := d.str()
 	if !ok || !d.byte(':') {
 		return "", false
@@ -68,10 +72,17 @@ func (d *liteDecoder) key() (string, bool) {
 	return k, true
 }
 
-// int reads an integer of at most 18 digits (so it cannot overflow) that is
+// Str reads a string without escapes, control bytes or non-ASCII; anything
+// else is left to encoding/json.
+func (d *LiteDecoder) Str() (string, bool) {
+	s, _, _, ok := d.str()
+	return s, ok
+}
+
+// Int reads an integer of at most 18 digits (so it cannot overflow) that is
 // followed by ',' or '}': a fraction or an exponent, which encoding/json
 // refuses for integer fields, is left to it.
-func (d *liteDecoder) int() (int64, bool) {
+func (d *LiteDecoder) Int() (int64, bool) {
 	neg := d.byte('-')
 	digits := d.i
 	var n int64
@@ -94,8 +105,8 @@ func (d *liteDecoder) int() (int64, bool) {
 	return n, true
 }
 
-// time reads a string as encoding/json reads a time.Time: RFC 3339, strictly.
-func (d *liteDecoder) time() (time.Time, bool) {
+// Time reads a string as encoding/json reads a time.Time: RFC 3339, strictly.
+func (d *LiteDecoder) Time() (time.Time, bool) {
 	_, start, end, ok := d.str()
 	if !ok {
 		return time.Time{}, false
@@ -108,11 +119,11 @@ func (d *liteDecoder) time() (time.Time, bool) {
 	return t, true
 }
 
-// members calls member for each key of the object until it returns false;
+// Members calls member for each key of the object until it returns false;
 // it reports whether the object was read to its end and the input with it.
 // A key seen twice makes it give up: encoding/json keeps the last one, and
 // the fallback does exactly that.
-func (d *liteDecoder) members(member func(key string) (bit uint16, ok bool)) bool {
+func (d *LiteDecoder) Members(member func(key string) (bit uint16, ok bool)) bool {
 	if !d.byte('{') {
 		return false
 	}

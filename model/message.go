@@ -110,29 +110,29 @@ func decodePurchaseRequestJSON(b []byte) (PurchaseRequest, error) {
 // decodePurchaseRequestLite reads what EncodePurchaseRequest writes (keys in
 // any order, any subset); ok is false when encoding/json must decide.
 func decodePurchaseRequestLite(b []byte) (p PurchaseRequest, ok bool) {
-	d := newLiteDecoder(b)
-	ok = d.members(func(key string) (uint16, bool) {
+	d := NewLiteDecoder(b)
+	ok = d.Members(func(key string) (uint16, bool) {
 		var ok bool
 		switch key {
 		case "v":
 			var v int64
-			v, ok = d.int()
+			v, ok = d.Int()
 			p.Version = int(v)
 			return 1 << 0, ok
 		case "request_id":
-			p.RequestID, _, _, ok = d.str()
+			p.RequestID, ok = d.Str()
 			return 1 << 1, ok
 		case "campaign_id":
-			p.CampaignID, _, _, ok = d.str()
+			p.CampaignID, ok = d.Str()
 			return 1 << 2, ok
 		case "user_id":
-			p.UserID, _, _, ok = d.str()
+			p.UserID, ok = d.Str()
 			return 1 << 3, ok
 		case "quantity":
-			p.Quantity, ok = d.int()
+			p.Quantity, ok = d.Int()
 			return 1 << 4, ok
 		case "accepted_at":
-			p.AcceptedAt, ok = d.time()
+			p.AcceptedAt, ok = d.Time()
 			return 1 << 5, ok
 		}
 		return 0, false

@@ -85,35 +85,35 @@ func decodeResultJSON(b []byte) (Result, error) {
 // decodeResultLite reads what EncodeResult writes; ok is false when
 // encoding/json must decide.
 func decodeResultLite(b []byte) (r Result, ok bool) {
-	d := newLiteDecoder(b)
-	ok = d.members(func(key string) (uint16, bool) {
+	d := NewLiteDecoder(b)
+	ok = d.Members(func(key string) (uint16, bool) {
 		var ok bool
 		switch key {
 		case "request_id":
-			r.RequestID, _, _, ok = d.str()
+			r.RequestID, ok = d.Str()
 			return 1 << 0, ok
 		case "campaign_id":
-			r.CampaignID, _, _, ok = d.str()
+			r.CampaignID, ok = d.Str()
 			return 1 << 1, ok
 		case "user_id":
-			r.UserID, _, _, ok = d.str()
+			r.UserID, ok = d.Str()
 			return 1 << 2, ok
 		case "status":
 			var s string
-			s, _, _, ok = d.str()
+			s, ok = d.Str()
 			r.Status = Status(s)
 			return 1 << 3, ok
 		case "reason":
-			r.Reason, _, _, ok = d.str()
+			r.Reason, ok = d.Str()
 			return 1 << 4, ok
 		case "order_id":
-			r.OrderID, _, _, ok = d.str()
+			r.OrderID, ok = d.Str()
 			return 1 << 5, ok
 		case "quantity":
-			r.Quantity, ok = d.int()
+			r.Quantity, ok = d.Int()
 			return 1 << 6, ok
 		case "finished_at":
-			r.FinishedAt, ok = d.time()
+			r.FinishedAt, ok = d.Time()
 			return 1 << 7, ok
 		}
 		return 0, false

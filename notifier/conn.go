@@ -226,7 +226,7 @@ func (n *Notifier) untrack(c *conn) {
 	n.metrics.WebSocketClients.Dec()
 }
 
-func (n *Notifier) serveWS(c *gin.Context) {
+func (n *Notifier) serveWS(c *gin.Context, userID string) {
 	if !n.upgrader.CheckOrigin(c.Request) {
 		httpapi.Abort(c, n.log, fmt.Errorf("websocket origin: %w", model.ErrForbidden))
 		return
@@ -240,7 +240,7 @@ func (n *Notifier) serveWS(c *gin.Context) {
 	if err != nil {
 		return // the upgrader has answered with an HTTP error
 	}
-	cn := newConn(ws, httpapi.UserID(c), n.opts.SendBuffer)
+	cn := newConn(ws, userID, n.opts.SendBuffer)
 	n.track(cn)
 	defer n.untrack(cn)
 

@@ -193,9 +193,9 @@ func (n *Notifier) deliver(r model.Result, subs []*subscription) {
 
 // Register mounts the poll endpoint behind shopper and the WebSocket
 // endpoint behind wsShopper (which should accept ?access_token=).
-func (n *Notifier) Register(r gin.IRouter, shopper gin.HandlerFunc, wsShopper gin.HandlerFunc) {
-	r.GET("/api/v1/purchases/:request_id", shopper, n.poll)
-	r.GET("/api/v1/ws", wsShopper, n.serveWS)
+func (n *Notifier) Register(r gin.IRouter, shopper, wsShopper func(httpapi.ShopperHandler) gin.HandlerFunc) {
+	r.GET("/api/v1/purchases/:request_id", shopper(n.poll))
+	r.GET("/api/v1/ws", wsShopper(n.serveWS))
 }
 
 // resultBody is a result as shoppers see it, on both channels.
@@ -215,8 +215,8 @@ func toResultBody(r model.Result) resultBody {
 	}
 }
 
-func (n *Notifier) poll(c *gin.Context) {
-	r, err := n.lookup(c.Request.Context(), httpapi.UserID(c), c.Param("request_id"))
+func (n *Notifier) poll(c *gin.Context, userID string) {
+	r, err := n.lookup(c.Request.Context(), userID, c.Param("request_id"))
 	if err != nil {
 		httpapi.Abort(c, n.log, err)
 		return

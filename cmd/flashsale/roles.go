@@ -236,7 +236,7 @@ func start(ctx context.Context, cfg config.Config, log *slog.Logger, roles roleS
 		})
 		h := gateway.NewHandlers(log.With("role", "gateway"), svc)
 		h.RegisterAdmin(adminEngine, httpapi.Admin(log, cfg.Auth.AdminToken))
-		h.RegisterShopper(engine, httpapi.ShopperOnly(log, jwt))
+		h.RegisterShopper(engine, httpapi.Shopper(log, jwt, false))
 		g.Go(func() error { return svc.Run(runCtx) })
 	}
 	registerOps(engine, sys.Metrics, checks)

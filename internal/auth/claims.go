@@ -2,7 +2,6 @@ package auth
 
 import (
 	"encoding/json"
-	"strconv"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -29,54 +28,37 @@ func (c *shopperClaims) UnmarshalJSON(b []byte) error {
 	return json.Unmarshal(b, &c.RegisteredClaims)
 }
 
-// maxDateDigits keeps a date exact through golang-jwt's float64 parsing.
-const maxDateDigits = 15
+// maxExactSeconds bounds the dates read here to those golang-jwt's float64
+// parsing keeps exact.
+const maxExactSeconds = 1 << 53
 
-// mintedClaims parses exactly {"sub":S,"exp":N,"nbf":N,"iat":N} with S a
-// string that needs no unescaping and N plain decimal seconds; ok is false
-// for anything else.
+// mintedClaims reads claims in the shape Mint writes with model.LiteDecoder:
+// "sub" a plain string, "exp", "nbf" and "iat" whole seconds, no other
+// member; ok is false for anything else.
 func mintedClaims(b []byte) (rc jwt.RegisteredClaims, ok bool) {
-	rest, ok := cut(b, `{"sub":"`)
-	if !ok {
-		return rc, false
-	}
-	end := 0
-	for end < len(rest) && rest[end] != '"' {
-		end++
-	}
-	if end == len(rest) || !model.JSONSafe(string(rest[:end])) {
-		return rc, false
-	}
-	rc.Subject = string(rest[:end])
-	rest = rest[end+1:]
-	for _, f := range []struct {
-		prefix string
-		date   **jwt.NumericDate
-	}{{`,"exp":`, &rc.ExpiresAt}, {`,"nbf":`, &rc.NotBefore}, {`,"iat":`, &rc.IssuedAt}} {
-		if rest, ok = cut(rest, f.prefix); !ok {
-			return rc, false
+	d := model.NewLiteDecoder(b)
+	date := func(dst **jwt.NumericDate) bool {
+		secs, ok := d.Int()
+		if !ok || secs <= -maxExactSeconds || secs >= maxExactSeconds {
+			return false
 		}
-		n := 0
-		for n < len(rest) && rest[n] >= '0' && rest[n] <= '9' {
-			n++
-		}
-		if n == 0 || n > maxDateDigits || (rest[0] == '0' && n > 1) {
-			return rc, false
-		}
-		secs, err := strconv.ParseInt(string(rest[:n]), 10, 64)
-		if err != nil {
-			return rc, false
-		}
-		*f.date = jwt.NewNumericDate(time.Unix(secs, 0))
-		rest = rest[n:]
+		*dst = jwt.NewNumericDate(time.Unix(secs, 0))
+		return true
 	}
-	return rc, string(rest) == "}"
-}
-
-// cut returns b after prefix, if b starts with it.
-func cut(b []byte, prefix string) ([]byte, bool) {
-	if len(b) < len(prefix) || string(b[:len(prefix)]) != prefix {
-		return nil, false
-	}
-	return b[len(prefix):], true
+	ok = d.Members(func(key string) (uint16, bool) {
+		switch key {
+		case "sub":
+			var ok bool
+			rc.Subject, ok = d.Str()
+			return 1, ok
+		case "exp":
+			return 1 << 1, date(&rc.ExpiresAt)
+		case "nbf":
+			return 1 << 2, date(&rc.NotBefore)
+		case "iat":
+			return 1 << 3, date(&rc.IssuedAt)
+		}
+		return 0, false
+	})
+	return rc, ok
 }
