@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/valyala/fasthttp"
 )
 
 // shopper is one simulated user.
@@ -66,35 +68,62 @@ func (lt *loadtest) shop(ctx context.Context, s *shopper, due time.Time, waiters
 	})
 }
 
+// newShopperClient is the client of the shoppers' requests to baseURL (a
+// URL validated by the flags), with at most conns connections.
+func newShopperClient(baseURL string, conns int, timeout time.Duration) *fasthttp.HostClient {
+	u, _ := url.Parse(baseURL)
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), map[string]string{"http": "80", "https": "443"}[u.Scheme])
+	}
+	return &fasthttp.HostClient{
+		Addr:                     host,
+		IsTLS:                    u.Scheme == "https",
+		MaxConns:                 conns,
+		MaxConnWaitTimeout:       timeout,
+		ReadTimeout:              timeout,
+		WriteTimeout:             timeout,
+		NoDefaultUserAgentHeader: true,
+		// A purchase is not idempotent without its key: never resend one.
+		MaxIdemponentCallAttempts: 1,
+	}
+}
+
+// shopperCall sends req with the shopper's token and returns the answer's
+// status and body (valid until resp is released).
+func (lt *loadtest) shopperCall(ctx context.Context, req *fasthttp.Request, resp *fasthttp.Response) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return lt.shoppers.DoTimeout(req, resp, lt.o.timeout)
+}
+
 // purchase sends one purchase; its latency counts from due.
 func (lt *loadtest) purchase(ctx context.Context, s *shopper, key string, due time.Time) purchaseAnswer {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
-		lt.o.url+"/api/v1/campaigns/"+lt.o.campaign+"/purchases", strings.NewReader(`{"quantity":1}`))
-	if err != nil {
-		lt.rec.answer(purchaseAnswer{code: "transport"}, 0, err)
-		return purchaseAnswer{code: "transport"}
-	}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(lt.o.url + "/api/v1/campaigns/" + lt.o.campaign + "/purchases")
+	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.Set("Authorization", "Bearer "+s.token)
-	req.Header.Set("Content-Type", "application/json")
+	req.Header.SetContentType("application/json")
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
-	resp, err := lt.http.Do(req)
-	if err != nil {
+	req.SetBodyString(`{"quantity":1}`)
+	if err := lt.shopperCall(ctx, req, resp); err != nil {
 		a := purchaseAnswer{code: "transport"}
 		lt.rec.answer(a, time.Since(due), err)
 		return a
 	}
-	defer resp.Body.Close()
 	var body struct {
 		RequestID string `json:"request_id"`
 		Code      string `json:"code"`
 	}
-	raw, _ := io.ReadAll(resp.Body)
-	_ = json.Unmarshal(raw, &body)
-	a := purchaseAnswer{status: resp.StatusCode, code: body.Code, requestID: body.RequestID}
-	if a.code == "" && resp.StatusCode >= 300 {
-		a.code = fmt.Sprintf("http_%d", resp.StatusCode)
+	_ = json.Unmarshal(resp.Body(), &body)
+	a := purchaseAnswer{status: resp.StatusCode(), code: body.Code, requestID: body.RequestID}
+	if a.code == "" && a.status >= 300 {
+		a.code = fmt.Sprintf("http_%d", a.status)
 	}
 	lt.rec.answer(a, time.Since(due), nil)
 	return a
@@ -216,22 +245,19 @@ func (lt *loadtest) pollResult(ctx context.Context, s *shopper, rid string, dead
 }
 
 func (lt *loadtest) poll(ctx context.Context, s *shopper, rid string) (finalResult, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, lt.o.url+"/api/v1/purchases/"+url.PathEscape(rid), nil)
-	if err != nil {
-		return finalResult{}, err
-	}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(lt.o.url + "/api/v1/purchases/" + url.PathEscape(rid))
 	req.Header.Set("Authorization", "Bearer "+s.token)
-	resp, err := lt.http.Do(req)
-	if err != nil {
+	if err := lt.shopperCall(ctx, req, resp); err != nil {
 		return finalResult{}, err
 	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return finalResult{}, fmt.Errorf("poll %s: status %d: %s", rid, resp.StatusCode, bytes.TrimSpace(raw))
+	if resp.StatusCode() != http.StatusOK {
+		return finalResult{}, fmt.Errorf("poll %s: status %d: %s", rid, resp.StatusCode(), bytes.TrimSpace(resp.Body()))
 	}
 	var r finalResult
-	if err := json.Unmarshal(raw, &r); err != nil {
+	if err := json.Unmarshal(resp.Body(), &r); err != nil {
 		return finalResult{}, fmt.Errorf("poll %s: %w", rid, err)
 	}
 	return r, nil
