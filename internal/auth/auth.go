@@ -4,7 +4,6 @@ package auth
 import (
 	"crypto/subtle"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -92,27 +91,27 @@ func (j *JWT) Verify(token string) (string, error) {
 	return claims.Subject, nil
 }
 
-// mintedHeader is the header segment of every token Mint signs,
-// {"alg":"HS256","typ":"JWT"}, as golang-jwt encodes it.
-var mintedHeader = func() string {
+// mintedPrefix is the header segment of every token Mint signs,
+// {"alg":"HS256","typ":"JWT"} as golang-jwt encodes it, and its dot.
+var mintedPrefix = func() string {
 	s, err := jwt.New(jwt.SigningMethodHS256).SigningString()
 	if err != nil {
 		panic(err)
 	}
 	header, _, _ := strings.Cut(s, ".")
-	return header
+	return header + "."
 }()
 
-// verifyMinted verifies a token whose header segment is exactly
-// mintedHeader, the form of every token of a sale: its algorithm is then
-// known to be HS256 without decoding the header into a map, which was ~40 %
-// of a fresh token's verification (docs/BENCHMARKS.md). golang-jwt still does
-// the rest as ParseWithClaims would: segment decoding, the HMAC check and the
-// claims' validation. ok is false for any other token and for any failure;
-// the caller then runs ParseWithClaims, so errors stay golang-jwt's and a
-// true here always agrees with it (tested and fuzzed).
+// verifyMinted verifies a token in the exact form Mint writes, the form of
+// every token of a sale: the header segment is mintedPrefix's, so the
+// algorithm is known to be HS256 without decoding the header into a map
+// (~40 % of a fresh token's verification, docs/BENCHMARKS.md), and the
+// claims are mintedClaims' shape. golang-jwt still checks the HMAC and
+// validates the claims as ParseWithClaims would. ok is false for any other
+// token and for any failure; the caller then runs ParseWithClaims, so errors
+// stay golang-jwt's and a true here always agrees with it (tested and fuzzed).
 func (j *JWT) verifyMinted(token string) (claims shopperClaims, ok bool) {
-	rest, found := strings.CutPrefix(token, mintedHeader+".")
+	rest, found := strings.CutPrefix(token, mintedPrefix)
 	if !found {
 		return claims, false
 	}
@@ -124,12 +123,15 @@ func (j *JWT) verifyMinted(token string) (claims shopperClaims, ok bool) {
 	if err != nil {
 		return claims, false
 	}
-	signed := token[:len(mintedHeader)+1+len(payload)]
+	signed := token[:len(mintedPrefix)+len(payload)]
 	if jwt.SigningMethodHS256.Verify(signed, sig, j.secret) != nil {
 		return claims, false
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(payload)
-	if err != nil || json.Unmarshal(raw, &claims) != nil || j.minted.Validate(&claims) != nil {
+	if err != nil {
+		return claims, false
+	}
+	if claims.RegisteredClaims, ok = mintedClaims(raw); !ok || j.minted.Validate(&claims) != nil {
 		return shopperClaims{}, false
 	}
 	return claims, true
