@@ -20,18 +20,23 @@ import (
 // loops each take everything pending (up to Options.AdmitBatch), run it as one
 // admit.lua call per campaign and one Publish, then answer every waiter.
 //
-// There is no timer: a batch is whatever arrived while the previous batches
-// were in flight, so a lone purchase goes out at once and a burst shares
-// round trips. Per request the outcome is what one-by-one admission would give:
+// A batch is whatever arrived while the previous batches were in flight, so
+// a lone purchase goes out at once and a burst shares round trips. Under
+// load, a loop that finds fewer than AdmitBatch purchases pending while
+// another batch is in flight first waits Options.AdmitLinger (a fraction of
+// a round trip) for more: bigger batches pay the round trips' system calls
+// and the script's fixed work less often per purchase (docs/BENCHMARKS.md).
+// Per request the outcome is what one-by-one admission would give:
 // the script decides requests in order, idempotency included, and a failed
 // publish undoes exactly the requests it carried before they are told 503.
 
 // admitter is the pending list and its flush loops. Loops start on demand
 // and end when nothing is pending, so it needs no lifecycle of its own.
 type admitter struct {
-	mu      sync.Mutex
-	pending []*pendingPurchase
-	loops   int
+	mu       sync.Mutex
+	pending  []*pendingPurchase
+	loops    int
+	flushing int // loops with a batch in flight
 }
 
 // pendingPurchase is one purchase waiting for its batch.
@@ -89,6 +94,7 @@ func (s *Service) submit(p *pendingPurchase) {
 // flushLoop flushes pending purchases until there are none.
 func (s *Service) flushLoop() {
 	ad := &s.admitter
+	lingered := false
 	for {
 		ad.mu.Lock()
 		n := min(len(ad.pending), s.opts.AdmitBatch)
@@ -97,13 +103,26 @@ func (s *Service) flushLoop() {
 			ad.mu.Unlock()
 			return
 		}
+		if n < s.opts.AdmitBatch && ad.flushing > 0 && s.opts.AdmitLinger > 0 && !lingered {
+			// More purchases arrive while the other batch is in flight;
+			// with none in flight, nothing is waited for.
+			ad.mu.Unlock()
+			lingered = true
+			time.Sleep(s.opts.AdmitLinger)
+			continue
+		}
+		lingered = false
 		batch := make([]*pendingPurchase, n)
 		copy(batch, ad.pending)
 		rest := copy(ad.pending, ad.pending[n:])
 		clear(ad.pending[rest:])
 		ad.pending = ad.pending[:rest]
+		ad.flushing++
 		ad.mu.Unlock()
 		s.flush(batch)
+		ad.mu.Lock()
+		ad.flushing--
+		ad.mu.Unlock()
 	}
 }
 

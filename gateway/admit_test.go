@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -65,7 +66,8 @@ func (p *gatePublisher) sizes() []int {
 }
 
 // newAdmissionService returns a Service with one flush in flight at a time
-// on the test Redis, and an open campaign preloaded with stock 100.
+// (unless opts asks for more) on the test Redis, and an open campaign
+// preloaded with stock 100.
 func newAdmissionService(t *testing.T, pub queue.Publisher, opts Options) (*Service, *store.Store, model.Campaign) {
 	t.Helper()
 	st := store.New(testenv.Redis(t))
@@ -74,7 +76,10 @@ func newAdmissionService(t *testing.T, pub queue.Publisher, opts Options) (*Serv
 	if _, err := st.Preload(t.Context(), c, time.Now(), false); err != nil {
 		t.Fatalf("preload: %v", err)
 	}
-	opts.Topic, opts.AdmitConcurrency = "t", 1
+	opts.Topic = "t"
+	if opts.AdmitConcurrency == 0 {
+		opts.AdmitConcurrency = 1
+	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	return New(log, st, memCampaigns{c}, pub, metrics.New(), opts), st, c
 }
@@ -158,6 +163,55 @@ func TestAdmissionCoalesces(t *testing.T) {
 	}
 	if s, err := st.Stats(t.Context(), c.ID); err != nil || s.Accepted != 5 {
 		t.Errorf("accepted: got %d (%v), want 5 (u0's and the four new)", s.Accepted, err)
+	}
+}
+
+// TestAdmissionLingers: purchases arriving while a batch is in flight wait
+// AdmitLinger and go out together, instead of in whatever slices the free
+// loop happened to find.
+func TestAdmissionLingers(t *testing.T) {
+	pub := newGatePublisher(true)
+	svc, _, c := newAdmissionService(t, pub, Options{AdmitConcurrency: 2, AdmitLinger: 500 * time.Millisecond})
+	buy := func(user string) Purchase { return Purchase{UserID: user, CampaignID: c.ID, Quantity: 1} }
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = svc.Purchase(t.Context(), buy("u0")) }) // in flight, held in Publish
+	<-pub.entered
+	errs := make([]error, 10)
+	for i := range errs {
+		wg.Go(func() { _, errs[i] = svc.Purchase(t.Context(), buy(fmt.Sprintf("u%d", i+1))) })
+	}
+	<-pub.entered // the second loop's publish, after its linger
+	close(pub.held)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("purchase %d: %v", i+1, err)
+		}
+	}
+	got := pub.sizes() // both publishes were held, so they end in either order
+	slices.Sort(got)
+	if !slices.Equal(got, []int{1, 10}) {
+		t.Fatalf("publish sizes: got %v, want [1 10] (the ten purchases that arrived during the linger together)", got)
+	}
+}
+
+// TestAdmissionNoLingerWhenIdle: with no batch in flight a purchase goes out
+// at once, whatever AdmitLinger says.
+func TestAdmissionNoLingerWhenIdle(t *testing.T) {
+	pub := newGatePublisher(false)
+	svc, _, c := newAdmissionService(t, pub, Options{AdmitConcurrency: 2, AdmitLinger: time.Hour})
+	done := make(chan error, 1)
+	go func() {
+		_, err := svc.Purchase(t.Context(), Purchase{UserID: "u1", CampaignID: c.ID, Quantity: 1})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("purchase: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a lone purchase waited for AdmitLinger (an hour) with no batch in flight")
 	}
 }
 

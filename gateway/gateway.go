@@ -67,6 +67,9 @@ type Options struct {
 	// calls and the script's fixed work more often (docs/BENCHMARKS.md).
 	AdmitBatch       int // default 256
 	AdmitConcurrency int // default 2
+	// AdmitLinger is how long a batch smaller than AdmitBatch waits for more
+	// purchases while another batch is in flight; 0: never.
+	AdmitLinger time.Duration
 	// BreakerFailures consecutive failed publishes open the circuit breaker
 	// in front of the queue; while it is open, purchases are refused with 503
 	// at once instead of each waiting PublishTimeout. After BreakerOpenFor one

@@ -231,6 +231,7 @@ func start(ctx context.Context, cfg config.Config, log *slog.Logger, roles roleS
 			PublishTimeout:   cfg.Gateway.PublishTimeout,
 			AdmitBatch:       cfg.Gateway.AdmitBatch,
 			AdmitConcurrency: cfg.Gateway.AdmitConcurrency,
+			AdmitLinger:      cfg.Gateway.AdmitLinger,
 			BreakerFailures:  cfg.Gateway.BreakerFailures,
 			BreakerOpenFor:   cfg.Gateway.BreakerOpenFor,
 		})

@@ -113,6 +113,7 @@ type Gateway struct {
 	SoldOutRecheck   time.Duration `yaml:"soldout_recheck" env:"SOLDOUT_RECHECK"`
 	AdmitBatch       int           `yaml:"admit_batch" env:"ADMIT_BATCH"`
 	AdmitConcurrency int           `yaml:"admit_concurrency" env:"ADMIT_CONCURRENCY"`
+	AdmitLinger      time.Duration `yaml:"admit_linger" env:"ADMIT_LINGER"`
 	BreakerFailures  int           `yaml:"breaker_failures" env:"BREAKER_FAILURES"`
 	BreakerOpenFor   time.Duration `yaml:"breaker_open_for" env:"BREAKER_OPEN_FOR"`
 }
@@ -156,7 +157,7 @@ func Default() Config {
 			RocketMQ: RocketMQ{NameServers: []string{"127.0.0.1:9876"}, ProducerGroup: "flashsale-gateway",
 				Retries: 2, MaxReconsumeTimes: 16, SuspendTime: time.Second, LogLevel: "warn"}},
 		Gateway: Gateway{UserRate: 5, UserBurst: 10, PublishTimeout: 2 * time.Second,
-			CampaignCacheTTL: 2 * time.Second, SoldOutRecheck: time.Second, AdmitBatch: 256, AdmitConcurrency: 2,
+			CampaignCacheTTL: 2 * time.Second, SoldOutRecheck: time.Second, AdmitBatch: 256, AdmitConcurrency: 2, AdmitLinger: 500 * time.Microsecond,
 			BreakerFailures: 3, BreakerOpenFor: 2 * time.Second},
 		Worker:   Worker{MaxAttempts: 10},
 		Notifier: Notifier{MaxSubscriptionsPerConn: 256, PingInterval: 20 * time.Second, RecheckInterval: time.Second},
@@ -250,6 +251,8 @@ func (c Config) Validate() error {
 		return bad("gateway.admit_batch", "must be between 1 and 4096")
 	case c.Gateway.AdmitConcurrency < 1 || c.Gateway.AdmitConcurrency > 64:
 		return bad("gateway.admit_concurrency", "must be between 1 and 64")
+	case c.Gateway.AdmitLinger < 0 || c.Gateway.AdmitLinger > 10*time.Millisecond:
+		return bad("gateway.admit_linger", "must be between 0 (off) and 10ms")
 	case c.Gateway.BreakerFailures < 1:
 		return bad("gateway.breaker_failures", "must be at least 1")
 	case c.Gateway.BreakerOpenFor <= 0:
