@@ -13,7 +13,9 @@
 #
 # Not part of .ci/run. Tunables: BENCH_DURATION (10s), BENCH_CONNECTIONS (128),
 # BENCH_THREADS (1: wrk keeps at most one core), BENCH_SHOPPERS (100000),
-# BENCH_STOCK (1000). BENCH_PROFILE=DIR also writes a CPU profile of the server
+# BENCH_STOCK (1000), BENCH_STAGES (hello,accept,soldout,e2e: the stages to
+# run; ratios need hello). Settings of flashsale pass through the
+# environment, e.g. FLASHSALE_GATEWAY_ADMIT_LINGER=0 for an A/B. BENCH_PROFILE=DIR also writes a CPU profile of the server
 # during each stage to DIR/<stage>.pb.gz (`go tool pprof -top -cum FILE`):
 # the binaries then get net/http/pprof through `go build -overlay` from a file
 # made in the run's temporary folder, so nothing in the tree imports it.
@@ -27,6 +29,8 @@ CONNS=${BENCH_CONNECTIONS:-128}
 THREADS=${BENCH_THREADS:-1}
 SHOPPERS=${BENCH_SHOPPERS:-100000}
 STOCK=${BENCH_STOCK:-1000}
+STAGES=${BENCH_STAGES:-hello,accept,soldout,e2e}
+want() { [[ ",$STAGES," == *",$1,"* ]]; }
 REDIS_ADDR=127.0.0.1:6379
 PORT=18080
 HELLO_PORT=18090
@@ -195,75 +199,94 @@ say "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' 
 say "load before the run: $(cut -d' ' -f1-3 /proc/loadavg) (anything else running skews every figure)"
 
 # 1. The ceiling.
-"$WORK/hello" -addr "127.0.0.1:$HELLO_PORT" &
-PIDS+=($!)
-sleep 0.5
-load hello /api/v1/campaigns/x/purchases "${PIDS[-1]}" "$HELLO_PORT"
-kill "${PIDS[-1]}"
+if want hello; then
+  "$WORK/hello" -addr "127.0.0.1:$HELLO_PORT" &
+  PIDS+=($!)
+  sleep 0.5
+  load hello /api/v1/campaigns/x/purchases "${PIDS[-1]}" "$HELLO_PORT"
+  kill "${PIDS[-1]}"
+fi
 
 # 2. The accept path: the gateway role alone, so no worker shares the cores;
 # every request is admitted and published. Its own topic keeps the later
 # serve's workers from draining this backlog during stages 3 and 4.
-FLASHSALE_QUEUE_TOPIC=$TOPIC-accept "$WORK/flashsale" gateway --config "$CONFIG" >"$WORK/gateway.log" 2>&1 &
-PIDS+=($!)
-GW=${PIDS[-1]}
-wait_http "$BASE/healthz"
-ACC=bench-$RUN_ID-accept
-campaign "$ACC" 10000000
-load accept "/api/v1/campaigns/$ACC/purchases" "$GW" "$PORT"
-kill "$GW"
-wait "$GW" 2>/dev/null || true
+# Purchases per admit.lua call (the admission batch size) come from Redis's
+# command statistics, reset when the stage starts.
+if want accept; then
+  FLASHSALE_QUEUE_TOPIC=$TOPIC-accept "$WORK/flashsale" gateway --config "$CONFIG" >"$WORK/gateway.log" 2>&1 &
+  PIDS+=($!)
+  GW=${PIDS[-1]}
+  wait_http "$BASE/healthz"
+  ACC=bench-$RUN_ID-accept
+  campaign "$ACC" 10000000
+  redis-cli -h 127.0.0.1 config resetstat >/dev/null
+  load accept "/api/v1/campaigns/$ACC/purchases" "$GW" "$PORT"
+  CALLS=$(redis-cli -h 127.0.0.1 info commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')
+  BATCH=$(awk -v n="$(awk '/requests in/{print $1}' "$WORK/wrk-accept.txt")" -v c="${CALLS:-0}" 'BEGIN{if(c>0) printf "%.1f", n/c; else print "?"}')
+  CPU[accept]="${CPU[accept]}; $BATCH purchases per admit.lua call"
+  kill "$GW"
+  wait "$GW" 2>/dev/null || true
+fi
 
 # 3 and 4 run on the whole system.
-"$WORK/flashsale" serve --config "$CONFIG" >"$WORK/serve.log" 2>&1 &
-PIDS+=($!)
-SRV=${PIDS[-1]}
-wait_http "$BASE/healthz"
+if want soldout || want e2e; then
+  "$WORK/flashsale" serve --config "$CONFIG" >"$WORK/serve.log" 2>&1 &
+  PIDS+=($!)
+  SRV=${PIDS[-1]}
+  wait_http "$BASE/healthz"
+fi
 
-SO=bench-$RUN_ID-soldout
-campaign "$SO" 1
-curl -fs -o /dev/null -XPOST "$BASE/api/v1/campaigns/$SO/purchases" -H "Authorization: Bearer $(head -1 "$WORK/tokens")" \
-  -H 'Content-Type: application/json' -d '{"quantity":1}' || die "buy the only unit"
-for _ in $(seq 1 100); do
-  curl -fs "$BASE/api/v1/campaigns/$SO" | grep -q '"sold_out":true' && break
-  sleep 0.1
-done
-load soldout "/api/v1/campaigns/$SO/purchases" "$SRV" "$PORT"
+if want soldout; then
+  SO=bench-$RUN_ID-soldout
+  campaign "$SO" 1
+  curl -fs -o /dev/null -XPOST "$BASE/api/v1/campaigns/$SO/purchases" -H "Authorization: Bearer $(head -1 "$WORK/tokens")" \
+    -H 'Content-Type: application/json' -d '{"quantity":1}' || die "buy the only unit"
+  for _ in $(seq 1 100); do
+    curl -fs "$BASE/api/v1/campaigns/$SO" | grep -q '"sold_out":true' && break
+    sleep 0.1
+  done
+  load soldout "/api/v1/campaigns/$SO/purchases" "$SRV" "$PORT"
+fi
 
-say "end to end: $SHOPPERS shoppers, $STOCK items"
-E2E=bench-$RUN_ID-e2e
-t0=$(all_ticks) s0=$(cpu_ticks "$SRV") r0=$(cpu_ticks "$REDIS_PID") m0=$(cpu_ticks "$MARIADB_PID")
-profile e2e 3
-set +e
-"$WORK/flashsale" loadtest --url "$BASE" --campaign "$E2E" --stock "$STOCK" --shoppers "$SHOPPERS" \
-  --concurrency 256 --repeat 0 --idempotent-share 0 --results ws --settle 30 --progress=false --json >"$WORK/e2e.json"
-E2E_STATUS=$?
-set -e
-t1=$(all_ticks) s1=$(cpu_ticks "$SRV") r1=$(cpu_ticks "$REDIS_PID") m1=$(cpu_ticks "$MARIADB_PID")
-json() { sed -n "s/^  \"$1\": \\([^,]*\\),\\{0,1\\}\$/\\1/p" "$WORK/e2e.json" | head -1; }
-RPS[e2e]=$(json requests_per_second | awk '{printf "%.0f", $1}')
-CPU[e2e]=$(awk -v a="$((t1 - t0))" -v s="$((s1 - s0))" -v r="$((r1 - r0))" -v m="$((m1 - m0))" -v n="$(json requests)" -v hz="$HZ" \
-  'BEGIN{if(a<1)a=1; if(n<1)n=1; printf "serve %.0f us/req + redis %.0f us/req; CPU split: serve %d%%, redis %d%%, mariadb %d%%, loadtest+rest %d%%", 1e6*s/hz/n, 1e6*r/hz/n, 100*s/a, 100*r/a, 100*m/a, 100*(a-s-r-m)/a}')
+E2E_STATUS=0
+if want e2e; then
+  say "end to end: $SHOPPERS shoppers, $STOCK items"
+  E2E=bench-$RUN_ID-e2e
+  t0=$(all_ticks) s0=$(cpu_ticks "$SRV") r0=$(cpu_ticks "$REDIS_PID") m0=$(cpu_ticks "$MARIADB_PID")
+  profile e2e 3
+  set +e
+  "$WORK/flashsale" loadtest --url "$BASE" --campaign "$E2E" --stock "$STOCK" --shoppers "$SHOPPERS" \
+    --concurrency 256 --repeat 0 --idempotent-share 0 --results ws --settle 30 --progress=false --json >"$WORK/e2e.json"
+  E2E_STATUS=$?
+  set -e
+  t1=$(all_ticks) s1=$(cpu_ticks "$SRV") r1=$(cpu_ticks "$REDIS_PID") m1=$(cpu_ticks "$MARIADB_PID")
+  json() { sed -n "s/^  \"$1\": \\([^,]*\\),\\{0,1\\}\$/\\1/p" "$WORK/e2e.json" | head -1; }
+  RPS[e2e]=$(json requests_per_second | awk '{printf "%.0f", $1}')
+  CPU[e2e]=$(awk -v a="$((t1 - t0))" -v s="$((s1 - s0))" -v r="$((r1 - r0))" -v m="$((m1 - m0))" -v n="$(json requests)" -v hz="$HZ" \
+    'BEGIN{if(a<1)a=1; if(n<1)n=1; printf "serve %.0f us/req + redis %.0f us/req; CPU split: serve %d%%, redis %d%%, mariadb %d%%, loadtest+rest %d%%", 1e6*s/hz/n, 1e6*r/hz/n, 100*s/a, 100*r/a, 100*m/a, 100*(a-s-r-m)/a}')
+fi
 
-ratio() { awk -v a="$1" -v b="${RPS[hello]}" 'BEGIN{if(b>0) printf "%.2f", a/b; else print "n/a"}'; }
+ratio() { awk -v a="$1" -v b="${RPS[hello]:-0}" 'BEGIN{if(b>0) printf "%.2f", a/b; else print "n/a"}'; }
 echo
 echo "flashsale bench: $(nproc) cores, everything co-located; wrk -t$THREADS -c$CONNS -d$DURATION"
 printf '%-34s %10s %8s  %s\n' stage "req/s" "vs gin" "notes"
-printf '%-34s %10s %8s  %s\n' "bare gin hello (ceiling)" "${RPS[hello]}" "1.00" "${CPU[hello]}"
-printf '%-34s %10s %8s  %s\n' "accept path (202)" "${RPS[accept]}" "$(ratio "${RPS[accept]}")" "non-2xx ${NON2XX[accept]}; ${CPU[accept]}"
-printf '%-34s %10s %8s  %s\n' "sold-out path (410)" "${RPS[soldout]}" "$(ratio "${RPS[soldout]}")" "${CPU[soldout]}"
-printf '%-34s %10s %8s  %s\n' "e2e $SHOPPERS shoppers / $STOCK items" "${RPS[e2e]}" "$(ratio "${RPS[e2e]}")" "${CPU[e2e]}"
-echo
-echo "end to end (loadtest --json, abridged):"
-for k in fire_seconds all_answered_ms all_results_ms time_to_sell_out_ms accepted successes results_delivered ok; do
-  printf '  %-22s %s\n' "$k" "$(json "$k")"
-done
-sed -n '/"time_to_result_ms"/,/}/p;/"accept_latency_ms"/,/}/p' "$WORK/e2e.json" | tr -d ' \n' | sed 's/}/}\n/g' | sed 's/^,//;s/^/  /'
+want hello && printf '%-34s %10s %8s  %s\n' "bare gin hello (ceiling)" "${RPS[hello]}" "1.00" "${CPU[hello]}"
+want accept && printf '%-34s %10s %8s  %s\n' "accept path (202)" "${RPS[accept]}" "$(ratio "${RPS[accept]}")" "non-2xx ${NON2XX[accept]}; ${CPU[accept]}"
+want soldout && printf '%-34s %10s %8s  %s\n' "sold-out path (410)" "${RPS[soldout]}" "$(ratio "${RPS[soldout]}")" "${CPU[soldout]}"
+want e2e && printf '%-34s %10s %8s  %s\n' "e2e $SHOPPERS shoppers / $STOCK items" "${RPS[e2e]}" "$(ratio "${RPS[e2e]}")" "${CPU[e2e]}"
+if want e2e; then
+  echo
+  echo "end to end (loadtest --json, abridged):"
+  for k in fire_seconds all_answered_ms all_results_ms time_to_sell_out_ms accepted successes results_delivered ok; do
+    printf '  %-22s %s\n' "$k" "$(json "$k")"
+  done
+  sed -n '/"time_to_result_ms"/,/}/p;/"accept_latency_ms"/,/}/p' "$WORK/e2e.json" | tr -d ' \n' | sed 's/}/}\n/g' | sed 's/^,//;s/^/  /'
+fi
 if [ -n "${BENCH_PROFILE:-}" ]; then
   for pid in "${PROFILE_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   echo
   echo "profiles in $BENCH_PROFILE: $(cd "$BENCH_PROFILE" && ls -- *.pb.gz 2>/dev/null | tr '\n' ' ')(go tool pprof -top -cum FILE)"
 fi
-[ "${NON2XX[accept]}" = 0 ] || die "accept path: ${NON2XX[accept]} answers were not 2xx"
-[ "${NON2XX[soldout]}" != 0 ] || die "sold-out path: no refusals, the campaign was not sold out"
+! want accept || [ "${NON2XX[accept]}" = 0 ] || die "accept path: ${NON2XX[accept]} answers were not 2xx"
+! want soldout || [ "${NON2XX[soldout]}" != 0 ] || die "sold-out path: no refusals, the campaign was not sold out"
 [ "$E2E_STATUS" = 0 ] || die "end to end: loadtest reported violated invariants (exit $E2E_STATUS); see above"
