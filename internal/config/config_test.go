@@ -61,6 +61,7 @@ func TestEnvOverrides(t *testing.T) {
 		"FLASHSALE_NOTIFIER_MAX_SUBSCRIPTIONS_PER_CONN": "3",
 		"FLASHSALE_QUEUE_ROCKETMQ_NAME_SERVERS":         "10.0.0.2:9876,10.0.0.3:9876",
 		"FLASHSALE_QUEUE_ROCKETMQ_SUSPEND_TIME":         "250ms",
+		"FLASHSALE_GATEWAY_ADMIT_LINGER":                "0",
 	})
 	if err != nil {
 		t.Fatalf("load: %v", err)
@@ -79,6 +80,7 @@ func TestEnvOverrides(t *testing.T) {
 		{"queue.partitions (untouched)", cfg.Queue.Partitions, 8},
 		{"queue.rocketmq.name_servers", cfg.Queue.RocketMQ.NameServers, []string{"10.0.0.2:9876", "10.0.0.3:9876"}},
 		{"queue.rocketmq.suspend_time", cfg.Queue.RocketMQ.SuspendTime, 250 * time.Millisecond},
+		{"gateway.admit_linger (0 turns it off)", cfg.Gateway.AdmitLinger, time.Duration(0)},
 	}
 	for _, c := range checks {
 		if !reflect.DeepEqual(c.got, c.want) {
@@ -102,6 +104,8 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 		{name: "server redis without addr", yaml: "redis:\n  mode: server\n", wantKey: "redis.addr"},
 		{name: "dev secrets with real redis", yaml: "redis:\n  mode: server\n  addr: r:6379\n", wantKey: "auth"},
 		{name: "bad log level", yaml: "log:\n  level: loud\n", wantKey: "log.level"},
+		{name: "admit linger too long", yaml: "gateway:\n  admit_linger: 20ms\n", wantKey: "gateway.admit_linger"},
+		{name: "negative admit linger", env: map[string]string{"FLASHSALE_GATEWAY_ADMIT_LINGER": "-1ms"}, wantKey: "gateway.admit_linger"},
 		{name: "bad env number", env: map[string]string{"FLASHSALE_QUEUE_PARTITIONS": "many"}, wantKey: "FLASHSALE_QUEUE_PARTITIONS"},
 		{name: "rocketmq without name servers", yaml: "queue:\n  driver: rocketmq\n  rocketmq:\n    name_servers: []\n", wantKey: "queue.rocketmq.name_servers"},
 		{name: "rocketmq name server without port", env: map[string]string{"FLASHSALE_QUEUE_DRIVER": "rocketmq", "FLASHSALE_QUEUE_ROCKETMQ_NAME_SERVERS": "namesrv"}, wantKey: "queue.rocketmq.name_servers"},
