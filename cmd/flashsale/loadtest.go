@@ -236,10 +236,11 @@ type loadtest struct {
 	// shoppers sends the purchases and polls: fasthttp's client costs a
 	// fraction of net/http's CPU per request, and the generator shares the
 	// cores with the server it measures.
-	shoppers *fasthttp.HostClient
-	jwt      *auth.JWT
-	wsSlots  chan struct{} // one token per WebSocket the tool may hold open
-	rec      *recorder
+	shoppers    *fasthttp.HostClient
+	purchaseURL string // the campaign's purchase endpoint, built once
+	jwt         *auth.JWT
+	wsSlots     chan struct{} // one token per WebSocket the tool may hold open
+	rec         *recorder
 }
 
 // Socket budget: descriptors kept free for the process itself, and the most
@@ -273,12 +274,13 @@ func newLoadtest(o loadtestOptions, embedded bool) *loadtest {
 	tr.MaxIdleConns = httpConns
 	tr.DisableCompression = true
 	return &loadtest{
-		o:        o,
-		http:     &http.Client{Transport: tr, Timeout: o.timeout},
-		shoppers: newShopperClient(o.url, httpConns, o.timeout),
-		jwt:      auth.NewJWT([]byte(o.jwtSecret), 0),
-		wsSlots:  make(chan struct{}, wsCap),
-		rec:      newRecorder(o, httpConns, wsCap),
+		o:           o,
+		http:        &http.Client{Transport: tr, Timeout: o.timeout},
+		shoppers:    newShopperClient(o.url, httpConns, o.timeout),
+		purchaseURL: o.url + "/api/v1/campaigns/" + o.campaign + "/purchases",
+		jwt:         auth.NewJWT([]byte(o.jwtSecret), 0),
+		wsSlots:     make(chan struct{}, wsCap),
+		rec:         newRecorder(o, httpConns, wsCap),
 	}
 }
 

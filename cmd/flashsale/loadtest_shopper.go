@@ -103,7 +103,7 @@ func (lt *loadtest) purchase(ctx context.Context, s *shopper, key string, due ti
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(lt.o.url + "/api/v1/campaigns/" + lt.o.campaign + "/purchases")
+	req.SetRequestURI(lt.purchaseURL)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.Set("Authorization", "Bearer "+s.token)
 	req.Header.SetContentType("application/json")

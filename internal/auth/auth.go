@@ -72,7 +72,7 @@ func (j *JWT) Verify(token string) (string, error) {
 	if !ok {
 		// Anything else, and every failure, gets golang-jwt's whole parse
 		// and its error.
-		claims = shopperClaims{}
+		claims = jwt.RegisteredClaims{}
 		_, err := jwt.ParseWithClaims(token, &claims, func(*jwt.Token) (any, error) { return j.secret, nil },
 			j.parserOptions()...)
 		if err != nil {
@@ -110,7 +110,7 @@ var mintedPrefix = func() string {
 // validates the claims as ParseWithClaims would. ok is false for any other
 // token and for any failure; the caller then runs ParseWithClaims, so errors
 // stay golang-jwt's and a true here always agrees with it (tested and fuzzed).
-func (j *JWT) verifyMinted(token string) (claims shopperClaims, ok bool) {
+func (j *JWT) verifyMinted(token string) (claims jwt.RegisteredClaims, ok bool) {
 	rest, found := strings.CutPrefix(token, mintedPrefix)
 	if !found {
 		return claims, false
@@ -131,8 +131,8 @@ func (j *JWT) verifyMinted(token string) (claims shopperClaims, ok bool) {
 	if err != nil {
 		return claims, false
 	}
-	if claims.RegisteredClaims, ok = mintedClaims(raw); !ok || j.minted.Validate(&claims) != nil {
-		return shopperClaims{}, false
+	if claims, ok = mintedClaims(raw); !ok || j.minted.Validate(&claims) != nil {
+		return jwt.RegisteredClaims{}, false
 	}
 	return claims, true
 }

@@ -1,7 +1,6 @@
 package auth
 
 import (
-	"encoding/json"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -9,32 +8,16 @@ import (
 	"flashsale/model"
 )
 
-// shopperClaims are a shopper token's registered claims. golang-jwt decodes
-// them through UnmarshalJSON and still does all the checking (signature,
-// algorithm, exp/nbf); only the decoding is ours, and only for the exact
-// form Mint writes: a sale verifies every shopper's token once, and
-// reflection-driven decoding was most of that (docs/BENCHMARKS.md).
-type shopperClaims struct {
-	jwt.RegisteredClaims
-}
-
-// UnmarshalJSON decodes b as encoding/json decodes it into
-// jwt.RegisteredClaims (tested and fuzzed for equality).
-func (c *shopperClaims) UnmarshalJSON(b []byte) error {
-	if rc, ok := mintedClaims(b); ok {
-		c.RegisteredClaims = rc
-		return nil
-	}
-	return json.Unmarshal(b, &c.RegisteredClaims)
-}
-
 // maxExactSeconds bounds the dates read here to those golang-jwt's float64
 // parsing keeps exact.
 const maxExactSeconds = 1 << 53
 
 // mintedClaims reads claims in the shape Mint writes with model.LiteDecoder:
 // "sub" a plain string, "exp", "nbf" and "iat" whole seconds, no other
-// member; ok is false for anything else.
+// member; ok is false for anything else. What it reads equals what
+// encoding/json reads into jwt.RegisteredClaims (tested and fuzzed); a sale
+// verifies every shopper's token once, and reflection-driven decoding was
+// most of that (docs/BENCHMARKS.md).
 func mintedClaims(b []byte) (rc jwt.RegisteredClaims, ok bool) {
 	d := model.NewLiteDecoder(b)
 	date := func(dst **jwt.NumericDate) bool {

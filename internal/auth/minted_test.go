@@ -30,7 +30,7 @@ func newMintedTestJWT() *JWT {
 func agreesWithParse(t *testing.T, j *JWT, token string) bool {
 	t.Helper()
 	fast, ok := j.verifyMinted(token)
-	var full shopperClaims
+	var full jwt.RegisteredClaims
 	_, err := jwt.ParseWithClaims(token, &full, func(*jwt.Token) (any, error) { return j.secret, nil },
 		j.parserOptions()...)
 	if ok && err != nil {
