@@ -57,6 +57,9 @@ type DB struct {
 	gdb    *gorm.DB
 	pool   *sql.DB // gorm's pool, for the batched order insert
 	driver string
+	// inserts holds the prepared order INSERTs (MySQL only: SQLite runs in
+	// the process, so there is no text to send and parse).
+	inserts insertStmts
 }
 
 // Driver names accepted by Open.
@@ -139,7 +142,7 @@ func (db *DB) Close() error {
 	if err != nil {
 		return err
 	}
-	return sqlDB.Close()
+	return errors.Join(db.inserts.close(), sqlDB.Close())
 }
 
 // Ping checks that the database answers.
@@ -209,7 +212,16 @@ func (db *DB) InsertOrders(ctx context.Context, orders []model.Order) error {
 	at := now()
 	for start := 0; start < len(orders); start += maxOrdersPerInsert {
 		chunk := orders[start:min(start+maxOrdersPerInsert, len(orders))]
-		if _, err := db.pool.ExecContext(ctx, insertOrdersSQL(db.driver, len(chunk)), orderArgs(chunk, at)...); err != nil {
+		args := orderArgs(chunk, at)
+		prepared := false
+		var err error
+		if db.driver == DriverMySQL {
+			prepared, err = db.inserts.exec(ctx, db.pool, len(chunk), args)
+		}
+		if !prepared {
+			_, err = db.pool.ExecContext(ctx, insertOrdersSQL(db.driver, len(chunk)), args...)
+		}
+		if err != nil {
 			return fmt.Errorf("insert %d orders: %w", len(orders), err)
 		}
 	}
