@@ -19,10 +19,14 @@
 --   reason       set for rejected (insufficient_stock, not_loaded, bad_message), "" otherwise
 --
 -- Cost: every redis.call is the expensive part of a script, so the batch reads
--- its stored results and its users' units with one HMGET each, keeps them in
--- Lua tables, and writes the results that move no stock (the great majority
--- once a sale is sold out) with one HSET at the end. A success still writes
--- its deduction, its user's units and its result together, at once (see below).
+-- its stored results and its users' units with one HMGET each, decides in Lua
+-- tables, and writes once at the end: one DECRBY for all its units, one HSET
+-- of its buyers' units, one HSET of its results (in chunks below Lua's unpack
+-- limit). Nothing is written before every request is decided, so a script
+-- that stops on an error inside the loop changes nothing and the batch is
+-- decided again on redelivery. The writes go deduction first, results last:
+-- a stop between them could only lose units (undersell), never record a
+-- success whose units were not taken.
 
 local n = tonumber(ARGV[1])
 local reply = { 0 }
@@ -58,7 +62,9 @@ end
 -- decided holds this batch's final results by request id, so a request
 -- delivered twice within one batch is decided once.
 local decided = {}
-local deferred = {} -- field/value pairs of results that moved no stock
+local results = {}  -- field/value pairs of the results decided by this call
+local buyers = {}   -- field/value pairs: each buyer's units after this call
+local bought_now = {} -- users already in buyers
 local fin = {}      -- status -> results decided by this call
 local sold = 0
 
@@ -94,23 +100,13 @@ for i = 1, n do
       remaining = remaining - qty
       bought[user] = bought[user] + qty
       sold = sold + qty
-      -- Deduction, units and result are written per success (not once at
-      -- the end) so that an error later in the batch cannot leave a sale
-      -- without its deduction, or a deduction without its result.
-      redis.call('DECRBY', KEYS[1], qty)
-      redis.call('HINCRBY', KEYS[2], user, qty)
-      if remaining == 0 then
-        redis.call('SET', KEYS[4], '1')
-        reply[1] = 1
+      if not bought_now[user] then
+        bought_now[user] = true
+        buyers[#buyers + 1] = user
       end
     end
-    local value = status .. '|' .. (qty or 0) .. '|' .. order .. '|' .. reason .. '|' .. user
-    if status == 'success' then
-      redis.call('HSET', KEYS[3], rid, value)
-    else
-      deferred[#deferred + 1] = rid
-      deferred[#deferred + 1] = value
-    end
+    results[#results + 1] = rid
+    results[#results + 1] = status .. '|' .. (qty or 0) .. '|' .. order .. '|' .. reason .. '|' .. user
     fin[status] = (fin[status] or 0) + 1
     decided[rid] = { status, order, reason }
   end
@@ -119,12 +115,27 @@ for i = 1, n do
   reply[#reply + 1] = reason
 end
 
--- Decisions that moved no stock can wait until here: if the script stopped
--- before this point they stay queued and are decided again on redelivery.
--- Large batches are split to stay clear of Lua's unpack limit.
-for j = 1, #deferred, 4000 do
-  redis.call('HSET', KEYS[3], unpack(deferred, j, math.min(j + 3999, #deferred)))
+-- Large batches are written in chunks to stay clear of Lua's unpack limit.
+local function hset_all(key, pairs_list)
+  for j = 1, #pairs_list, 4000 do
+    redis.call('HSET', key, unpack(pairs_list, j, math.min(j + 3999, #pairs_list)))
+  end
 end
+
+if sold > 0 then
+  redis.call('DECRBY', KEYS[1], sold)
+  local units = {}
+  for _, user in ipairs(buyers) do
+    units[#units + 1] = user
+    units[#units + 1] = bought[user]
+  end
+  hset_all(KEYS[2], units)
+  if remaining == 0 then
+    redis.call('SET', KEYS[4], '1')
+    reply[1] = 1
+  end
+end
+hset_all(KEYS[3], results)
 -- Statistics only (the queued count and the sold total): one write per
 -- status rather than one per request.
 if sold > 0 then

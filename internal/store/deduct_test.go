@@ -278,6 +278,38 @@ func TestDeductRedeliveryChangesNothing(t *testing.T) {
 	})
 }
 
+// A script that stops inside its loop writes nothing: here the second
+// request's stored units are not a number (a Lua error once the first request
+// has been decided a success), and neither the first request's deduction nor
+// its result may remain, so the redelivered batch is decided afresh.
+func TestDeductErrorChangesNothing(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		c := newCampaign(5, 2)
+		mustPreload(t, s, c)
+		k := campaignKeys(c.ID)
+		if err := s.Client().HSet(t.Context(), k.users, "u2", "not-a-number").Err(); err != nil {
+			t.Fatal(err)
+		}
+		before := mustStats(t, s, c.ID)
+		_, err := s.Deduct(t.Context(), c.ID, []Deduction{
+			{RequestID: newRequestID(c.ID), UserID: "u1", Quantity: 1, OrderID: "o1"},
+			{RequestID: newRequestID(c.ID), UserID: "u2", Quantity: 1, OrderID: "o2"},
+		})
+		if err == nil {
+			t.Fatalf("Deduct: got nil, want the script's error")
+		}
+		if after := mustStats(t, s, c.ID); !reflect.DeepEqual(after, before) {
+			t.Errorf("stats after the failed call: got %+v, want %+v", after, before)
+		}
+		if got := mustUserUnits(t, s, c.ID, "u1"); got != 0 {
+			t.Errorf("UserUnits(u1): got %d, want 0", got)
+		}
+		if n, err := s.Client().HLen(t.Context(), k.results).Result(); err != nil || n != 0 {
+			t.Errorf("stored results: got %d (%v), want 0", n, err)
+		}
+	})
+}
+
 func TestDeductEmptyBatch(t *testing.T) {
 	s := New(nil) // an empty batch never reaches Redis
 	got, err := s.Deduct(t.Context(), "c", nil)
