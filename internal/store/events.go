@@ -35,18 +35,37 @@ func (s *Store) PublishEvent(ctx context.Context, e Event) error {
 	return nil
 }
 
-// PublishResults broadcasts final results to every notifier, in one round trip.
+// resultsPerMessage bounds how many results share one message on
+// ResultsChannel (about 200 bytes each).
+const resultsPerMessage = 256
+
+// PublishResults broadcasts final results to every notifier, in one round
+// trip. Results travel many to a message, one JSON object a line (JSON text
+// holds no raw newline): Redis then fans out one message per batch instead
+// of one per result, and a worker's batch of 512 costs it 2 PUBLISHes, not
+// 512. A subscriber of an older version cannot read such a message and
+// drops it; its waiters still get their results from the stored copy (the
+// notifier's periodic re-check).
 func (s *Store) PublishResults(ctx context.Context, results []model.Result) error {
 	if len(results) == 0 {
 		return nil
 	}
 	pipe := s.rdb.Pipeline()
-	for _, r := range results {
-		b, err := model.EncodeResult(r)
-		if err != nil {
-			return fmt.Errorf("publish results: %w", err)
+	for start := 0; start < len(results); start += resultsPerMessage {
+		var msg []byte
+		for _, r := range results[start:min(start+resultsPerMessage, len(results))] {
+			b, err := model.EncodeResult(r)
+			if err != nil {
+				return fmt.Errorf("publish results: %w", err)
+			}
+			if msg == nil {
+				msg = make([]byte, 0, (len(b)+1)*min(resultsPerMessage, len(results)-start))
+			} else {
+				msg = append(msg, '\n')
+			}
+			msg = append(msg, b...)
 		}
-		pipe.Publish(ctx, ResultsChannel, b)
+		pipe.Publish(ctx, ResultsChannel, msg)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("publish %d results: %w", len(results), err)
@@ -71,8 +90,10 @@ func (s *Store) SubscribeEvents(ctx context.Context, ready func(), fn func(Event
 // results for what they still wait on.
 func (s *Store) SubscribeResults(ctx context.Context, ready func(), fn func(model.Result)) error {
 	return s.subscribe(ctx, ResultsChannel, ready, func(payload string) {
-		if r, err := model.DecodeResult([]byte(payload)); err == nil {
-			fn(r)
+		for line := range strings.SplitSeq(payload, "\n") {
+			if r, err := model.DecodeResult([]byte(line)); err == nil {
+				fn(r)
+			}
 		}
 	})
 }

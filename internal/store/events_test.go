@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -123,6 +124,53 @@ func TestResults(t *testing.T) {
 			if r != w {
 				t.Errorf("result %d: got %+v, want %+v", i, r, w)
 			}
+		}
+	})
+}
+
+// TestResultsShareMessages: a large batch of results reaches subscribers
+// whole and in order, many results to a Redis message.
+func TestResultsShareMessages(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		c := newCampaign(1, 1)
+		const n = 2*resultsPerMessage + 3
+		got := make(chan model.Result, n)
+		subscribed(t, func(ctx context.Context, ready func()) error {
+			return s.SubscribeResults(ctx, ready, func(r model.Result) {
+				if r.CampaignID == c.ID {
+					got <- r
+				}
+			})
+		})
+		// A plain subscriber counts the messages that carry them.
+		messages := make(chan struct{}, n)
+		subscribed(t, func(ctx context.Context, ready func()) error {
+			return s.subscribe(ctx, ResultsChannel, ready, func(payload string) {
+				if strings.Contains(payload, c.ID) {
+					messages <- struct{}{}
+				}
+			})
+		})
+		want := make([]model.Result, n)
+		for i := range want {
+			want[i] = model.Result{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: fmt.Sprintf("u%d", i),
+				Status: model.StatusSoldOut, Quantity: 1}
+		}
+		if err := s.PublishResults(t.Context(), want); err != nil {
+			t.Fatalf("PublishResults: %v", err)
+		}
+		for i, w := range want {
+			if r := recv(t, got, "result"); r != w {
+				t.Fatalf("result %d: got %+v, want %+v", i, r, w)
+			}
+		}
+		for range 3 {
+			recv(t, messages, "message")
+		}
+		select {
+		case <-messages:
+			t.Errorf("got more than 3 messages for %d results", n)
+		case <-time.After(50 * time.Millisecond):
 		}
 	})
 }
