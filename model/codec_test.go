@@ -198,6 +198,16 @@ func checkEncodeEquivalent(t *testing.T, s1, s2, s3 string, n int64, at time.Tim
 		if string(got) != string(want) || (gotErr == nil) != (wantErr == nil) {
 			t.Fatalf("EncodeResult(%+v) = %s (%v), want %s (%v)", r, got, gotErr, want, wantErr)
 		}
+		// Appended after other results, the same bytes follow them, and a
+		// failure leaves what was there.
+		prefix := []byte(`{"earlier":1}` + "\n")
+		appended, appendErr := AppendResult(prefix, r)
+		if wantErr == nil && (appendErr != nil || string(appended) != string(prefix)+string(want)) {
+			t.Fatalf("AppendResult(%q, %+v) = %s (%v), want %s%s", prefix, r, appended, appendErr, prefix, want)
+		}
+		if wantErr != nil && (appendErr == nil || string(appended) != string(prefix)) {
+			t.Fatalf("AppendResult(%q, %+v) = %s (%v), want %s and an error", prefix, r, appended, appendErr, prefix)
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package model
 
 import (
 	"encoding/json"
+	"slices"
 	"time"
 )
 
@@ -23,12 +24,17 @@ type Result struct {
 
 // EncodeResult is the wire form used on the results channel: exactly what
 // json.Marshal writes.
-func EncodeResult(r Result) ([]byte, error) {
+func EncodeResult(r Result) ([]byte, error) { return AppendResult(nil, r) }
+
+// AppendResult appends EncodeResult's bytes for r to dst, so that many
+// results can share one buffer (a results message carries a batch's).
+func AppendResult(dst []byte, r Result) ([]byte, error) {
 	if !JSONSafe(r.RequestID) || !JSONSafe(r.CampaignID) || !JSONSafe(r.UserID) ||
 		!JSONSafe(string(r.Status)) || !JSONSafe(r.Reason) || !JSONSafe(r.OrderID) {
-		return json.Marshal(r)
+		return appendMarshal(dst, r)
 	}
-	b := make([]byte, 0, 128+len(r.RequestID)+len(r.CampaignID)+len(r.UserID)+len(r.Reason)+len(r.OrderID))
+	start := len(dst)
+	b := slices.Grow(dst, 128+len(r.RequestID)+len(r.CampaignID)+len(r.UserID)+len(r.Reason)+len(r.OrderID))
 	b = append(b, `{"request_id":`...)
 	b = appendStr(b, r.RequestID)
 	b = append(b, `,"campaign_id":`...)
@@ -49,12 +55,22 @@ func EncodeResult(r Result) ([]byte, error) {
 	b = appendInt(b, r.Quantity)
 	if !r.FinishedAt.IsZero() {
 		b = append(b, `,"finished_at":`...)
-		var err error
-		if b, err = appendTime(b, r.FinishedAt); err != nil {
-			return json.Marshal(r) // a year outside 0-9999: json's own error
+		withTime, err := appendTime(b, r.FinishedAt)
+		if err != nil {
+			return appendMarshal(b[:start], r) // a year outside 0-9999: json's own error
 		}
+		b = withTime
 	}
 	return append(b, '}'), nil
+}
+
+// appendMarshal appends json.Marshal's encoding of r to dst.
+func appendMarshal(dst []byte, r Result) ([]byte, error) {
+	j, err := json.Marshal(r)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, j...), nil
 }
 
 // DecodeResult parses EncodeResult's output.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"maps"
 	"slices"
 	"sync"
 )
@@ -76,7 +77,7 @@ func (c *insertStmts) add(ctx context.Context, pool *sql.DB, n int) bool {
 	}
 	evict := 0
 	if len(c.byRows) >= maxPreparedSizes {
-		evict = slices.Min(sizes(c.byRows))
+		evict = slices.Min(slices.Collect(maps.Keys(c.byRows)))
 		if n < evict {
 			return false
 		}
@@ -115,15 +116,5 @@ func (c *insertStmts) close() error {
 func (c *insertStmts) cachedSizes() []int {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	s := sizes(c.byRows)
-	slices.Sort(s)
-	return s
-}
-
-func sizes(m map[int]*sql.Stmt) []int {
-	out := make([]int, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
+	return slices.Sorted(maps.Keys(c.byRows))
 }

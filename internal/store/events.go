@@ -52,18 +52,16 @@ func (s *Store) PublishResults(ctx context.Context, results []model.Result) erro
 	}
 	pipe := s.rdb.Pipeline()
 	for start := 0; start < len(results); start += resultsPerMessage {
-		var msg []byte
-		for _, r := range results[start:min(start+resultsPerMessage, len(results))] {
-			b, err := model.EncodeResult(r)
-			if err != nil {
-				return fmt.Errorf("publish results: %w", err)
-			}
-			if msg == nil {
-				msg = make([]byte, 0, (len(b)+1)*min(resultsPerMessage, len(results)-start))
-			} else {
+		part := results[start:min(start+resultsPerMessage, len(results))]
+		msg := make([]byte, 0, 200*len(part))
+		for i, r := range part {
+			if i > 0 {
 				msg = append(msg, '\n')
 			}
-			msg = append(msg, b...)
+			var err error
+			if msg, err = model.AppendResult(msg, r); err != nil {
+				return fmt.Errorf("publish results: %w", err)
+			}
 		}
 		pipe.Publish(ctx, ResultsChannel, msg)
 	}
