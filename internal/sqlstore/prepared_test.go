@@ -1,9 +1,15 @@
 package sqlstore
 
 import (
+	"database/sql"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
+
+	gomysql "github.com/go-sql-driver/mysql"
+
+	"flashsale/internal/testenv"
 )
 
 // TestInsertOrdersPrepared: batches large enough for a prepared statement
@@ -97,5 +103,62 @@ func TestPreparedInsertsConcurrently(t *testing.T) {
 	}
 	if got := db.inserts.cachedSizes(); len(got) > maxPreparedSizes {
 		t.Fatalf("got %d prepared sizes, want at most %d", len(got), maxPreparedSizes)
+	}
+}
+
+// TestPreparedInsertAfterConnectionLoss: when MySQL drops the connections a
+// statement was prepared on (a restart, a proxy timeout), the next insert of
+// that size prepares it again on a new connection, and every row arrives
+// once.
+func TestPreparedInsertAfterConnectionLoss(t *testing.T) {
+	dsn := testenv.MySQLDSN(t)
+	db, err := Open(t.Context(), DriverMySQL, dsn)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	const n = minPreparedRows + 8
+	mustInsert(t, db, testOrders("cl", 0, n))
+
+	// Kill this database's connections, from a connection of its own.
+	cfg, err := gomysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	killer, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer killer.Close()
+	rows, err := killer.QueryContext(t.Context(),
+		"SELECT id FROM information_schema.processlist WHERE db = ? AND id <> CONNECTION_ID()", cfg.DBName)
+	if err != nil {
+		t.Fatalf("list connections: %v", err)
+	}
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	_ = rows.Close()
+	if len(ids) == 0 {
+		t.Fatalf("no connection of database %s to kill", cfg.DBName)
+	}
+	for _, id := range ids {
+		if _, err := killer.ExecContext(t.Context(), fmt.Sprintf("KILL CONNECTION %d", id)); err != nil {
+			t.Fatalf("kill %d: %v", id, err)
+		}
+	}
+
+	mustInsert(t, db, testOrders("cl", n, n))
+	st, err := db.CampaignOrderStats(t.Context(), "cl")
+	if err != nil || st.Orders != 2*n {
+		t.Fatalf("got stats %+v (%v), want %d orders", st, err, 2*n)
+	}
+	if got := db.inserts.cachedSizes(); !slices.Equal(got, []int{n}) {
+		t.Fatalf("got prepared sizes %v, want [%d]", got, n)
 	}
 }
