@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -169,4 +170,43 @@ func (db *DB) gormInsertOrders(ctx context.Context, orders []model.Order) error 
 			Quantity: o.Quantity, Status: string(o.Status)}
 	}
 	return db.gdb.WithContext(ctx).Clauses(clause.OnConflict{DoNothing: true}).CreateInBatches(rows, 1000).Error
+}
+
+// BenchmarkInsertIndexes measures what the orders table's indexes cost the
+// prepared 512-row INSERT: scratch tables with the same columns and the
+// primary key only, without the (campaign, user) index, and with all three
+// (the real table's set), in the benchmark's own database.
+func BenchmarkInsertIndexes(b *testing.B) {
+	const columns = "`id` varchar(64) NOT NULL, `request_id` varchar(120) NOT NULL, `campaign_id` varchar(64) NOT NULL, " +
+		"`user_id` varchar(128) NOT NULL, `quantity` bigint NOT NULL, `status` varchar(32) NOT NULL, " +
+		"`created_at` datetime(3), `updated_at` datetime(3), PRIMARY KEY (`id`)"
+	for _, v := range []struct{ name, indexes string }{
+		{"primary_key_only", ""},
+		{"plus_request_id", ", UNIQUE KEY (`request_id`)"},
+		{"all_three", ", UNIQUE KEY (`request_id`), KEY (`campaign_id`, `user_id`)"},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			db := openDBs(b)[DriverMySQL](b)
+			table := "bench_" + v.name
+			if _, err := db.pool.ExecContext(b.Context(), "CREATE TABLE `"+table+"` ("+columns+v.indexes+")"); err != nil {
+				b.Fatal(err)
+			}
+			const size = 512
+			stmt, err := db.pool.PrepareContext(b.Context(),
+				strings.Replace(insertOrdersSQL(DriverMySQL, size), "`orders`", "`"+table+"`", 1))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer stmt.Close()
+			n := 0
+			for b.Loop() {
+				orders := testOrders("bench", n, size)
+				n += size
+				if _, err := stmt.ExecContext(b.Context(), orderArgs(orders, now())...); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "rows/s")
+		})
+	}
 }
