@@ -50,6 +50,64 @@ type Consumer interface {
 	Consume(ctx context.Context, topic string, h Handler) error
 }
 
+// Finish is the second step of a batch handled by a PipelineHandler. It
+// returns nil to acknowledge the batch or an error to have it redelivered.
+type Finish func(ctx context.Context) error
+
+// PipelineHandler handles a batch in two steps, so that a partition's next
+// batch can start while this one completes (a worker deducts the next batch
+// in Redis while it inserts this one's orders in MySQL).
+//
+// The first step is the call itself, under the rules of a Handler: one batch
+// of a partition at a time, in order. It returns an error to have the batch
+// redelivered, or the batch's Finish (nil when there is nothing left to do:
+// the batch is acknowledged at once). The consumer runs each Finish after
+// the previous batch of the partition was acknowledged, while the partition's
+// next batch may already be in its first step; so at most two batches of a
+// partition are in flight, and a partition's acknowledgements stay in order.
+//
+// When a Finish fails, that batch and every later batch of the partition are
+// redelivered, in order, starting with it; no later batch's Finish runs
+// before its redelivered Finish succeeds. A later batch's first step may have
+// run meanwhile (its Finish is then dropped, not run), so it runs again: the
+// first step must be idempotent per Message.ID, as every handler must.
+type PipelineHandler func(ctx context.Context, msgs []Message) (Finish, error)
+
+// PipelineConsumer is implemented by consumers that run a batch's Finish
+// behind the next batch's first step (Features.Pipeline). Cancellation and
+// shutdown are as for Consume: batches in flight run both steps to the end.
+type PipelineConsumer interface {
+	ConsumePipelined(ctx context.Context, topic string, h PipelineHandler) error
+}
+
+// ConsumePipelined runs h on c, pipelined if c is a PipelineConsumer and
+// otherwise with both steps in one handler call.
+func ConsumePipelined(ctx context.Context, c Consumer, topic string, h PipelineHandler) error {
+	if pc, ok := c.(PipelineConsumer); ok {
+		return pc.ConsumePipelined(ctx, topic, h)
+	}
+	return c.Consume(ctx, topic, Serial(h))
+}
+
+// Serial is h as a Handler: each call runs the first step and then the
+// Finish.
+func Serial(h PipelineHandler) Handler {
+	return func(ctx context.Context, msgs []Message) error {
+		finish, err := h(ctx, msgs)
+		if err != nil || finish == nil {
+			return err
+		}
+		return finish(ctx)
+	}
+}
+
+// OneStep is h as a PipelineHandler whose batches need no Finish.
+func OneStep(h Handler) PipelineHandler {
+	return func(ctx context.Context, msgs []Message) (Finish, error) {
+		return nil, h(ctx, msgs)
+	}
+}
+
 // DelayPublisher is implemented by publishers that can hold messages back
 // (Features.Delay). It is Publish with a delay: the messages are stored at
 // once and delivered no earlier than delay from now, possibly later (drivers
@@ -73,6 +131,8 @@ type Features struct {
 	Persistent bool
 	// Delay: the publisher implements DelayPublisher.
 	Delay bool
+	// Pipeline: consumers implement PipelineConsumer.
+	Pipeline bool
 }
 
 // ErrClosed is returned by a publisher or consumer after Close.

@@ -6,6 +6,12 @@
 // request id) → insert orders (duplicates ignored by a unique index) → publish
 // results → acknowledge. A crash anywhere before the acknowledgement leads to
 // redelivery, which replays the same stored results and inserts nothing twice.
+//
+// The deduction is the first step of a queue.PipelineHandler and the rest its
+// Finish, so on a pipelining queue a partition's next batch is deducted in
+// Redis while this one's orders go into MySQL. Deciding ahead is safe for the
+// same reason: a batch is acknowledged only after its orders are stored, and
+// a redelivered batch gets the results it was given the first time.
 package worker
 
 import (
@@ -79,9 +85,9 @@ func New(log *slog.Logger, stock Stock, orders Orders, m *metrics.Metrics, opts 
 	return &Worker{log: log, stock: stock, orders: orders, m: m, opts: opts.withDefaults()}
 }
 
-// Run consumes topic until ctx ends.
+// Run consumes topic until ctx ends, pipelined where the consumer can.
 func (w *Worker) Run(ctx context.Context, c queue.Consumer, topic string) error {
-	if err := c.Consume(ctx, topic, w.Handle); err != nil {
+	if err := queue.ConsumePipelined(ctx, c, topic, w.Decide); err != nil {
 		return fmt.Errorf("consume %s: %w", topic, err)
 	}
 	return nil
@@ -94,23 +100,35 @@ type campaignBatch struct {
 	attempts   []int
 }
 
-// Handle is the queue.Handler: nil acknowledges the whole batch.
+// Handle is the queue.Handler, both steps in one call: nil acknowledges the
+// whole batch.
 func (w *Worker) Handle(ctx context.Context, msgs []queue.Message) error {
+	return queue.Serial(w.Decide)(ctx, msgs)
+}
+
+// Decide is the queue.PipelineHandler: it decides the batch in Redis and
+// returns the step that persists and publishes the results.
+func (w *Worker) Decide(ctx context.Context, msgs []queue.Message) (queue.Finish, error) {
 	batches := w.group(msgs)
 	results := make([]model.Result, 0, len(msgs))
 	for _, b := range batches {
 		rs, err := w.decide(ctx, b)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		results = append(results, rs...)
 	}
-	w.count(results)
+	return func(ctx context.Context) error { return w.finish(ctx, results) }, nil
+}
+
+// finish stores the successes of decided results, then publishes them all.
+func (w *Worker) finish(ctx context.Context, results []model.Result) error {
 	// Successes must be in MySQL before the batch is acknowledged: the
 	// shopper may already have seen them through the poll endpoint.
 	if err := w.persist(ctx, ordersOf(results)); err != nil {
 		return err
 	}
+	w.count(results)
 	if err := w.stock.PublishResults(ctx, results); err != nil {
 		// Results are stored in Redis; notifiers re-read what they wait on.
 		w.log.Warn("publish results", "count", len(results), "err", err)

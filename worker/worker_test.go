@@ -376,3 +376,108 @@ func TestNewOrderIDs(t *testing.T) {
 		}
 	}
 }
+
+// stallingOrders holds the first insert until release is closed, and makes
+// the first fail inserts report an error without inserting anything.
+type stallingOrders struct {
+	Orders
+	inserting chan struct{} // closed when the first insert starts
+	release   chan struct{}
+	once      sync.Once
+	fail      atomic.Int32
+}
+
+func (s *stallingOrders) InsertOrders(ctx context.Context, orders []model.Order) error {
+	first := false
+	s.once.Do(func() { first = true; close(s.inserting) })
+	if first {
+		<-s.release
+	}
+	if s.fail.Add(-1) >= 0 {
+		return errors.New("MySQL unavailable")
+	}
+	return s.Orders.InsertOrders(ctx, orders)
+}
+
+// TestPipelinedRun: on a pipelining queue the worker deducts a campaign's
+// next batch while the previous batch's orders are being inserted, and when
+// that insert fails the redelivered batches keep their first results: every
+// success ends in MySQL once, Redis and MySQL agree, nobody is over the limit.
+func TestPipelinedRun(t *testing.T) {
+	for _, failures := range []int32{0, 1} {
+		t.Run(fmt.Sprintf("insert_failures=%d", failures), func(t *testing.T) {
+			f := newFixture(t, 30, 1)
+			msgs := f.accept(t, 64, 48) // 48 users, 16 of them twice; stock 30
+			orders := &stallingOrders{Orders: f.db, inserting: make(chan struct{}), release: make(chan struct{})}
+			orders.fail.Store(failures)
+			var firstResults sync.Map
+			aheadOfInsert := make(chan struct{}, 1)
+			w := New(discard(), f.st, orders, metrics.New(), Options{
+				PersistAttempts: 1,
+				AfterDeduct: func(_ string, rs []model.Result) error {
+					for _, r := range rs {
+						if prev, loaded := firstResults.LoadOrStore(r.RequestID, r); loaded && prev.(model.Result) != r {
+							t.Errorf("redelivery changed %s: first %+v, now %+v", r.RequestID, prev, r)
+						}
+					}
+					select {
+					case <-orders.inserting:
+						select {
+						case aheadOfInsert <- struct{}{}:
+						default:
+						}
+					default:
+					}
+					return nil
+				},
+			})
+			q := memqueue.New(memqueue.Options{Partitions: 1, BatchSize: 16, RedeliveryDelay: 5 * time.Millisecond})
+			defer q.Close()
+			topic := testenv.Topic(t)
+			if err := q.Publish(t.Context(), topic, msgs...); err != nil {
+				t.Fatalf("publish: %v", err)
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			go func() { done <- w.Run(ctx, q.Consumer("w1"), topic) }()
+			select {
+			case <-aheadOfInsert:
+			case <-time.After(10 * time.Second):
+				t.Errorf("no batch was deducted while the first insert was held, want the next one")
+			}
+			close(orders.release)
+			waitSettled(t, f, len(msgs))
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("run: %v", err)
+			}
+
+			s := f.snapshot(t, msgs)
+			successes := 0
+			perUser := map[string]int{}
+			for rid, r := range s.results {
+				if !r.Status.Final() {
+					t.Errorf("%s: status %s, want final", rid, r.Status)
+				}
+				if r.Status == model.StatusSuccess {
+					successes++
+					perUser[r.UserID]++
+					if s.orders[rid] != r.OrderID {
+						t.Errorf("%s: order in MySQL %q, result says %q", rid, s.orders[rid], r.OrderID)
+					}
+				}
+			}
+			if successes != 30 || len(s.orders) != 30 || s.remaining != 0 || s.sold != 30 {
+				t.Errorf("got successes %d, rows %d, remaining %d, sold %d; want 30, 30, 0, 30", successes, len(s.orders), s.remaining, s.sold)
+			}
+			for u, n := range perUser {
+				if n > 1 {
+					t.Errorf("user %s bought %d, limit 1", u, n)
+				}
+			}
+			if n := orders.fail.Load(); n >= 0 {
+				t.Errorf("%d injected insert failures did not happen", n+1)
+			}
+		})
+	}
+}

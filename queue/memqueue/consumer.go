@@ -25,6 +25,13 @@ type Consumer struct {
 // contexts are not cancelled with ctx: a batch that has started finishes and
 // is acknowledged or redelivered according to its result.
 func (c *Consumer) Consume(ctx context.Context, topicName string, h queue.Handler) error {
+	return c.ConsumePipelined(ctx, topicName, queue.OneStep(h))
+}
+
+// ConsumePipelined is Consume for a PipelineHandler: a batch's Finish runs
+// on a goroutine of its own while the taker goes on with the partition's next
+// batch.
+func (c *Consumer) ConsumePipelined(ctx context.Context, topicName string, h queue.PipelineHandler) error {
 	tp, err := c.q.topic(topicName, true)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", topicName, err)
@@ -34,6 +41,18 @@ func (c *Consumer) Consume(ctx context.Context, topicName string, h queue.Handle
 	hctx := context.WithoutCancel(ctx)
 	log := c.q.opts.Logger.With("topic", topicName, "consumer", c.name)
 	var wg sync.WaitGroup
+	// finishes runs b's Finish and then those of the batches queued behind
+	// it, until one has to wait or fails.
+	finishes := func(b *batch) {
+		for b != nil {
+			err := b.finish(hctx)
+			if err != nil {
+				log.Warn("finishing a batch failed; it will be redelivered with those behind it",
+					"messages", len(b.msgs), "attempt", b.msgs[0].Attempt, "err", err)
+			}
+			b = tp.finished(b, err)
+		}
+	}
 	for range c.q.opts.Partitions {
 		wg.Go(func() {
 			for {
@@ -41,12 +60,14 @@ func (c *Consumer) Consume(ctx context.Context, topicName string, h queue.Handle
 				if b == nil {
 					return
 				}
-				err := h(hctx, b.msgs)
+				finish, err := h(hctx, b.msgs)
 				if err != nil {
 					log.Warn("handler failed, batch will be redelivered",
 						"messages", len(b.msgs), "attempt", b.msgs[0].Attempt, "err", err)
 				}
-				tp.finish(b, err)
+				if next := tp.decided(b, finish, err); next != nil {
+					wg.Go(func() { finishes(next) })
+				}
 			}
 		})
 	}

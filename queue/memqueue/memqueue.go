@@ -1,8 +1,9 @@
 // Package memqueue is an in-process queue driver for tests and the embedded
 // mode. It keeps the semantics of the real drivers: delivery is at least once,
 // a topic is split into partitions by message key, and each partition has at
-// most one batch in flight across all consumers of the topic, so messages with
-// one key are handled in publish order and never concurrently. Nothing
+// most one batch in its handler call across all consumers of the topic (and,
+// pipelined, one more finishing ahead of it), so messages with one key are
+// handled in publish order and never concurrently. Nothing
 // survives the process.
 package memqueue
 
@@ -72,9 +73,10 @@ type Queue struct {
 }
 
 var (
-	_ queue.Publisher = (*Queue)(nil)
-	_ queue.Pinger    = (*Queue)(nil)
-	_ queue.Consumer  = (*Consumer)(nil)
+	_ queue.Publisher        = (*Queue)(nil)
+	_ queue.Pinger           = (*Queue)(nil)
+	_ queue.Consumer         = (*Consumer)(nil)
+	_ queue.PipelineConsumer = (*Consumer)(nil)
 )
 
 // New returns an empty Queue.
@@ -86,10 +88,10 @@ func New(opts Options) *Queue {
 	}
 }
 
-// Features reports what memqueue guarantees: per-key order, but nothing
-// survives the process.
+// Features reports what memqueue guarantees: per-key order and pipelining,
+// but nothing survives the process.
 func Features() queue.Features {
-	return queue.Features{PerKeyOrder: true, Persistent: false}
+	return queue.Features{PerKeyOrder: true, Persistent: false, Pipeline: true}
 }
 
 // Publish appends msgs to their partitions of topic. It fails with

@@ -20,22 +20,38 @@ type topic struct {
 	next    int           // where the next scan starts, so busy topics share consumers fairly
 }
 
-// partition is a FIFO of messages with at most one batch out at a time; that
-// single batch in flight is what gives per-key order across consumers.
+// partition is a FIFO of messages. Its batches in flight (out) are
+// consecutive prefixes of msgs, all handed to one consumer: at most one in its
+// first step and, with a PipelineHandler, one more finishing ahead of it.
+// That is what gives per-key order across consumers.
 type partition struct {
 	// msgs are the unacknowledged messages in publish order. Attempt holds
-	// the number of deliveries so far. A batch is always a prefix of msgs.
+	// the number of deliveries so far.
 	msgs      []queue.Message
-	busy      *batch    // the batch in flight, nil if none
+	out       []*batch  // handed out, oldest first; out[0] is the only one finishing
 	notBefore time.Time // redelivery backoff after a failed batch
 	failures  int       // consecutive failed batches, for the backoff
 }
 
-// batch is a prefix of a partition handed to one handler call.
+// batchState is where a batch in flight is.
+type batchState int
+
+const (
+	deciding  batchState = iota // in the handler's first step
+	waiting                     // first step done; its Finish waits for the batch ahead
+	finishing                   // Finish running
+)
+
+// batch is a slice of a partition handed to one consumer.
 type batch struct {
-	part  *partition
-	owner *Consumer
-	msgs  []queue.Message
+	part   *partition
+	owner  *Consumer
+	msgs   []queue.Message
+	state  batchState
+	finish queue.Finish // set once the first step returned one
+	// doomed is set when a batch ahead failed during this one's first
+	// step: its result is ignored and it is redelivered with the failed one.
+	doomed bool
 }
 
 func newTopic(opts Options) *topic {
@@ -119,7 +135,8 @@ func (tp *topic) pickLocked(c *Consumer, now time.Time) (*batch, time.Duration) 
 	for i := range n {
 		idx := (tp.next + i) % n
 		p := tp.parts[idx]
-		if p.busy != nil || len(p.msgs) == 0 {
+		taken := p.taken()
+		if !p.canTake(c) || taken == len(p.msgs) {
 			continue
 		}
 		if d := p.notBefore.Sub(now); d > 0 {
@@ -129,42 +146,145 @@ func (tp *topic) pickLocked(c *Consumer, now time.Time) (*batch, time.Duration) 
 			continue
 		}
 		tp.next = idx + 1
-		k := min(len(p.msgs), tp.opts.BatchSize)
+		k := min(len(p.msgs)-taken, tp.opts.BatchSize)
 		out := make([]queue.Message, k)
 		for j := range k {
-			p.msgs[j].Attempt++
-			out[j] = p.msgs[j]
+			m := &p.msgs[taken+j]
+			m.Attempt++
+			out[j] = *m
 			// A fresh copy per delivery, as a network driver would give:
 			// a handler that scribbles on a body cannot change a redelivery.
-			out[j].Body = bytes.Clone(p.msgs[j].Body)
+			out[j].Body = bytes.Clone(m.Body)
 		}
-		p.busy = &batch{part: p, owner: c, msgs: out}
-		return p.busy, 0
+		b := &batch{part: p, owner: c, msgs: out}
+		p.out = append(p.out, b)
+		return b, 0
 	}
 	return nil, wait
 }
 
-// finish acknowledges b (err == nil) or schedules its redelivery. A batch
-// abandoned by a crash is ignored: its messages were already handed back.
-func (tp *topic) finish(b *batch, err error) {
+// taken counts the messages in flight: the prefix of msgs that out covers.
+func (p *partition) taken() int {
+	n := 0
+	for _, b := range p.out {
+		n += len(b.msgs)
+	}
+	return n
+}
+
+// canTake reports whether c may take the partition's next batch: none is in
+// its first step, at most one is ahead of it, and those ahead are c's.
+func (p *partition) canTake(c *Consumer) bool {
+	if len(p.out) >= 2 {
+		return false
+	}
+	for _, b := range p.out {
+		if b.state == deciding || b.owner != c {
+			return false
+		}
+	}
+	return true
+}
+
+// holds reports whether b is still in flight (not abandoned by a crash).
+func (p *partition) holds(b *batch) bool {
+	for _, o := range p.out {
+		if o == b {
+			return true
+		}
+	}
+	return false
+}
+
+// remove drops b from out.
+func (p *partition) remove(b *batch) {
+	for i, o := range p.out {
+		if o == b {
+			p.out = append(p.out[:i], p.out[i+1:]...)
+			return
+		}
+	}
+}
+
+// decided records the end of b's first step: err schedules its redelivery,
+// a nil finish acknowledges it (once the batches ahead are), otherwise its
+// Finish is queued behind them. It returns the batch whose Finish the caller
+// must now run, if any. Results of abandoned or doomed batches are ignored.
+func (tp *topic) decided(b *batch, finish queue.Finish, err error) *batch {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
+	defer tp.broadcastLocked()
 	p := b.part
-	if p.busy != b {
-		return
+	switch {
+	case !p.holds(b):
+		return nil
+	case b.doomed:
+		p.remove(b)
+		return nil
+	case err != nil:
+		// Only finishing batches can be ahead; they go on.
+		p.remove(b)
+		p.failed(tp.opts.RedeliveryDelay)
+		return nil
 	}
-	p.busy = nil
-	if err == nil {
-		n := len(b.msgs)
+	b.state, b.finish = waiting, finish
+	return p.advance()
+}
+
+// finished records the end of b's Finish and returns the next batch whose
+// Finish the caller must run, if any. A failure sends b and every batch
+// behind it back for redelivery in order.
+func (tp *topic) finished(b *batch, err error) *batch {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	defer tp.broadcastLocked()
+	p := b.part
+	if !p.holds(b) {
+		return nil
+	}
+	if err != nil {
+		kept := p.out[:0]
+		for _, o := range p.out {
+			if o.state == deciding {
+				o.doomed = true
+				kept = append(kept, o)
+			}
+		}
+		clear(p.out[len(kept):])
+		p.out = kept
+		p.failed(tp.opts.RedeliveryDelay)
+		return nil
+	}
+	b.state, b.finish = waiting, nil
+	return p.advance()
+}
+
+// advance acknowledges the leading batches that have nothing left to run
+// and starts the Finish of the next one, which it returns.
+func (p *partition) advance() *batch {
+	for len(p.out) > 0 {
+		head := p.out[0]
+		if head.state != waiting || head.doomed {
+			return nil
+		}
+		if head.finish != nil {
+			head.state = finishing
+			return head
+		}
+		n := len(head.msgs)
 		clear(p.msgs[:n]) // drop references to the bodies
 		p.msgs = p.msgs[n:]
+		p.out = p.out[1:]
 		p.failures = 0
 		p.notBefore = time.Time{}
-	} else {
-		p.failures++
-		p.notBefore = time.Now().Add(backoff(tp.opts.RedeliveryDelay, p.failures))
 	}
-	tp.broadcastLocked()
+	return nil
+}
+
+// failed starts the redelivery backoff.
+func (p *partition) failed(delay time.Duration) {
+	p.failures++
+	p.notBefore = time.Now().Add(backoff(delay, p.failures))
 }
 
 // abandon hands every batch that c has in flight back to the partitions, as
@@ -173,8 +293,9 @@ func (tp *topic) abandon(c *Consumer) {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
 	for _, p := range tp.parts {
-		if p.busy != nil && p.busy.owner == c {
-			p.busy = nil
+		if len(p.out) > 0 && p.out[0].owner == c {
+			clear(p.out)
+			p.out = nil
 		}
 	}
 	tp.broadcastLocked()

@@ -184,11 +184,17 @@ type runner struct {
 // they run first.
 func startConsumer(t *testing.T, c queue.Consumer, topic string, h queue.Handler) *runner {
 	t.Helper()
+	return startRun(t, func(ctx context.Context) error { return c.Consume(ctx, topic, h) })
+}
+
+// startRun runs consume in the background, as startConsumer describes.
+func startRun(t *testing.T, consume func(ctx context.Context) error) *runner {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &runner{cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
-		r.err = c.Consume(ctx, topic, h)
+		r.err = consume(ctx)
 	}()
 	t.Cleanup(func() {
 		r.cancel()

@@ -4,8 +4,9 @@
 // only, so what it checks is exactly what the gateway and the workers may rely
 // on: at-least-once delivery, acknowledgement, redelivery with a growing
 // Attempt, per-key order (when Features.PerKeyOrder), takeover of a dead
-// consumer's messages, batch limits, clean shutdown and delayed delivery
-// (when Features.Delay).
+// consumer's messages, batch limits, clean shutdown, delayed delivery (when
+// Features.Delay) and the two-step PipelineHandler (overlapping when
+// Features.Pipeline, in one call otherwise).
 package queuetest
 
 import (
@@ -77,6 +78,10 @@ func Run(t *testing.T, f Factory) {
 		{"ConsumeAfterClose", testConsumeAfterClose},
 		{"Ping", testPing},
 		{"Delay", testDelay},
+		{"PipelineOrder", testPipelineOrder},
+		{"PipelineOverlaps", testPipelineOverlaps},
+		{"PipelineShutdown", testPipelineShutdown},
+		{"PipelineDeadConsumer", testPipelineDeadConsumer},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

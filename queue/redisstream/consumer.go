@@ -1,6 +1,7 @@
 package redisstream
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -38,6 +39,14 @@ type Consumer struct {
 // leases, holding at most its fair share, so h is called concurrently for
 // different partitions (never for one partition, hence never for one key).
 func (c *Consumer) Consume(ctx context.Context, topic string, h queue.Handler) error {
+	return c.ConsumePipelined(ctx, topic, queue.OneStep(h))
+}
+
+// ConsumePipelined is Consume for a PipelineHandler: while a batch's Finish
+// runs (and then acknowledges it), the partition's loop reads the next batch
+// and runs its first step. A failed Finish makes the loop take the
+// partition's pending entries over again, in order, as a new holder would.
+func (c *Consumer) ConsumePipelined(ctx context.Context, topic string, h queue.PipelineHandler) error {
 	if err := validTopic(topic); err != nil {
 		return fmt.Errorf("consume %s: %w", topic, err)
 	}
@@ -83,7 +92,7 @@ type run struct {
 	opts  Options
 	topic string
 	owner string // lease value and consumer-group consumer name
-	h     queue.Handler
+	h     queue.PipelineHandler
 	hctx  context.Context // handler context: never cancelled, so batches finish
 	log   *slog.Logger
 
@@ -199,13 +208,81 @@ func (r *run) hold(ctx context.Context, p int, l *lease, log *slog.Logger) error
 		r.leave(ctx, stream, l, log)
 	}()
 
+	pl := &pipeline{}
+	// The last Finish must end (and acknowledge) while the lease is held.
+	defer pl.wait()
+
 	if err := r.ensureGroup(ctx, stream); err != nil {
 		return err
 	}
-	if err := r.redeliverPending(ctx, stream, l, log); err != nil {
-		return err
+	for failures := 1; ; failures++ {
+		err := r.redeliverPending(ctx, stream, l, pl, log)
+		if err == nil {
+			err = r.readNew(ctx, stream, l, pl, log)
+		}
+		if !errors.Is(err, errRestart) {
+			return err
+		}
+		// A Finish failed: every entry from its batch on is pending again,
+		// and nothing is in flight.
+		if !sleep(ctx, backoff(r.opts.RedeliveryDelay, failures)) || !l.valid() {
+			return nil
+		}
 	}
-	return r.readNew(ctx, stream, l, log)
+}
+
+// errRestart ends reading a partition when a Finish failed: its batch and
+// those behind it are taken over again from the pending entries.
+var errRestart = errors.New("a finish failed; redelivering from it")
+
+// pipeline is a partition's batch whose Finish runs behind the loop.
+type pipeline struct {
+	behind *finishing
+}
+
+// finishing is one batch's Finish and acknowledgement, on its own goroutine.
+type finishing struct {
+	done chan struct{}
+	ok   bool  // finished and acknowledged; set before done is closed
+	err  error // fatal error from the acknowledgement
+}
+
+// wait waits for the batch behind, if any, and reports whether it was
+// acknowledged; a fatal error is returned as is.
+func (pl *pipeline) wait() (bool, error) {
+	f := pl.behind
+	if f == nil {
+		return true, nil
+	}
+	<-f.done
+	pl.behind = nil
+	return f.ok, f.err
+}
+
+// settled waits for the batch behind, if any: nil if it was acknowledged,
+// errRestart if it failed, or the acknowledgement's fatal error.
+func (pl *pipeline) settled() error {
+	switch ok, err := pl.wait(); {
+	case err != nil:
+		return err
+	case !ok:
+		return errRestart
+	}
+	return nil
+}
+
+// failed reports, without waiting, whether the batch behind has failed.
+func (pl *pipeline) failed() bool {
+	f := pl.behind
+	if f == nil {
+		return false
+	}
+	select {
+	case <-f.done:
+		return !f.ok
+	default:
+		return false
+	}
 }
 
 // keepLease renews l every TTL/3 until ctx is done or the lease is lost.
@@ -279,7 +356,7 @@ func (r *run) ensureGroup(ctx context.Context, stream string) error {
 // redeliverPending takes over every pending entry of the partition, in ID
 // order, and hands them out before any new entry. Claiming with min-idle 0
 // is safe because the lease guarantees no other consumer is working on them.
-func (r *run) redeliverPending(ctx context.Context, stream string, l *lease, log *slog.Logger) error {
+func (r *run) redeliverPending(ctx context.Context, stream string, l *lease, pl *pipeline, log *slog.Logger) error {
 	start := "0-0"
 	for ctx.Err() == nil && l.valid() {
 		xs, next, err := r.q.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{
@@ -293,7 +370,7 @@ func (r *run) redeliverPending(ctx context.Context, stream string, l *lease, log
 			// Each entry was delivered before: a claim is at least its
 			// second attempt if the counter cannot be read.
 			b := toBatch(xs, r.deliveryCounts(ctx, stream, xs, log), 2)
-			if done, err := r.deliver(ctx, stream, l, b, log); err != nil || !done {
+			if done, err := r.deliver(ctx, stream, l, pl, b, log); err != nil || !done {
 				return err
 			}
 		}
@@ -307,8 +384,12 @@ func (r *run) redeliverPending(ctx context.Context, stream string, l *lease, log
 
 // readNew hands out new entries until ctx is done, the lease is lost or the
 // partition is shed to balance the load.
-func (r *run) readNew(ctx context.Context, stream string, l *lease, log *slog.Logger) error {
+func (r *run) readNew(ctx context.Context, stream string, l *lease, pl *pipeline, log *slog.Logger) error {
 	for ctx.Err() == nil && l.valid() {
+		if pl.failed() {
+			_, err := pl.wait()
+			return cmp.Or(err, errRestart)
+		}
 		if r.shed() {
 			log.Debug("shedding partition for balance", "share", r.fairShare())
 			return errShed
@@ -343,27 +424,35 @@ func (r *run) readNew(ctx context.Context, stream string, l *lease, log *slog.Lo
 			r.unread(ctx, stream, xs, log)
 			return nil
 		}
-		if done, err := r.deliver(ctx, stream, l, toBatch(xs, nil, 1), log); err != nil || !done {
+		if done, err := r.deliver(ctx, stream, l, pl, toBatch(xs, nil, 1), log); err != nil || !done {
 			return err
 		}
 	}
 	return nil
 }
 
-// deliver hands b to the handler until it accepts it, then acknowledges it. It reports false without error when it gave up because ctx was
-// cancelled or the lease was lost: the batch then stays pending in the group
-// and the partition's next holder redelivers it first, keeping key order.
-func (r *run) deliver(ctx context.Context, stream string, l *lease, b batch, log *slog.Logger) (bool, error) {
+// deliver hands b to the handler until its first step accepts it; then,
+// once the batch ahead is acknowledged, it acknowledges b or starts b's
+// Finish behind the loop. It reports false without error when it gave up
+// because ctx was cancelled or the lease was lost: the batch then stays
+// pending in the group and the partition's next holder redelivers it first,
+// keeping key order. errRestart means the batch ahead failed its Finish.
+func (r *run) deliver(ctx context.Context, stream string, l *lease, pl *pipeline, b batch, log *slog.Logger) (bool, error) {
 	for failures := 1; ; failures++ {
 		if !l.valid() {
 			return false, nil
 		}
-		err := r.h(r.hctx, b.msgs)
+		finish, err := r.h(r.hctx, b.msgs)
 		if err == nil {
-			return r.ack(ctx, stream, l, b.ids, log)
+			return r.finish(ctx, stream, l, pl, b, finish, log)
 		}
 		log.Warn("handler failed; batch will be redelivered",
 			"messages", len(b.msgs), "attempt", b.msgs[0].Attempt, "err", err)
+		// Retry only after the batch ahead is acknowledged: if its Finish
+		// fails, that batch must come back first.
+		if err := pl.settled(); err != nil {
+			return false, err
+		}
 		if !sleep(ctx, backoff(r.opts.RedeliveryDelay, failures)) || !l.valid() {
 			return false, nil
 		}
@@ -375,6 +464,29 @@ func (r *run) deliver(ctx context.Context, stream string, l *lease, b batch, log
 			return true, nil // deleted from the stream meanwhile
 		}
 	}
+}
+
+// finish acknowledges b, whose first step succeeded, or starts its Finish,
+// after the batch ahead of it is acknowledged.
+func (r *run) finish(ctx context.Context, stream string, l *lease, pl *pipeline, b batch, finish queue.Finish, log *slog.Logger) (bool, error) {
+	if err := pl.settled(); err != nil {
+		return false, err
+	}
+	if finish == nil {
+		return r.ack(ctx, stream, l, b.ids, log)
+	}
+	f := &finishing{done: make(chan struct{})}
+	pl.behind = f
+	go func() {
+		defer close(f.done)
+		if err := finish(r.hctx); err != nil {
+			log.Warn("finishing a batch failed; it will be redelivered with those behind it",
+				"messages", len(b.msgs), "attempt", b.msgs[0].Attempt, "err", err)
+			return
+		}
+		f.ok, f.err = r.ack(ctx, stream, l, b.ids, log)
+	}()
+	return true, nil
 }
 
 // reclaim prepares a failed batch for redelivery: claiming the entries again

@@ -22,7 +22,10 @@
 // only unacknowledged messages and needs no trimming, which could drop
 // unconsumed ones. The price is that a topic serves one consumer group.
 // A handler that returns an error gets the same batch again after a backoff,
-// with Attempt taken from the group's delivery counter.
+// with Attempt taken from the group's delivery counter. A PipelineHandler's
+// Finish runs on its own goroutine while the partition's loop reads and
+// decides the next batch; when a Finish fails, the loop takes the partition's
+// pending entries over again from the oldest, as a new holder would.
 //
 // On miniredis, call ClockTTL(true) on the server: by default miniredis only
 // expires keys on FastForward, so a lease whose holder stopped without
@@ -127,9 +130,10 @@ type Queue struct {
 }
 
 var (
-	_ queue.Publisher = (*Queue)(nil)
-	_ queue.Pinger    = (*Queue)(nil)
-	_ queue.Consumer  = (*Consumer)(nil)
+	_ queue.Publisher        = (*Queue)(nil)
+	_ queue.Pinger           = (*Queue)(nil)
+	_ queue.Consumer         = (*Consumer)(nil)
+	_ queue.PipelineConsumer = (*Consumer)(nil)
 )
 
 // New returns a Queue on rdb. The client's pool must have room for one
@@ -148,7 +152,7 @@ func New(rdb redis.UniversalClient, opts Options) *Queue {
 // that outlive the processes using them, as far as the Redis server persists
 // its data (not at all on miniredis).
 func Features() queue.Features {
-	return queue.Features{PerKeyOrder: true, Persistent: true}
+	return queue.Features{PerKeyOrder: true, Persistent: true, Pipeline: true}
 }
 
 // Publish appends msgs to their partition streams in one pipelined round

@@ -146,6 +146,11 @@ func (c loggingConsumer) Consume(ctx context.Context, topic string, h queue.Hand
 	return c.c.Consume(ctx, topic, h)
 }
 
+func (c loggingConsumer) ConsumePipelined(ctx context.Context, topic string, h queue.PipelineHandler) error {
+	c.topics.add(topic)
+	return c.c.ConsumePipelined(ctx, topic, h)
+}
+
 // servers lists the Redis servers every test here runs on: the real one from
 // testenv and a miniredis, which the embedded mode uses.
 func servers() []struct {
