@@ -157,44 +157,12 @@ func TestRedeliveryAfterCrash(t *testing.T) {
 					return nil
 				},
 			})
-			q := memqueue.New(memqueue.Options{BatchSize: 16, RedeliveryDelay: 5 * time.Millisecond})
-			defer q.Close()
-			topic := testenv.Topic(t)
-			if err := q.Publish(t.Context(), topic, msgs...); err != nil {
-				t.Fatalf("publish: %v", err)
-			}
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error, 1)
-			go func() { done <- w.Run(ctx, q.Consumer("w1"), topic) }()
+			stop := runOnMemqueue(t, w, msgs, memqueue.Options{BatchSize: 16, RedeliveryDelay: 5 * time.Millisecond})
 			waitSettled(t, f, len(msgs))
-			cancel()
-			if err := <-done; err != nil {
-				t.Fatalf("run: %v", err)
-			}
+			stop()
 
 			s := f.snapshot(t, msgs)
-			successes := 0
-			perUser := map[string]int{}
-			for rid, r := range s.results {
-				if !r.Status.Final() {
-					t.Errorf("%s: status %s, want final", rid, r.Status)
-				}
-				if r.Status == model.StatusSuccess {
-					successes++
-					perUser[r.UserID]++
-					if s.orders[rid] != r.OrderID {
-						t.Errorf("%s: order in MySQL %q, result says %q", rid, s.orders[rid], r.OrderID)
-					}
-				}
-			}
-			if successes != 20 || len(s.orders) != 20 || s.remaining != 0 || s.sold != 20 {
-				t.Errorf("got successes %d, rows %d, remaining %d, sold %d; want 20, 20, 0, 20", successes, len(s.orders), s.remaining, s.sold)
-			}
-			for u, n := range perUser {
-				if n > 1 {
-					t.Errorf("user %s bought %d, limit 1", u, n)
-				}
-			}
+			checkSoldOut(t, s, 20)
 			if luaFails.Load() >= 0 || orders.crashes.Load() >= 0 {
 				t.Errorf("not every injected crash happened: lua %d, sql %d left", luaFails.Load(), orders.crashes.Load())
 			}
@@ -214,6 +182,58 @@ func TestRedeliveryAfterCrash(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// runOnMemqueue publishes msgs to a new in-memory queue and runs w on it
+// until stop, which fails the test if Run does.
+func runOnMemqueue(t *testing.T, w *Worker, msgs []queue.Message, opts memqueue.Options) (stop func()) {
+	t.Helper()
+	q := memqueue.New(opts)
+	t.Cleanup(func() { _ = q.Close() })
+	topic := testenv.Topic(t)
+	if err := q.Publish(t.Context(), topic, msgs...); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx, q.Consumer("w1"), topic) }()
+	return func() {
+		t.Helper()
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	}
+}
+
+// checkSoldOut checks a settled campaign of stock units, limit 1 per user,
+// that demand sold out: every result final, exactly stock successes, each
+// with its order in MySQL, nothing left in Redis, nobody above the limit.
+func checkSoldOut(t *testing.T, s snapshot, stock int) {
+	t.Helper()
+	successes := 0
+	perUser := map[string]int{}
+	for rid, r := range s.results {
+		if !r.Status.Final() {
+			t.Errorf("%s: status %s, want final", rid, r.Status)
+		}
+		if r.Status == model.StatusSuccess {
+			successes++
+			perUser[r.UserID]++
+			if s.orders[rid] != r.OrderID {
+				t.Errorf("%s: order in MySQL %q, result says %q", rid, s.orders[rid], r.OrderID)
+			}
+		}
+	}
+	if successes != stock || len(s.orders) != stock || s.remaining != 0 || s.sold != int64(stock) {
+		t.Errorf("got successes %d, rows %d, remaining %d, sold %d; want %d, %d, 0, %d",
+			successes, len(s.orders), s.remaining, s.sold, stock, stock, stock)
+	}
+	for u, n := range perUser {
+		if n > 1 {
+			t.Errorf("user %s bought %d, limit 1", u, n)
+		}
 	}
 }
 
@@ -377,22 +397,25 @@ func TestNewOrderIDs(t *testing.T) {
 	}
 }
 
-// stallingOrders holds the first insert until release is closed, and makes
+// stallingOrders holds the first insert until a later batch has been
+// deducted (overlapped records whether that happened within 10 s), and makes
 // the first fail inserts report an error without inserting anything.
 type stallingOrders struct {
 	Orders
-	inserting chan struct{} // closed when the first insert starts
-	release   chan struct{}
-	once      sync.Once
-	fail      atomic.Int32
+	laterDeducted chan struct{} // closed by the test when a second batch is deducted
+	once          sync.Once
+	overlapped    atomic.Bool
+	fail          atomic.Int32
 }
 
 func (s *stallingOrders) InsertOrders(ctx context.Context, orders []model.Order) error {
-	first := false
-	s.once.Do(func() { first = true; close(s.inserting) })
-	if first {
-		<-s.release
-	}
+	s.once.Do(func() {
+		select {
+		case <-s.laterDeducted:
+			s.overlapped.Store(true)
+		case <-time.After(10 * time.Second):
+		}
+	})
 	if s.fail.Add(-1) >= 0 {
 		return errors.New("MySQL unavailable")
 	}
@@ -408,10 +431,10 @@ func TestPipelinedRun(t *testing.T) {
 		t.Run(fmt.Sprintf("insert_failures=%d", failures), func(t *testing.T) {
 			f := newFixture(t, 30, 1)
 			msgs := f.accept(t, 64, 48) // 48 users, 16 of them twice; stock 30
-			orders := &stallingOrders{Orders: f.db, inserting: make(chan struct{}), release: make(chan struct{})}
+			orders := &stallingOrders{Orders: f.db, laterDeducted: make(chan struct{})}
 			orders.fail.Store(failures)
 			var firstResults sync.Map
-			aheadOfInsert := make(chan struct{}, 1)
+			var deductions atomic.Int32
 			w := New(discard(), f.st, orders, metrics.New(), Options{
 				PersistAttempts: 1,
 				AfterDeduct: func(_ string, rs []model.Result) error {
@@ -420,61 +443,20 @@ func TestPipelinedRun(t *testing.T) {
 							t.Errorf("redelivery changed %s: first %+v, now %+v", r.RequestID, prev, r)
 						}
 					}
-					select {
-					case <-orders.inserting:
-						select {
-						case aheadOfInsert <- struct{}{}:
-						default:
-						}
-					default:
+					if deductions.Add(1) == 2 {
+						close(orders.laterDeducted)
 					}
 					return nil
 				},
 			})
-			q := memqueue.New(memqueue.Options{Partitions: 1, BatchSize: 16, RedeliveryDelay: 5 * time.Millisecond})
-			defer q.Close()
-			topic := testenv.Topic(t)
-			if err := q.Publish(t.Context(), topic, msgs...); err != nil {
-				t.Fatalf("publish: %v", err)
-			}
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error, 1)
-			go func() { done <- w.Run(ctx, q.Consumer("w1"), topic) }()
-			select {
-			case <-aheadOfInsert:
-			case <-time.After(10 * time.Second):
-				t.Errorf("no batch was deducted while the first insert was held, want the next one")
-			}
-			close(orders.release)
+			stop := runOnMemqueue(t, w, msgs, memqueue.Options{Partitions: 1, BatchSize: 16, RedeliveryDelay: 5 * time.Millisecond})
 			waitSettled(t, f, len(msgs))
-			cancel()
-			if err := <-done; err != nil {
-				t.Fatalf("run: %v", err)
+			stop()
+			if !orders.overlapped.Load() {
+				t.Errorf("no later batch was deducted before the first insert returned, want the next one deducted meanwhile")
 			}
 
-			s := f.snapshot(t, msgs)
-			successes := 0
-			perUser := map[string]int{}
-			for rid, r := range s.results {
-				if !r.Status.Final() {
-					t.Errorf("%s: status %s, want final", rid, r.Status)
-				}
-				if r.Status == model.StatusSuccess {
-					successes++
-					perUser[r.UserID]++
-					if s.orders[rid] != r.OrderID {
-						t.Errorf("%s: order in MySQL %q, result says %q", rid, s.orders[rid], r.OrderID)
-					}
-				}
-			}
-			if successes != 30 || len(s.orders) != 30 || s.remaining != 0 || s.sold != 30 {
-				t.Errorf("got successes %d, rows %d, remaining %d, sold %d; want 30, 30, 0, 30", successes, len(s.orders), s.remaining, s.sold)
-			}
-			for u, n := range perUser {
-				if n > 1 {
-					t.Errorf("user %s bought %d, limit 1", u, n)
-				}
-			}
+			checkSoldOut(t, f.snapshot(t, msgs), 30)
 			if n := orders.fail.Load(); n >= 0 {
 				t.Errorf("%d injected insert failures did not happen", n+1)
 			}

@@ -215,7 +215,9 @@ func (r *run) hold(ctx context.Context, p int, l *lease, log *slog.Logger) error
 	if err := r.ensureGroup(ctx, stream); err != nil {
 		return err
 	}
-	for failures := 1; ; failures++ {
+	failures := 0 // restarts in a row without an acknowledged Finish
+	for {
+		acked := pl.acked
 		err := r.redeliverPending(ctx, stream, l, pl, log)
 		if err == nil {
 			err = r.readNew(ctx, stream, l, pl, log)
@@ -225,6 +227,10 @@ func (r *run) hold(ctx context.Context, p int, l *lease, log *slog.Logger) error
 		}
 		// A Finish failed: every entry from its batch on is pending again,
 		// and nothing is in flight.
+		if pl.acked > acked {
+			failures = 0
+		}
+		failures++
 		if !sleep(ctx, backoff(r.opts.RedeliveryDelay, failures)) || !l.valid() {
 			return nil
 		}
@@ -238,6 +244,7 @@ var errRestart = errors.New("a finish failed; redelivering from it")
 // pipeline is a partition's batch whose Finish runs behind the loop.
 type pipeline struct {
 	behind *finishing
+	acked  int // Finish steps acknowledged, for the restart backoff
 }
 
 // finishing is one batch's Finish and acknowledgement, on its own goroutine.
@@ -256,6 +263,9 @@ func (pl *pipeline) wait() (bool, error) {
 	}
 	<-f.done
 	pl.behind = nil
+	if f.ok {
+		pl.acked++
+	}
 	return f.ok, f.err
 }
 
