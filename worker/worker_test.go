@@ -140,17 +140,13 @@ func TestRedeliveryAfterCrash(t *testing.T) {
 			// own redeliveries instead, and check the invariants.
 			var luaFails atomic.Int32
 			luaFails.Store(tc.failAfterLua)
-			var firstResults sync.Map
+			checkReplay := replayChecker(t)
 			orders := &crashOrders{Orders: f.db}
 			orders.crashes.Store(tc.failAfterSQL)
 			w := New(discard(), f.st, orders, metrics.New(), Options{
 				PersistAttempts: 1,
 				AfterDeduct: func(_ string, rs []model.Result) error {
-					for _, r := range rs {
-						if prev, loaded := firstResults.LoadOrStore(r.RequestID, r); loaded && prev.(model.Result) != r {
-							t.Errorf("redelivery changed %s: first %+v, now %+v", r.RequestID, prev, r)
-						}
-					}
+					checkReplay(rs)
 					if luaFails.Add(-1) >= 0 {
 						return errors.New("crash after Lua")
 					}
@@ -182,6 +178,19 @@ func TestRedeliveryAfterCrash(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// replayChecker returns a check that every result seen again for a request
+// equals the first one seen: a redelivery never changes a decision.
+func replayChecker(t *testing.T) func([]model.Result) {
+	var first sync.Map
+	return func(rs []model.Result) {
+		for _, r := range rs {
+			if prev, loaded := first.LoadOrStore(r.RequestID, r); loaded && prev.(model.Result) != r {
+				t.Errorf("redelivery changed %s: first %+v, now %+v", r.RequestID, prev, r)
+			}
+		}
 	}
 }
 
@@ -433,16 +442,12 @@ func TestPipelinedRun(t *testing.T) {
 			msgs := f.accept(t, 64, 48) // 48 users, 16 of them twice; stock 30
 			orders := &stallingOrders{Orders: f.db, laterDeducted: make(chan struct{})}
 			orders.fail.Store(failures)
-			var firstResults sync.Map
+			checkReplay := replayChecker(t)
 			var deductions atomic.Int32
 			w := New(discard(), f.st, orders, metrics.New(), Options{
 				PersistAttempts: 1,
 				AfterDeduct: func(_ string, rs []model.Result) error {
-					for _, r := range rs {
-						if prev, loaded := firstResults.LoadOrStore(r.RequestID, r); loaded && prev.(model.Result) != r {
-							t.Errorf("redelivery changed %s: first %+v, now %+v", r.RequestID, prev, r)
-						}
-					}
+					checkReplay(rs)
 					if deductions.Add(1) == 2 {
 						close(orders.laterDeducted)
 					}
