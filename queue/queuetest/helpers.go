@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -31,6 +33,11 @@ func newMsg(key string, seq int) queue.Message {
 		Key:  key,
 		Body: fmt.Appendf(nil, "body of %s #%d", key, seq),
 	}
+}
+
+// seqOf returns the sequence number newMsg put in id.
+func seqOf(id string) (int, error) {
+	return strconv.Atoi(id[strings.LastIndexByte(id, '-')+1:])
 }
 
 // newMsgs returns perKey messages for each of keys keys (k0, k1, …),

@@ -3,8 +3,6 @@ package queuetest
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,24 +22,19 @@ func startPipelined(t *testing.T, c queue.Consumer, topic string, h queue.Pipeli
 	return startRun(t, func(ctx context.Context) error { return queue.ConsumePipelined(ctx, c, topic, h) })
 }
 
-// seqOf returns the sequence number newMsg put in id.
-func seqOf(t *testing.T, id string) int {
-	n, err := strconv.Atoi(id[strings.LastIndexByte(id, '-')+1:])
-	if err != nil {
-		t.Errorf("message %q: cannot parse sequence: %v", id, err)
-	}
-	return n
-}
-
 // keyRun is one key's messages in a batch: seqs from..to-1, contiguous.
 type keyRun struct{ from, to int }
 
 // runsOf splits batch by key; a gap or a reordering within a key is
 // reported through violate.
-func runsOf(t *testing.T, batch []queue.Message, violate func(string, ...any)) map[string]keyRun {
+func runsOf(batch []queue.Message, violate func(string, ...any)) map[string]keyRun {
 	out := make(map[string]keyRun)
 	for _, m := range batch {
-		seq := seqOf(t, m.ID)
+		seq, err := seqOf(m.ID)
+		if err != nil {
+			violate("message %q: cannot parse sequence: %v", m.ID, err)
+			continue
+		}
 		r, ok := out[m.Key]
 		switch {
 		case !ok:
@@ -97,7 +90,7 @@ func testPipelineOrder(t *testing.T, f Factory) {
 
 	h := func(_ context.Context, batch []queue.Message) (queue.Finish, error) {
 		mu.Lock()
-		runs := runsOf(t, batch, violate)
+		runs := runsOf(batch, violate)
 		for key, r := range runs {
 			s := state[key]
 			if s == nil {

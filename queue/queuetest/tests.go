@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -220,8 +219,8 @@ func testPerKeyOrder(t *testing.T, f Factory) {
 			if !ok {
 				want = next[m.Key]
 			}
-			var seq int
-			if _, err := fmt.Sscanf(m.ID[strings.LastIndexByte(m.ID, '-')+1:], "%d", &seq); err != nil {
+			seq, err := seqOf(m.ID)
+			if err != nil {
 				mu.Unlock()
 				violate("message %q: cannot parse sequence: %v", m.ID, err)
 				return nil
