@@ -87,9 +87,7 @@ func BenchmarkRun(b *testing.B) {
 					pub, cons := d.new(b)
 					topic := testenv.Topic(b)
 					if d.name == "redisstream" {
-						b.Cleanup(func() {
-							_ = st.Client().Del(context.Background(), "fsq:{"+topic+":0}", "fsq:{"+topic+":0}:lease", "fsq:{"+topic+"}:members").Err()
-						})
+						b.Cleanup(func() { deleteKeys(st, "fsq:{"+topic+"*") })
 					}
 					w := New(discard(), st, db, metrics.New(), Options{})
 
@@ -98,7 +96,7 @@ func BenchmarkRun(b *testing.B) {
 					var gate atomic.Pointer[chan struct{}]
 					var finished atomic.Int64
 					allDone := make(chan struct{}, 1)
-					target := int64(0)
+					var target atomic.Int64
 					h := func(ctx context.Context, msgs []queue.Message) (queue.Finish, error) {
 						<-*gate.Load()
 						finish, err := w.Decide(ctx, msgs)
@@ -109,7 +107,7 @@ func BenchmarkRun(b *testing.B) {
 							if err := finish(ctx); err != nil {
 								return err
 							}
-							if finished.Add(int64(len(msgs))) == atomic.LoadInt64(&target) {
+							if finished.Add(int64(len(msgs))) == target.Load() {
 								allDone <- struct{}{}
 							}
 							return nil
@@ -133,7 +131,7 @@ func BenchmarkRun(b *testing.B) {
 						gate.Store(&g)
 						msgs := benchMessages(c, n, size*batches)
 						n += len(msgs)
-						atomic.StoreInt64(&target, int64(n))
+						target.Store(int64(n))
 						if err := pub.Publish(b.Context(), topic, msgs...); err != nil {
 							b.Fatalf("publish: %v", err)
 						}
@@ -174,15 +172,19 @@ func benchSetup(b *testing.B, stock int64) (*store.Store, *sqlstore.DB, model.Ca
 	if _, err := st.Preload(b.Context(), c, time.Now(), false); err != nil {
 		b.Fatalf("preload: %v", err)
 	}
-	b.Cleanup(func() {
-		// b.Context is already cancelled when cleanups run.
-		ctx := context.Background()
-		keys, _ := st.Client().Keys(ctx, "fs:{"+c.ID+"}*").Result()
-		if len(keys) > 0 {
-			_ = st.Client().Del(ctx, keys...).Err()
-		}
-	})
+	b.Cleanup(func() { deleteKeys(st, "fs:{"+c.ID+"}*") })
 	return st, db, c
+}
+
+// deleteKeys deletes the benchmark's keys matching pattern, one by one (they
+// may live in different slots).
+func deleteKeys(st *store.Store, pattern string) {
+	// b.Context is already cancelled when cleanups run.
+	ctx := context.Background()
+	keys, _ := st.Client().Keys(ctx, pattern).Result()
+	for _, k := range keys {
+		_ = st.Client().Del(ctx, k).Err()
+	}
 }
 
 // benchMessages returns n purchase messages for campaign c, each from a new
