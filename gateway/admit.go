@@ -9,10 +9,10 @@ import (
 
 	"github.com/google/uuid"
 
-	"flashsale/internal/metrics"
-	"flashsale/internal/store"
-	"flashsale/model"
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/store"
+	"github.com/flashsale/flashsale/model"
+	"github.com/flashsale/flashsale/queue"
 )
 
 // Admission coalesces the Redis and queue work of concurrent purchases: a

@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/internal/metrics"
-	"flashsale/internal/store"
-	"flashsale/internal/testenv"
-	"flashsale/model"
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/store"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/model"
+	"github.com/flashsale/flashsale/queue"
 )
 
 // gatePublisher records every Publish call. While held, calls block until

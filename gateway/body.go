@@ -6,8 +6,8 @@ import (
 
 	"github.com/gin-gonic/gin"
 
-	"flashsale/internal/httpapi"
-	"flashsale/model"
+	"github.com/flashsale/flashsale/internal/httpapi"
+	"github.com/flashsale/flashsale/model"
 )
 
 // The purchase endpoint is the one hot route: every shopper of a sale calls

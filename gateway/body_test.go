@@ -10,8 +10,8 @@ import (
 
 	"github.com/gin-gonic/gin"
 
-	"flashsale/internal/httpapi"
-	"flashsale/model"
+	"github.com/flashsale/flashsale/internal/httpapi"
+	"github.com/flashsale/flashsale/model"
 )
 
 // bodyLimit is small so that the oversized cases stay readable.

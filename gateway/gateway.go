@@ -17,11 +17,11 @@ import (
 
 	"github.com/sony/gobreaker/v2"
 
-	"flashsale/internal/metrics"
-	"flashsale/internal/sqlstore"
-	"flashsale/internal/store"
-	"flashsale/model"
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/sqlstore"
+	"github.com/flashsale/flashsale/internal/store"
+	"github.com/flashsale/flashsale/model"
+	"github.com/flashsale/flashsale/queue"
 )
 
 // Stock is what the gateway needs from the Redis store.

@@ -14,14 +14,14 @@ import (
 
 	"github.com/gin-gonic/gin"
 
-	"flashsale/internal/auth"
-	"flashsale/internal/httpapi"
-	"flashsale/internal/metrics"
-	"flashsale/internal/sqlstore"
-	"flashsale/internal/store"
-	"flashsale/internal/testenv"
-	"flashsale/model"
-	"flashsale/queue/redisstream"
+	"github.com/flashsale/flashsale/internal/auth"
+	"github.com/flashsale/flashsale/internal/httpapi"
+	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/sqlstore"
+	"github.com/flashsale/flashsale/internal/store"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/model"
+	"github.com/flashsale/flashsale/queue/redisstream"
 )
 
 // The benchmarks here run the purchase endpoint over real loopback HTTP, in

@@ -7,8 +7,8 @@ import (
 
 	"github.com/gin-gonic/gin"
 
-	"flashsale/internal/httpapi"
-	"flashsale/model"
+	"github.com/flashsale/flashsale/internal/httpapi"
+	"github.com/flashsale/flashsale/model"
 )
 
 // Handlers are the gateway's HTTP endpoints: bind, call the service, respond.

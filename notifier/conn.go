@@ -12,8 +12,8 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/gorilla/websocket"
 
-	"flashsale/internal/httpapi"
-	"flashsale/model"
+	"github.com/flashsale/flashsale/internal/httpapi"
+	"github.com/flashsale/flashsale/model"
 )
 
 // The WebSocket protocol, in JSON text frames:

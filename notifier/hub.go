@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 // subState is where a subscription is in its life. Every transition happens

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 func TestHubDue(t *testing.T) {

@@ -24,9 +24,9 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/gorilla/websocket"
 
-	"flashsale/internal/httpapi"
-	"flashsale/internal/metrics"
-	"flashsale/model"
+	"github.com/flashsale/flashsale/internal/httpapi"
+	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/model"
 )
 
 // ResultSource is what the notifier reads: stored results and the stream of

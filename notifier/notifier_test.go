@@ -20,12 +20,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"flashsale/internal/auth"
-	"flashsale/internal/httpapi"
-	"flashsale/internal/metrics"
-	"flashsale/internal/store"
-	"flashsale/internal/testenv"
-	"flashsale/model"
+	"github.com/flashsale/flashsale/internal/auth"
+	"github.com/flashsale/flashsale/internal/httpapi"
+	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/store"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/model"
 )
 
 func TestMain(m *testing.M) {

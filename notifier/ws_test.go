@@ -17,7 +17,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 // quiet is how long a connection must stay silent to show that a result was

@@ -25,10 +25,10 @@ import (
 
 	"github.com/google/uuid"
 
-	"flashsale/internal/metrics"
-	"flashsale/internal/store"
-	"flashsale/model"
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/store"
+	"github.com/flashsale/flashsale/model"
+	"github.com/flashsale/flashsale/queue"
 )
 
 // Stock is what the worker needs from the Redis store.

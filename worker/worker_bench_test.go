@@ -7,14 +7,14 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/internal/metrics"
-	"flashsale/internal/sqlstore"
-	"flashsale/internal/store"
-	"flashsale/internal/testenv"
-	"flashsale/model"
-	"flashsale/queue"
-	"flashsale/queue/memqueue"
-	"flashsale/queue/redisstream"
+	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/sqlstore"
+	"github.com/flashsale/flashsale/internal/store"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/model"
+	"github.com/flashsale/flashsale/queue"
+	"github.com/flashsale/flashsale/queue/memqueue"
+	"github.com/flashsale/flashsale/queue/redisstream"
 )
 
 // benchCases are the two kinds of load: "success" sells every request (an

@@ -13,13 +13,13 @@ import (
 
 	"github.com/google/uuid"
 
-	"flashsale/internal/metrics"
-	"flashsale/internal/sqlstore"
-	"flashsale/internal/store"
-	"flashsale/internal/testenv"
-	"flashsale/model"
-	"flashsale/queue"
-	"flashsale/queue/memqueue"
+	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/sqlstore"
+	"github.com/flashsale/flashsale/internal/store"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/model"
+	"github.com/flashsale/flashsale/queue"
+	"github.com/flashsale/flashsale/queue/memqueue"
 )
 
 type fixture struct {

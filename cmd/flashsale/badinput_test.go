@@ -8,7 +8,7 @@ import (
 
 	jwtlib "github.com/golang-jwt/jwt/v5"
 
-	"flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/internal/testenv"
 )
 
 // TestBadInput: every malformed or unauthorised request gets its exact

@@ -12,7 +12,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"gopkg.in/yaml.v3"
 
-	"flashsale/internal/config"
+	"github.com/flashsale/flashsale/internal/config"
 )
 
 // The deployment files, relative to this package.

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/internal/testenv"
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/queue"
 )
 
 // TestIdempotencyKey: the same key from the same user returns the same

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/internal/config"
+	"github.com/flashsale/flashsale/internal/config"
 )
 
 // TestServeEmbeddedDefault runs `flashsale serve` exactly as a new user

@@ -16,7 +16,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
 
-	"flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/internal/testenv"
 )
 
 // shopPaced sends n purchases from n distinct users, spread over workers

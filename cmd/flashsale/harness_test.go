@@ -15,11 +15,11 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"flashsale/internal/auth"
-	"flashsale/internal/config"
-	"flashsale/internal/sqlstore"
-	"flashsale/internal/testenv"
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/internal/auth"
+	"github.com/flashsale/flashsale/internal/config"
+	"github.com/flashsale/flashsale/internal/sqlstore"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/queue"
 )
 
 const (

@@ -10,7 +10,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/internal/testenv"
 )
 
 // TestHostileWebSocket: hostile WebSocket clients get their exact refusal,

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/internal/config"
-	"flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/internal/config"
+	"github.com/flashsale/flashsale/internal/testenv"
 )
 
 // buildBinary compiles this command once for tests that need real processes.

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/internal/testenv"
 )
 
 // TestSeparateAdminListener: with http.admin_addr set, the admin API is

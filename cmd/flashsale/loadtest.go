@@ -21,8 +21,8 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/valyala/fasthttp"
 
-	"flashsale/internal/auth"
-	"flashsale/internal/config"
+	"github.com/flashsale/flashsale/internal/auth"
+	"github.com/flashsale/flashsale/internal/config"
 )
 
 // loadtest is the flash-sale simulator: it sets up a campaign through the

@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"testing"
 
-	"flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/internal/testenv"
 )
 
 // TestClientIPRateLimit: the per-IP limit keys on the peer address unless the

@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 
-	"flashsale/internal/config"
-	"flashsale/internal/reconcile"
-	"flashsale/internal/sqlstore"
-	"flashsale/internal/store"
+	"github.com/flashsale/flashsale/internal/config"
+	"github.com/flashsale/flashsale/internal/reconcile"
+	"github.com/flashsale/flashsale/internal/sqlstore"
+	"github.com/flashsale/flashsale/internal/store"
 )
 
 func runReconcile(ctx context.Context, args []string, stdout io.Writer, env map[string]string) error {

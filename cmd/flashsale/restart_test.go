@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/internal/config"
-	"flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/internal/config"
+	"github.com/flashsale/flashsale/internal/testenv"
 )
 
 // startRoles runs some roles in this process until the returned stop is

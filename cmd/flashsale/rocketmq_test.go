@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/internal/config"
-	"flashsale/queue/rocketmq/rmqtest"
+	"github.com/flashsale/flashsale/internal/config"
+	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
 )
 
 // startRocketMQProcess runs `flashsale serve` on the rocketmq driver as a

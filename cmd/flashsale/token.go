@@ -6,8 +6,8 @@ import (
 	"io"
 	"time"
 
-	"flashsale/internal/auth"
-	"flashsale/internal/config"
+	"github.com/flashsale/flashsale/internal/auth"
+	"github.com/flashsale/flashsale/internal/config"
 )
 
 func runToken(args []string, stdout io.Writer, env map[string]string) error {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/internal/testenv"
 )
 
 // TestWholePathRace is the purchase path's main proof: 2,000 concurrent

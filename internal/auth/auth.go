@@ -11,7 +11,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 // JWT mints and verifies HS256 shopper tokens. The algorithm is pinned, so a

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 // TestVerifyCached: a token verified once is served from the cache, but

@@ -5,7 +5,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 // maxExactSeconds bounds the dates read here to those golang-jwt's float64

@@ -14,8 +14,8 @@ import (
 
 	"github.com/gin-gonic/gin"
 
-	"flashsale/internal/auth"
-	"flashsale/model"
+	"github.com/flashsale/flashsale/internal/auth"
+	"github.com/flashsale/flashsale/model"
 )
 
 // ErrorBody is every error response's JSON.

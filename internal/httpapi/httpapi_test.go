@@ -13,7 +13,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 func TestClassify(t *testing.T) {

@@ -12,8 +12,8 @@ import (
 	"sort"
 	"time"
 
-	"flashsale/internal/store"
-	"flashsale/model"
+	"github.com/flashsale/flashsale/internal/store"
+	"github.com/flashsale/flashsale/model"
 )
 
 // Redis is what reconciliation reads and writes in Redis.

@@ -10,10 +10,10 @@ import (
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
 
-	"flashsale/internal/sqlstore"
-	"flashsale/internal/store"
-	"flashsale/internal/testenv"
-	"flashsale/model"
+	"github.com/flashsale/flashsale/internal/sqlstore"
+	"github.com/flashsale/flashsale/internal/store"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/model"
 )
 
 type fixture struct {

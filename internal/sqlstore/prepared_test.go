@@ -9,7 +9,7 @@ import (
 
 	gomysql "github.com/go-sql-driver/mysql"
 
-	"flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/internal/testenv"
 )
 
 // TestInsertOrdersPrepared: batches large enough for a prepared statement

@@ -17,7 +17,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 // campaignRow is the campaigns table.

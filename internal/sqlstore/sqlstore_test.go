@@ -10,8 +10,8 @@ import (
 
 	"gorm.io/gorm/clause"
 
-	"flashsale/internal/testenv"
-	"flashsale/model"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/model"
 )
 
 // openDBs opens each driver's database: SQLite in memory (the embedded

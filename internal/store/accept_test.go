@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 // acceptCall is one Accept in a table; rid is a label.

@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 //go:embed admit.lua

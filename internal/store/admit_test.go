@@ -5,8 +5,8 @@ import (
 	"sync"
 	"testing"
 
-	"flashsale/internal/testenv"
-	"flashsale/model"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/model"
 )
 
 // admitCall is one request of an Admit batch in a table; rid is a label.

@@ -4,7 +4,7 @@ import (
 	"reflect"
 	"testing"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 // delivery is one request of a Deduct batch in a table: rid and order are

@@ -7,7 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 // EventType names a campaign-level event.

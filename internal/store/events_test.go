@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 const waitFor = 5 * time.Second

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 // FuzzDecodeStored: the stored-result parser never panics, and whatever it

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 func TestParseDeductReply(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 func TestPreloadFresh(t *testing.T) {

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/internal/testenv"
-	"flashsale/model"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/model"
 )
 
 // TestDeductRace hammers deduct.lua on real Redis from many goroutines with

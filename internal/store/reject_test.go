@@ -3,7 +3,7 @@ package store
 import (
 	"testing"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 func TestReject(t *testing.T) {

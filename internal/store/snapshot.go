@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 // Snapshot is everything Redis holds about a campaign's sales, for

@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"flashsale/model"
+	"github.com/flashsale/flashsale/model"
 )
 
 // Channels used for cross-instance events. Plain pub/sub reaches every node of

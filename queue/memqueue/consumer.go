@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"sync"
 
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/queue"
 )
 
 // Consumer hands a topic's batches to a handler. Create it with

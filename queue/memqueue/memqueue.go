@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/queue"
 )
 
 // Defaults used for zero Options fields.

@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/queue"
-	"flashsale/queue/queuetest"
+	"github.com/flashsale/flashsale/queue"
+	"github.com/flashsale/flashsale/queue/queuetest"
 )
 
 // backend adapts a Queue to the contract suite. It lives in the internal test

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/queue"
 )
 
 // topic holds one topic's partitions. A single mutex guards them all: the

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/queue"
 )
 
 // Bounds for every wait in the suite. Deliveries get generous time because

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/internal/testenv"
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/queue"
 )
 
 // The pipeline tests run on every driver through queue.ConsumePipelined: a

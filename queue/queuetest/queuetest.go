@@ -12,7 +12,7 @@ package queuetest
 import (
 	"testing"
 
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/queue"
 )
 
 // Backend is one fresh, isolated instance of a driver under test. Every

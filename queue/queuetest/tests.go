@@ -11,8 +11,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"flashsale/internal/testenv"
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/queue"
 )
 
 var errHandler = errors.New("queuetest: handler asks for redelivery")

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/internal/testenv"
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/queue"
 )
 
 // collector records handler calls for the tests below.

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/internal/testenv"
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/queue"
 )
 
 // TestLeaseScripts has one case per reply of each lease script.

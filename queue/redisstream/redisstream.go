@@ -44,8 +44,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"flashsale/queue"
-	"flashsale/queue/internal/gate"
+	"github.com/flashsale/flashsale/queue"
+	"github.com/flashsale/flashsale/queue/internal/gate"
 )
 
 // Defaults used for zero Options fields.

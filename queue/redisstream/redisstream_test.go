@@ -12,9 +12,9 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"flashsale/internal/testenv"
-	"flashsale/queue"
-	"flashsale/queue/queuetest"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/queue"
+	"github.com/flashsale/flashsale/queue/queuetest"
 )
 
 const testBatchSize = 16

@@ -12,7 +12,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/consumer"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/queue"
 )
 
 // Waits in the consumer's lifecycle.

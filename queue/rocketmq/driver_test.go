@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/internal/testenv"
-	"flashsale/queue"
-	"flashsale/queue/rocketmq"
-	"flashsale/queue/rocketmq/internal/remoting"
-	"flashsale/queue/rocketmq/rmqtest"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/queue"
+	"github.com/flashsale/flashsale/queue/rocketmq"
+	"github.com/flashsale/flashsale/queue/rocketmq/internal/remoting"
+	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
 )
 
 // consumeRecorder runs Consume in the background until the test ends and

@@ -13,7 +13,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
-	"flashsale/queue"
+	"github.com/flashsale/flashsale/queue"
 )
 
 func TestDelayLevel(t *testing.T) {

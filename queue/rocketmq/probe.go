@@ -11,7 +11,7 @@ import (
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
-	"flashsale/queue/rocketmq/internal/remoting"
+	"github.com/flashsale/flashsale/queue/rocketmq/internal/remoting"
 )
 
 // prober sends the few requests the library does not expose — route and

@@ -69,9 +69,9 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
-	"flashsale/queue"
-	"flashsale/queue/internal/gate"
-	"flashsale/queue/rocketmq/internal/remoting"
+	"github.com/flashsale/flashsale/queue"
+	"github.com/flashsale/flashsale/queue/internal/gate"
+	"github.com/flashsale/flashsale/queue/rocketmq/internal/remoting"
 )
 
 // Defaults used for zero Options fields.

@@ -13,11 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/internal/testenv"
-	"flashsale/queue"
-	"flashsale/queue/queuetest"
-	"flashsale/queue/rocketmq"
-	"flashsale/queue/rocketmq/rmqtest"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/queue"
+	"github.com/flashsale/flashsale/queue/queuetest"
+	"github.com/flashsale/flashsale/queue/rocketmq"
+	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
 )
 
 const (

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"flashsale/queue/rocketmq/internal/remoting"
+	"github.com/flashsale/flashsale/queue/rocketmq/internal/remoting"
 )
 
 // dispatch handles one request and returns its response (nil: none).

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"time"
 
-	"flashsale/queue/rocketmq/internal/remoting"
+	"github.com/flashsale/flashsale/queue/rocketmq/internal/remoting"
 )
 
 // Message is a stored message, as tests inspect it.

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"flashsale/queue/rocketmq/internal/remoting"
-	"flashsale/queue/rocketmq/rmqtest"
+	"github.com/flashsale/flashsale/queue/rocketmq/internal/remoting"
+	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
 )
 
 const callTimeout = 5 * time.Second

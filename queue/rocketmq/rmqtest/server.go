@@ -41,7 +41,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"flashsale/queue/rocketmq/internal/remoting"
+	"github.com/flashsale/flashsale/queue/rocketmq/internal/remoting"
 )
 
 // Options configures a Server. Zero fields take the defaults.

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"flashsale/queue/rocketmq/internal/remoting"
+	"github.com/flashsale/flashsale/queue/rocketmq/internal/remoting"
 )
 
 // Topic permissions (PermName): 2 write, 4 read.
