@@ -7,6 +7,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/flashsale/flashsale/internal/httpapi"
+	"github.com/flashsale/flashsale/internal/wire"
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -44,12 +45,12 @@ func decodePurchaseBody(c *gin.Context) (int64, error) {
 	return *req.Quantity, nil
 }
 
-// fastQuantity reads the body with model.LiteDecoder: {} or an object whose
+// fastQuantity reads the body with wire.Decoder: {} or an object whose
 // one member is an integer "quantity"; ok is false for anything else, which
 // the strict decoder then judges.
 func fastQuantity(b []byte) (q int64, ok bool) {
 	q = 1
-	d := model.NewLiteDecoder(b)
+	d := wire.NewDecoder(b)
 	ok = d.Members(func(key string) (uint16, bool) {
 		if key != "quantity" {
 			return 0, false
@@ -66,7 +67,7 @@ func fastQuantity(b []byte) (q int64, ok bool) {
 // the request id needs no JSON escaping (ours never do; a value from
 // elsewhere takes gin's renderer).
 func writePurchaseAnswer(c *gin.Context, status int, requestID string) {
-	if !model.JSONSafe(requestID) {
+	if !wire.JSONSafe(requestID) {
 		c.JSON(status, purchaseResponse{RequestID: requestID, Status: model.StatusQueued,
 			PollURL: pollPath + requestID, WSURL: wsPath})
 		return

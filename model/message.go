@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/flashsale/flashsale/internal/wire"
 )
 
 // MessageVersion is the version of the PurchaseRequest wire format. Decoders
@@ -24,8 +26,8 @@ func ValidUserID(id string) bool { return allInSet(id, 1, MaxUserID, userLow, us
 // PurchaseRequest is the message the gateway enqueues and the worker consumes.
 //
 // Its wire form is the JSON of this struct (encoding/json's, byte for byte);
-// EncodePurchaseRequest and DecodePurchaseRequest write and read the common
-// case by hand and defer everything else to encoding/json.
+// EncodePurchaseRequest and DecodePurchaseRequest leave the common case to
+// internal/wire's hand-written codec and everything else to encoding/json.
 type PurchaseRequest struct {
 	Version    int       `json:"v"`
 	RequestID  string    `json:"request_id"`
@@ -56,31 +58,16 @@ func (p PurchaseRequest) Validate() error {
 // json.Marshal writes, so any version of the worker reads it.
 func EncodePurchaseRequest(p PurchaseRequest) ([]byte, error) {
 	p.Version = MessageVersion
-	if !JSONSafe(p.RequestID) || !JSONSafe(p.CampaignID) || !JSONSafe(p.UserID) {
-		return json.Marshal(p) // escapes; never a valid request anyway
+	if b, ok := wire.EncodePurchaseRequest(wire.PurchaseRequest(p)); ok {
+		return b, nil
 	}
-	b := make([]byte, 0, 160+len(p.RequestID)+len(p.CampaignID)+len(p.UserID))
-	b = append(b, `{"v":`...)
-	b = appendInt(b, int64(p.Version))
-	b = append(b, `,"request_id":`...)
-	b = appendStr(b, p.RequestID)
-	b = append(b, `,"campaign_id":`...)
-	b = appendStr(b, p.CampaignID)
-	b = append(b, `,"user_id":`...)
-	b = appendStr(b, p.UserID)
-	b = append(b, `,"quantity":`...)
-	b = appendInt(b, p.Quantity)
-	b = append(b, `,"accepted_at":`...)
-	b, err := appendTime(b, p.AcceptedAt)
-	if err != nil {
-		return json.Marshal(p) // a year outside 0-9999: json's own error
-	}
-	return append(b, '}'), nil
+	return json.Marshal(p) // a string to escape (never a valid request), or a year json refuses
 }
 
 // DecodePurchaseRequest parses and validates a wire message.
 func DecodePurchaseRequest(b []byte) (PurchaseRequest, error) {
-	p, ok := decodePurchaseRequestLite(b)
+	w, ok := wire.DecodePurchaseRequest(b)
+	p := PurchaseRequest(w)
 	if !ok {
 		var err error
 		if p, err = decodePurchaseRequestJSON(b); err != nil {
@@ -97,47 +84,13 @@ func DecodePurchaseRequest(b []byte) (PurchaseRequest, error) {
 }
 
 // decodePurchaseRequestJSON is the encoding/json path: the fallback for
-// anything decodePurchaseRequestLite does not read, and the reference the
-// equivalence tests hold it to.
+// anything wire does not read, and the tests' reference.
 func decodePurchaseRequestJSON(b []byte) (PurchaseRequest, error) {
 	var p PurchaseRequest
 	if err := json.Unmarshal(b, &p); err != nil {
 		return PurchaseRequest{}, Invalid("message", "not JSON: "+err.Error())
 	}
 	return p, nil
-}
-
-// decodePurchaseRequestLite reads what EncodePurchaseRequest writes (keys in
-// any order, any subset); ok is false when encoding/json must decide.
-func decodePurchaseRequestLite(b []byte) (p PurchaseRequest, ok bool) {
-	d := NewLiteDecoder(b)
-	ok = d.Members(func(key string) (uint16, bool) {
-		var ok bool
-		switch key {
-		case "v":
-			var v int64
-			v, ok = d.Int()
-			p.Version = int(v)
-			return 1 << 0, ok
-		case "request_id":
-			p.RequestID, ok = d.Str()
-			return 1 << 1, ok
-		case "campaign_id":
-			p.CampaignID, ok = d.Str()
-			return 1 << 2, ok
-		case "user_id":
-			p.UserID, ok = d.Str()
-			return 1 << 3, ok
-		case "quantity":
-			p.Quantity, ok = d.Int()
-			return 1 << 4, ok
-		case "accepted_at":
-			p.AcceptedAt, ok = d.Time()
-			return 1 << 5, ok
-		}
-		return 0, false
-	})
-	return p, ok
 }
 
 // A request id is "<campaign id>.<32 hex digits>". Carrying the campaign lets

@@ -2,15 +2,17 @@ package model
 
 import (
 	"encoding/json"
-	"slices"
 	"time"
+
+	"github.com/flashsale/flashsale/internal/wire"
 )
 
 // Result is the outcome of a purchase request as shoppers see it.
 //
 // Its wire form on the results channel is the JSON of this struct
-// (encoding/json's, byte for byte); EncodeResult and DecodeResult write and
-// read the common case by hand and defer everything else to encoding/json.
+// (encoding/json's, byte for byte); EncodeResult and DecodeResult leave the
+// common case to internal/wire's hand-written codec and everything else to
+// encoding/json.
 type Result struct {
 	RequestID  string    `json:"request_id"`
 	CampaignID string    `json:"campaign_id"`
@@ -27,46 +29,15 @@ type Result struct {
 func EncodeResult(r Result) ([]byte, error) { return AppendResult(nil, r) }
 
 // AppendResult appends EncodeResult's bytes for r to dst, so that many
-// results can share one buffer (a results message carries a batch's).
+// results can share one buffer (a results message carries a batch's). On an
+// error dst is returned as it was.
 func AppendResult(dst []byte, r Result) ([]byte, error) {
-	if !JSONSafe(r.RequestID) || !JSONSafe(r.CampaignID) || !JSONSafe(r.UserID) ||
-		!JSONSafe(string(r.Status)) || !JSONSafe(r.Reason) || !JSONSafe(r.OrderID) {
-		return appendMarshal(dst, r)
+	w := wire.Result{RequestID: r.RequestID, CampaignID: r.CampaignID, UserID: r.UserID, Status: string(r.Status),
+		Reason: r.Reason, OrderID: r.OrderID, Quantity: r.Quantity, FinishedAt: r.FinishedAt}
+	if b, ok := wire.AppendResult(dst, w); ok {
+		return b, nil
 	}
-	start := len(dst)
-	b := slices.Grow(dst, 128+len(r.RequestID)+len(r.CampaignID)+len(r.UserID)+len(r.Reason)+len(r.OrderID))
-	b = append(b, `{"request_id":`...)
-	b = appendStr(b, r.RequestID)
-	b = append(b, `,"campaign_id":`...)
-	b = appendStr(b, r.CampaignID)
-	b = append(b, `,"user_id":`...)
-	b = appendStr(b, r.UserID)
-	b = append(b, `,"status":`...)
-	b = appendStr(b, string(r.Status))
-	if r.Reason != "" {
-		b = append(b, `,"reason":`...)
-		b = appendStr(b, r.Reason)
-	}
-	if r.OrderID != "" {
-		b = append(b, `,"order_id":`...)
-		b = appendStr(b, r.OrderID)
-	}
-	b = append(b, `,"quantity":`...)
-	b = appendInt(b, r.Quantity)
-	if !r.FinishedAt.IsZero() {
-		b = append(b, `,"finished_at":`...)
-		withTime, err := appendTime(b, r.FinishedAt)
-		if err != nil {
-			return appendMarshal(b[:start], r) // a year outside 0-9999: json's own error
-		}
-		b = withTime
-	}
-	return append(b, '}'), nil
-}
-
-// appendMarshal appends json.Marshal's encoding of r to dst.
-func appendMarshal(dst []byte, r Result) ([]byte, error) {
-	j, err := json.Marshal(r)
+	j, err := json.Marshal(r) // a string to escape, or a year json refuses
 	if err != nil {
 		return dst, err
 	}
@@ -75,7 +46,9 @@ func appendMarshal(dst []byte, r Result) ([]byte, error) {
 
 // DecodeResult parses EncodeResult's output.
 func DecodeResult(b []byte) (Result, error) {
-	r, ok := decodeResultLite(b)
+	w, ok := wire.DecodeResult(b)
+	r := Result{RequestID: w.RequestID, CampaignID: w.CampaignID, UserID: w.UserID, Status: Status(w.Status),
+		Reason: w.Reason, OrderID: w.OrderID, Quantity: w.Quantity, FinishedAt: w.FinishedAt}
 	if !ok {
 		var err error
 		if r, err = decodeResultJSON(b); err != nil {
@@ -88,51 +61,12 @@ func DecodeResult(b []byte) (Result, error) {
 	return r, nil
 }
 
-// decodeResultJSON is the encoding/json path: the fallback, and the
-// reference the equivalence tests hold decodeResultLite to.
+// decodeResultJSON is the encoding/json path: the fallback for anything wire
+// does not read, and the tests' reference.
 func decodeResultJSON(b []byte) (Result, error) {
 	var r Result
 	if err := json.Unmarshal(b, &r); err != nil {
 		return Result{}, Invalid("result", err.Error())
 	}
 	return r, nil
-}
-
-// decodeResultLite reads what EncodeResult writes; ok is false when
-// encoding/json must decide.
-func decodeResultLite(b []byte) (r Result, ok bool) {
-	d := NewLiteDecoder(b)
-	ok = d.Members(func(key string) (uint16, bool) {
-		var ok bool
-		switch key {
-		case "request_id":
-			r.RequestID, ok = d.Str()
-			return 1 << 0, ok
-		case "campaign_id":
-			r.CampaignID, ok = d.Str()
-			return 1 << 1, ok
-		case "user_id":
-			r.UserID, ok = d.Str()
-			return 1 << 2, ok
-		case "status":
-			var s string
-			s, ok = d.Str()
-			r.Status = Status(s)
-			return 1 << 3, ok
-		case "reason":
-			r.Reason, ok = d.Str()
-			return 1 << 4, ok
-		case "order_id":
-			r.OrderID, ok = d.Str()
-			return 1 << 5, ok
-		case "quantity":
-			r.Quantity, ok = d.Int()
-			return 1 << 6, ok
-		case "finished_at":
-			r.FinishedAt, ok = d.Time()
-			return 1 << 7, ok
-		}
-		return 0, false
-	})
-	return r, ok
 }

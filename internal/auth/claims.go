@@ -5,21 +5,21 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
-	"github.com/flashsale/flashsale/model"
+	"github.com/flashsale/flashsale/internal/wire"
 )
 
 // maxExactSeconds bounds the dates read here to those golang-jwt's float64
 // parsing keeps exact.
 const maxExactSeconds = 1 << 53
 
-// mintedClaims reads claims in the shape Mint writes with model.LiteDecoder:
+// mintedClaims reads claims in the shape Mint writes with wire.Decoder:
 // "sub" a plain string, "exp", "nbf" and "iat" whole seconds, no other
 // member; ok is false for anything else. What it reads equals what
 // encoding/json reads into jwt.RegisteredClaims (tested and fuzzed); a sale
 // verifies every shopper's token once, and reflection-driven decoding was
 // most of that (docs/BENCHMARKS.md).
 func mintedClaims(b []byte) (rc jwt.RegisteredClaims, ok bool) {
-	d := model.NewLiteDecoder(b)
+	d := wire.NewDecoder(b)
 	date := func(dst **jwt.NumericDate) bool {
 		secs, ok := d.Int()
 		if !ok || secs <= -maxExactSeconds || secs >= maxExactSeconds {

@@ -1,36 +1,40 @@
-package model
+// Package wire reads and writes flashsale's hot JSON by hand: the queue
+// message, which the worker decodes for every purchase, the result, which
+// every notifier decodes, and the small objects of the gateway's purchase body
+// and the token claims. These are measured hot paths (docs/BENCHMARKS.md), so
+// their common shape skips encoding/json's reflection; model keeps the types
+// and the Encode/Decode entry points, which call this package.
+//
+// That shape is the one flashsale's own encoders write: a flat object, no
+// whitespace, keys in lower case, string values of printable ASCII without
+// escapes, integer numbers. Anything outside it — whitespace, escapes,
+// non-ASCII, other key spellings, unknown or repeated keys, null, fractions —
+// makes these functions give up (ok is false), and the caller falls back to
+// encoding/json, so every input decodes exactly as encoding/json decodes it
+// and every output is byte for byte what json.Marshal writes.
+//
+// wire depends on the standard library only and does not import model (model
+// imports it).
+package wire
 
 import (
 	"strconv"
 	"time"
 )
 
-// The queue message and the result are flat JSON objects that flashsale's own
-// encoders write in one fixed shape: no whitespace, keys in lower case, string
-// values of printable ASCII without escapes, integer numbers. The worker
-// decodes every message and every notifier every result, so that shape is
-// read and written by hand here (reflection-based encoding/json was half of
-// the worker's CPU). Anything outside the shape — whitespace, escapes,
-// non-ASCII, other key spellings, unknown or repeated keys, null, fractions —
-// makes the hand-written path give up, and the caller falls back to
-// encoding/json, so every input decodes exactly as encoding/json decodes it.
-
-// LiteDecoder reads one flat object in that shape; it is exported for the
-// other hand-written fast paths (the gateway's purchase body, the token
-// claims of internal/auth), which fall back to encoding/json the same way.
-// s is string(b), made once, so that every string field is a substring of
-// one allocation.
-type LiteDecoder struct {
+// Decoder reads one flat object in that shape. s is string(b), made once, so
+// that every string field is a substring of one allocation.
+type Decoder struct {
 	b []byte
 	s string
 	i int
 }
 
-// NewLiteDecoder returns a LiteDecoder of b.
-func NewLiteDecoder(b []byte) *LiteDecoder { return &LiteDecoder{b: b, s: string(b)} }
+// NewDecoder returns a Decoder of b.
+func NewDecoder(b []byte) *Decoder { return &Decoder{b: b, s: string(b)} }
 
 // byte consumes c if it is next.
-func (d *LiteDecoder) byte(c byte) bool {
+func (d *Decoder) byte(c byte) bool {
 	if d.i < len(d.b) && d.b[d.i] == c {
 		d.i++
 		return true
@@ -39,10 +43,10 @@ func (d *LiteDecoder) byte(c byte) bool {
 }
 
 // done reports whether the whole input was read.
-func (d *LiteDecoder) done() bool { return d.i == len(d.b) }
+func (d *Decoder) done() bool { return d.i == len(d.b) }
 
 // str reads a string without escapes and returns it with its position in b.
-func (d *LiteDecoder) str() (s string, start, end int, ok bool) {
+func (d *Decoder) str() (s string, start, end int, ok bool) {
 	if !d.byte('"') {
 		return "", 0, 0, false
 	}
@@ -64,7 +68,7 @@ func (d *LiteDecoder) str() (s string, start, end int, ok bool) {
 }
 
 // key reads `"name":`.
-func (d *LiteDecoder) key() (string, bool) {
+func (d *Decoder) key() (string, bool) {
 	k, _, _, ok := d.str()
 	if !ok || !d.byte(':') {
 		return "", false
@@ -74,7 +78,7 @@ func (d *LiteDecoder) key() (string, bool) {
 
 // Str reads a string without escapes, control bytes or non-ASCII; anything
 // else is left to encoding/json.
-func (d *LiteDecoder) Str() (string, bool) {
+func (d *Decoder) Str() (string, bool) {
 	s, _, _, ok := d.str()
 	return s, ok
 }
@@ -82,7 +86,7 @@ func (d *LiteDecoder) Str() (string, bool) {
 // Int reads an integer of at most 18 digits (so it cannot overflow) that is
 // followed by ',' or '}': a fraction or an exponent, which encoding/json
 // refuses for integer fields, is left to it.
-func (d *LiteDecoder) Int() (int64, bool) {
+func (d *Decoder) Int() (int64, bool) {
 	neg := d.byte('-')
 	digits := d.i
 	var n int64
@@ -106,7 +110,7 @@ func (d *LiteDecoder) Int() (int64, bool) {
 }
 
 // Time reads a string as encoding/json reads a time.Time: RFC 3339, strictly.
-func (d *LiteDecoder) Time() (time.Time, bool) {
+func (d *Decoder) Time() (time.Time, bool) {
 	_, start, end, ok := d.str()
 	if !ok {
 		return time.Time{}, false
@@ -121,9 +125,10 @@ func (d *LiteDecoder) Time() (time.Time, bool) {
 
 // Members calls member for each key of the object until it returns false;
 // it reports whether the object was read to its end and the input with it.
-// A key seen twice makes it give up: encoding/json keeps the last one, and
-// the fallback does exactly that.
-func (d *LiteDecoder) Members(member func(key string) (bit uint16, ok bool)) bool {
+// member reads the key's value and returns a bit of its own for the key, so
+// that a key seen twice makes Members give up: encoding/json keeps the last
+// one, and the fallback does exactly that.
+func (d *Decoder) Members(member func(key string) (bit uint16, ok bool)) bool {
 	if !d.byte('{') {
 		return false
 	}
