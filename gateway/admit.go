@@ -62,7 +62,7 @@ func (s *Service) enqueue(ctx context.Context, p Purchase) (Accepted, error) {
 		ClientIP:       p.ClientIP,
 	}
 	body, err := model.EncodePurchaseRequest(model.PurchaseRequest{RequestID: a.RequestID, CampaignID: p.CampaignID,
-		UserID: p.UserID, Quantity: p.Quantity, AcceptedAt: s.opts.Now().UTC()})
+		UserID: p.UserID, Quantity: p.Quantity, AdmittedAt: s.opts.Now().UTC()})
 	if err != nil {
 		return Accepted{}, fmt.Errorf("encode request: %w", err)
 	}

@@ -13,10 +13,10 @@ import (
 
 // samePurchase compares two decoded requests, times by instant and zone.
 func samePurchase(a, b PurchaseRequest) bool {
-	an, ao := a.AcceptedAt.Zone()
-	bn, bo := b.AcceptedAt.Zone()
-	ta, tb := a.AcceptedAt, b.AcceptedAt
-	a.AcceptedAt, b.AcceptedAt = time.Time{}, time.Time{}
+	an, ao := a.AdmittedAt.Zone()
+	bn, bo := b.AdmittedAt.Zone()
+	ta, tb := a.AdmittedAt, b.AdmittedAt
+	a.AdmittedAt, b.AdmittedAt = time.Time{}, time.Time{}
 	return a == b && ta.Equal(tb) && an == bn && ao == bo
 }
 
@@ -81,14 +81,15 @@ func errField(err error) string {
 // decodeSeeds take each path: every key read by hand, messages left to
 // encoding/json, and each check's refusal.
 var decodeSeeds = []string{
-	`{"v":1,"request_id":"c.00000000000000000000000000000000","campaign_id":"c","user_id":"u","quantity":1,"accepted_at":"2026-01-01T00:00:00.123456789+05:30"}`,
-	`{"v":1,"request_id":"c.00000000000000000000000000000000","campaign_id":"c","user_id":"u","quantity":1,"accepted_at":"2026-01-01T00:00:00Z"} `,
+	`{"v":1,"request_id":"c.00000000000000000000000000000000","campaign_id":"c","user_id":"u","quantity":1,"admitted_at":"2026-01-01T00:00:00.123456789+05:30"}`,
+	`{"v":1,"request_id":"c.00000000000000000000000000000000","campaign_id":"c","user_id":"u","quantity":1,"admitted_at":"2026-01-01T00:00:00Z"} `,
 	`{"v":1,"request_id":"c.00000000000000000000000000000000","campaign_id":"c","user_id":"\u0075","quantity":1}`,
+	`{"v":1,"request_id":"c.00000000000000000000000000000000","campaign_id":"c","user_id":"u","quantity":1,"accepted_at":"2026-01-01T00:00:00Z"}`,
 	`{"v":2,"request_id":"c.00000000000000000000000000000000","campaign_id":"c","user_id":"u","quantity":1}`,
 	`{"v":1,"request_id":"d.00000000000000000000000000000000","campaign_id":"c","user_id":"u","quantity":1}`,
 	`{"v":1,"request_id":"c.00000000000000000000000000000000","campaign_id":"c","user_id":"a b","quantity":1}`,
 	`{"v":1,"request_id":"c.00000000000000000000000000000000","campaign_id":"c","user_id":"u","quantity":0}`,
-	`{"v":1,"v":1}`, `{"v":1.0}`, `{"v":1,"accepted_at":"24:00"}`, `{"v":null}`, `{`, ``, `null`,
+	`{"v":1,"v":1}`, `{"v":1.0}`, `{"v":1,"admitted_at":"24:00"}`, `{"v":null}`, `{`, ``, `null`,
 	`{"request_id":"c.0","campaign_id":"c","user_id":"u","status":"rejected","reason":"bad_message","order_id":"o","quantity":1,"finished_at":"2026-01-01T00:00:00.5Z"}`,
 	`{"request_id":"c.0","campaign_id":"c","user_id":"u","status":"success","quantity":1} `,
 	`{"request_id":"c.0","status":"paid"}`, `{"status":"success","Status":"sold_out"}`, `{"status":"s\u0075ccess"}`,
@@ -105,7 +106,7 @@ func TestDecodeEquivalentToEncodingJSON(t *testing.T) {
 // notifiers read each other's messages.
 func checkEncodeEquivalent(t *testing.T, s1, s2, s3 string, n int64, at time.Time) {
 	t.Helper()
-	p := PurchaseRequest{RequestID: s1, CampaignID: s2, UserID: s3, Quantity: n, AcceptedAt: at}
+	p := PurchaseRequest{RequestID: s1, CampaignID: s2, UserID: s3, Quantity: n, AdmittedAt: at}
 	got, gotErr := EncodePurchaseRequest(p)
 	p.Version = MessageVersion
 	want, wantErr := json.Marshal(p)

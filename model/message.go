@@ -34,7 +34,7 @@ type PurchaseRequest struct {
 	CampaignID string    `json:"campaign_id"`
 	UserID     string    `json:"user_id"`
 	Quantity   int64     `json:"quantity"`
-	AcceptedAt time.Time `json:"accepted_at"`
+	AdmittedAt time.Time `json:"admitted_at"`
 }
 
 // Validate checks the fields a worker relies on.

@@ -9,7 +9,7 @@ import (
 
 func validRequest() PurchaseRequest {
 	return PurchaseRequest{RequestID: FormatRequestID("spring-sale", strings.Repeat("ab", 16)), CampaignID: "spring-sale",
-		UserID: "alice", Quantity: 1, AcceptedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+		UserID: "alice", Quantity: 1, AdmittedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 }
 
 func TestPurchaseRequestRoundTrip(t *testing.T) {
@@ -153,7 +153,7 @@ func FuzzDecodePurchaseRequest(f *testing.F) {
 			t.Fatalf("re-encode: %v", err)
 		}
 		p2, err := DecodePurchaseRequest(again)
-		if err != nil || !p2.AcceptedAt.Equal(p.AcceptedAt) || p2.RequestID != p.RequestID || p2.Quantity != p.Quantity {
+		if err != nil || !p2.AdmittedAt.Equal(p.AdmittedAt) || p2.RequestID != p.RequestID || p2.Quantity != p.Quantity {
 			t.Fatalf("round trip changed %+v into %+v (%v)", p, p2, err)
 		}
 	})

@@ -195,7 +195,7 @@ func benchMessages(c model.Campaign, start, n int) []queue.Message {
 		seq := start + i + 1
 		rid := model.FormatRequestID(c.ID, fmt.Sprintf("%032x", seq))
 		body, _ := model.EncodePurchaseRequest(model.PurchaseRequest{RequestID: rid, CampaignID: c.ID,
-			UserID: fmt.Sprintf("u%d", seq), Quantity: 1, AcceptedAt: time.Now()})
+			UserID: fmt.Sprintf("u%d", seq), Quantity: 1, AdmittedAt: time.Now()})
 		msgs[i] = queue.Message{ID: rid, Key: c.ID, Body: body, Attempt: 1}
 	}
 	return msgs

@@ -13,7 +13,7 @@ type PurchaseRequest struct {
 	CampaignID string
 	UserID     string
 	Quantity   int64
-	AcceptedAt time.Time
+	AdmittedAt time.Time
 }
 
 // EncodePurchaseRequest writes p as json.Marshal writes model.PurchaseRequest;
@@ -34,8 +34,8 @@ func EncodePurchaseRequest(p PurchaseRequest) (b []byte, ok bool) {
 	b = appendStr(b, p.UserID)
 	b = append(b, `,"quantity":`...)
 	b = appendInt(b, p.Quantity)
-	b = append(b, `,"accepted_at":`...)
-	b, err := appendTime(b, p.AcceptedAt)
+	b = append(b, `,"admitted_at":`...)
+	b, err := appendTime(b, p.AdmittedAt)
 	if err != nil {
 		return nil, false
 	}
@@ -66,8 +66,8 @@ func DecodePurchaseRequest(b []byte) (p PurchaseRequest, ok bool) {
 		case "quantity":
 			p.Quantity, ok = d.Int()
 			return 1 << 4, ok
-		case "accepted_at":
-			p.AcceptedAt, ok = d.Time()
+		case "admitted_at":
+			p.AdmittedAt, ok = d.Time()
 			return 1 << 5, ok
 		}
 		return 0, false

@@ -16,7 +16,7 @@ type purchaseJSON struct {
 	CampaignID string    `json:"campaign_id"`
 	UserID     string    `json:"user_id"`
 	Quantity   int64     `json:"quantity"`
-	AcceptedAt time.Time `json:"accepted_at"`
+	AdmittedAt time.Time `json:"admitted_at"`
 }
 
 type resultJSON struct {
@@ -38,8 +38,8 @@ func sameTime(a, b time.Time) bool {
 }
 
 func samePurchase(a, b PurchaseRequest) bool {
-	ta, tb := a.AcceptedAt, b.AcceptedAt
-	a.AcceptedAt, b.AcceptedAt = time.Time{}, time.Time{}
+	ta, tb := a.AdmittedAt, b.AdmittedAt
+	a.AdmittedAt, b.AdmittedAt = time.Time{}, time.Time{}
 	return a == b && sameTime(ta, tb)
 }
 
@@ -69,8 +69,8 @@ func checkDecodeEquivalent(t *testing.T, b []byte) {
 
 // decodeSeeds are messages around the hand-written decoders' edges.
 var decodeSeeds = []string{
-	`{"v":1,"request_id":"c.00000000000000000000000000000000","campaign_id":"c","user_id":"u","quantity":1,"accepted_at":"2026-01-01T00:00:00Z"}`,
-	`{"v":1,"request_id":"c.00000000000000000000000000000000","campaign_id":"c","user_id":"u","quantity":1,"accepted_at":"2026-01-01T00:00:00.123456789+05:30"}`,
+	`{"v":1,"request_id":"c.00000000000000000000000000000000","campaign_id":"c","user_id":"u","quantity":1,"admitted_at":"2026-01-01T00:00:00Z"}`,
+	`{"v":1,"request_id":"c.00000000000000000000000000000000","campaign_id":"c","user_id":"u","quantity":1,"admitted_at":"2026-01-01T00:00:00.123456789+05:30"}`,
 	`{"quantity":1,"user_id":"u","campaign_id":"c","request_id":"c.00000000000000000000000000000000","v":1}`,
 	`{"v":1,"request_id":"c.00000000000000000000000000000000","campaign_id":"c","user_id":"u","quantity":1} `,
 	` {"v":1}`,
@@ -80,8 +80,8 @@ var decodeSeeds = []string{
 	`{"v":1.0}`, `{"v":1e0}`, `{"v":01}`, `{"v":-0}`, `{"v":-}`, `{"v":99999999999999999999}`, `{"v":null}`,
 	`{"v":"1"}`, `{"v":1,"user_id":"\u0061"}`, `{"v":1,"user_id":"é"}`, `{"v":1,"user_id":"a\tb"}`,
 	`{"v":1,"extra":true}`, `{}`, `{`, `}`, `[]`, `null`, ``, `{"v":1,}`, `{"v":1}}`, `{"v" :1}`,
-	`{"v":1,"accepted_at":"2026-13-01T00:00:00Z"}`, `{"v":1,"accepted_at":"2026-01-01 00:00:00Z"}`,
-	`{"v":1,"accepted_at":null}`, `{"v":1,"accepted_at":"24:00"}`,
+	`{"v":1,"admitted_at":"2026-13-01T00:00:00Z"}`, `{"v":1,"admitted_at":"2026-01-01 00:00:00Z"}`,
+	`{"v":1,"admitted_at":null}`, `{"v":1,"admitted_at":"24:00"}`, `{"v":1,"accepted_at":"2026-01-01T00:00:00Z"}`,
 	`{"request_id":"c.0","campaign_id":"c","user_id":"u","status":"success","order_id":"o","quantity":1}`,
 	`{"request_id":"c.0","campaign_id":"c","user_id":"u","status":"rejected","reason":"bad_message","quantity":1,"finished_at":"2026-01-01T00:00:00.5Z"}`,
 	`{"request_id":"c.0","status":"paid"}`, `{"status":"success","Status":"sold_out"}`,
@@ -113,7 +113,7 @@ func checkEncodeEquivalent(t *testing.T, s1, s2, s3 string, n int64, at time.Tim
 	}
 	safe := JSONSafe(s1) && JSONSafe(s2) && JSONSafe(s3)
 
-	p := PurchaseRequest{Version: 1, RequestID: s1, CampaignID: s2, UserID: s3, Quantity: n, AcceptedAt: at}
+	p := PurchaseRequest{Version: 1, RequestID: s1, CampaignID: s2, UserID: s3, Quantity: n, AdmittedAt: at}
 	got, ok := EncodePurchaseRequest(p)
 	want, wantErr := json.Marshal(purchaseJSON(p))
 	if ok != (safe && wantErr == nil) || (ok && string(got) != string(want)) {
@@ -178,7 +178,7 @@ func FuzzEncodeEquivalentToEncodingJSON(f *testing.F) {
 // without leaving it to encoding/json.
 func TestRoundTrip(t *testing.T) {
 	at := time.Date(2026, 5, 6, 7, 8, 9, 123456789, time.FixedZone("", 5*3600+1800))
-	p := PurchaseRequest{Version: 1, RequestID: "c." + strings.Repeat("ab", 16), CampaignID: "c", UserID: "alice", Quantity: 2, AcceptedAt: at}
+	p := PurchaseRequest{Version: 1, RequestID: "c." + strings.Repeat("ab", 16), CampaignID: "c", UserID: "alice", Quantity: 2, AdmittedAt: at}
 	b, ok := EncodePurchaseRequest(p)
 	if !ok {
 		t.Fatalf("EncodePurchaseRequest(%+v) declined", p)
