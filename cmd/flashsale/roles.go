@@ -52,7 +52,7 @@ func (r roleSet) String() string {
 	return strings.Join(names, "+")
 }
 
-func runRoles(ctx context.Context, name string, args []string, stdout io.Writer, env map[string]string, log *slog.Logger, roles roleSet) error {
+func runRoles(ctx context.Context, name string, args []string, stdout io.Writer, env map[string]string, newLog newLogger, roles roleSet) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	configPath := fs.String("config", "", "config file (default: the built-in embedded config, see configs/flashsale.yaml)")
@@ -74,7 +74,7 @@ func runRoles(ctx context.Context, name string, args []string, stdout io.Writer,
 	if roles != (roleSet{true, true, true}) && (cfg.Redis.Mode == "embedded" || cfg.Queue.Driver == "memqueue") {
 		return fmt.Errorf("%s: a single role needs shared services: set redis.mode server and a shared queue driver (or use serve)", name)
 	}
-	log = newLogger(cfg.Log)
+	log := newLog(cfg.Log)
 	log.Info("starting", "roles", roles.String(), "version", version, "config", fmt.Sprintf("%+v", cfg.Masked()))
 	sys, err := start(ctx, cfg, log, roles)
 	if err != nil {
@@ -89,16 +89,6 @@ func runRoles(ctx context.Context, name string, args []string, stdout io.Writer,
 		fmt.Fprintf(stdout, "dev admin token: %s\ndev shopper token for user alice: %s\n", cfg.Auth.AdminToken, tok)
 	}
 	return sys.Wait()
-}
-
-func newLogger(c config.Log) *slog.Logger {
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(c.Level))
-	opts := &slog.HandlerOptions{Level: level}
-	if c.Format == "json" {
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, opts))
 }
 
 // system is a running set of roles and the clients they share.
