@@ -5,8 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"strings"
 	"testing"
+
+	"github.com/flashsale/flashsale/internal/config"
 )
 
 // TestRolesLogAsConfigured: the roles log through the newLogger run is given,
@@ -46,4 +49,24 @@ func TestRolesLogAsConfigured(t *testing.T) {
 			tc.want(t, logs.String())
 		})
 	}
+}
+
+// TestStartClosesListenerOnFailure: when the admin address cannot be bound,
+// start fails and the main address bound before it is free again.
+func TestStartClosesListenerOnFailure(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	cfg := config.Default()
+	cfg.HTTP.Addr, cfg.HTTP.AdminAddr = ln.Addr().String(), "127.0.0.1:-1"
+	_ = ln.Close()
+	if _, err := start(context.Background(), cfg, logTo(io.Discard)(cfg.Log), roleSet{gateway: true, worker: true, notifier: true}); err == nil || !strings.Contains(err.Error(), "listen 127.0.0.1:-1") {
+		t.Fatalf("got %v, want the admin listen error", err)
+	}
+	ln, err = net.Listen("tcp", cfg.HTTP.Addr)
+	if err != nil {
+		t.Fatalf("main address after a failed start: got %v, want it free", err)
+	}
+	_ = ln.Close()
 }
