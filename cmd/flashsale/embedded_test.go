@@ -21,7 +21,7 @@ func TestServeEmbeddedDefault(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"serve", "--addr", "127.0.0.1:0"}, pw, map[string]string{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		done <- run(ctx, []string{"serve", "--addr", "127.0.0.1:0"}, pw, map[string]string{}, logTo(io.Discard))
 		_ = pw.Close()
 	}()
 	t.Cleanup(func() {
@@ -115,7 +115,7 @@ func TestCommands(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
-			err := run(context.Background(), tc.args, &out, map[string]string{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			err := run(context.Background(), tc.args, &out, map[string]string{}, logTo(io.Discard))
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("got err %v, want error %v", err, tc.wantErr)
 			}

@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	mrand "math/rand/v2"
 	"net/http"
 	"net/url"
@@ -179,7 +178,7 @@ func (o loadtestOptions) validate() error {
 }
 
 // runLoadtest is the loadtest command.
-func runLoadtest(ctx context.Context, args []string, stdout io.Writer, env map[string]string, log *slog.Logger) error {
+func runLoadtest(ctx context.Context, args []string, stdout io.Writer, env map[string]string, newLog newLogger) error {
 	o, err := parseLoadtestFlags(args, stdout, env)
 	if errors.Is(err, flag.ErrHelp) {
 		return err
@@ -196,7 +195,7 @@ func runLoadtest(ctx context.Context, args []string, stdout io.Writer, env map[s
 		}
 		cfg.HTTP.Addr = "127.0.0.1:0"
 		sctx, stop := context.WithCancel(ctx)
-		sys, err := start(sctx, cfg, log, roleSet{gateway: true, worker: true, notifier: true})
+		sys, err := start(sctx, cfg, newLog(cfg.Log), roleSet{gateway: true, worker: true, notifier: true})
 		if err != nil {
 			stop()
 			return fmt.Errorf("loadtest: start in-process serve: %w", err)

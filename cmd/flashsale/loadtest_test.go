@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -18,8 +17,6 @@ import (
 	"time"
 )
 
-func discardLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
 // runLoadtestCmd runs `flashsale loadtest args...` as main would, bounded in
 // time, and returns its output and error.
 func runLoadtestCmd(t *testing.T, args ...string) (string, error) {
@@ -27,7 +24,7 @@ func runLoadtestCmd(t *testing.T, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var out bytes.Buffer
-	err := run(ctx, append([]string{"loadtest", "--progress=false"}, args...), &out, map[string]string{}, discardLog())
+	err := run(ctx, append([]string{"loadtest", "--progress=false"}, args...), &out, map[string]string{}, logTo(io.Discard))
 	return out.String(), err
 }
 

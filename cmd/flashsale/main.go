@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/flashsale/flashsale/internal/config"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -20,14 +22,31 @@ var version = "dev"
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	err := run(ctx, os.Args[1:], os.Stdout, environ(), log)
+	err := run(ctx, os.Args[1:], os.Stdout, environ(), logTo(os.Stderr))
 	if errors.Is(err, flag.ErrHelp) {
 		return
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "flashsale:", err)
 		os.Exit(1)
+	}
+}
+
+// newLogger builds a command's logger at its config's level and in its
+// format. main passes one to run rather than a logger because each command
+// loads its own config.
+type newLogger func(config.Log) *slog.Logger
+
+// logTo is the newLogger that writes to w.
+func logTo(w io.Writer) newLogger {
+	return func(c config.Log) *slog.Logger {
+		var level slog.Level
+		_ = level.UnmarshalText([]byte(c.Level)) // validated by config
+		opts := &slog.HandlerOptions{Level: level}
+		if c.Format == "json" {
+			return slog.New(slog.NewJSONHandler(w, opts))
+		}
+		return slog.New(slog.NewTextHandler(w, opts))
 	}
 }
 
@@ -62,9 +81,9 @@ Commands:
 Run 'flashsale <command> --help' for the flags of a command.
 `
 
-// run dispatches a subcommand. Every command's output goes to stdout; logs
-// go to log.
-func run(ctx context.Context, args []string, stdout io.Writer, env map[string]string, log *slog.Logger) error {
+// run dispatches a subcommand. Every command's output goes to stdout; a
+// command that logs builds its logger with newLog once its config is loaded.
+func run(ctx context.Context, args []string, stdout io.Writer, env map[string]string, newLog newLogger) error {
 	if len(args) == 0 {
 		fmt.Fprint(stdout, usage)
 		return fmt.Errorf("no command given")
@@ -80,17 +99,17 @@ func run(ctx context.Context, args []string, stdout io.Writer, env map[string]st
 	case "token":
 		return runToken(rest, stdout, env)
 	case "loadtest":
-		return runLoadtest(ctx, rest, stdout, env, log)
+		return runLoadtest(ctx, rest, stdout, env, newLog)
 	case "reconcile":
 		return runReconcile(ctx, rest, stdout, env)
 	case "serve":
-		return runRoles(ctx, cmd, rest, stdout, env, log, roleSet{gateway: true, worker: true, notifier: true})
+		return runRoles(ctx, cmd, rest, stdout, env, newLog, roleSet{gateway: true, worker: true, notifier: true})
 	case "gateway":
-		return runRoles(ctx, cmd, rest, stdout, env, log, roleSet{gateway: true})
+		return runRoles(ctx, cmd, rest, stdout, env, newLog, roleSet{gateway: true})
 	case "worker":
-		return runRoles(ctx, cmd, rest, stdout, env, log, roleSet{worker: true})
+		return runRoles(ctx, cmd, rest, stdout, env, newLog, roleSet{worker: true})
 	case "notifier":
-		return runRoles(ctx, cmd, rest, stdout, env, log, roleSet{notifier: true})
+		return runRoles(ctx, cmd, rest, stdout, env, newLog, roleSet{notifier: true})
 	}
 	fmt.Fprint(stdout, usage)
 	return fmt.Errorf("unknown command %q", cmd)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -39,7 +38,7 @@ func TestReconcileCommand(t *testing.T) {
 	}
 	reconcile := func() (string, error) {
 		var out bytes.Buffer
-		err := run(context.Background(), []string{"reconcile", "--campaign", campaign}, &out, env, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		err := run(context.Background(), []string{"reconcile", "--campaign", campaign}, &out, env, logTo(io.Discard))
 		return out.String(), err
 	}
 	if out, err := reconcile(); err != nil || !strings.Contains(out, "0 differences") {
@@ -53,7 +52,7 @@ func TestReconcileCommand(t *testing.T) {
 		t.Fatalf("corrupted Redis: got %v\n%s\nwant a failure naming sold_mismatch", err, out)
 	}
 	var helpOut bytes.Buffer
-	if err := run(context.Background(), []string{"reconcile"}, &helpOut, env, slog.Default()); err == nil || !strings.Contains(helpOut.String(), "Usage: flashsale reconcile") {
+	if err := run(context.Background(), []string{"reconcile"}, &helpOut, env, logTo(io.Discard)); err == nil || !strings.Contains(helpOut.String(), "Usage: flashsale reconcile") {
 		t.Fatalf("reconcile without --campaign: got %v %q, want usage and an error", err, helpOut.String())
 	}
 }

@@ -52,7 +52,7 @@ func (r roleSet) String() string {
 	return strings.Join(names, "+")
 }
 
-func runRoles(ctx context.Context, name string, args []string, stdout io.Writer, env map[string]string, log *slog.Logger, roles roleSet) error {
+func runRoles(ctx context.Context, name string, args []string, stdout io.Writer, env map[string]string, newLog newLogger, roles roleSet) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	configPath := fs.String("config", "", "config file (default: the built-in embedded config, see configs/flashsale.yaml)")
@@ -74,7 +74,7 @@ func runRoles(ctx context.Context, name string, args []string, stdout io.Writer,
 	if roles != (roleSet{true, true, true}) && (cfg.Redis.Mode == "embedded" || cfg.Queue.Driver == "memqueue") {
 		return fmt.Errorf("%s: a single role needs shared services: set redis.mode server and a shared queue driver (or use serve)", name)
 	}
-	log = newLogger(cfg.Log)
+	log := newLog(cfg.Log)
 	log.Info("starting", "roles", roles.String(), "version", version, "config", fmt.Sprintf("%+v", cfg.Masked()))
 	sys, err := start(ctx, cfg, log, roles)
 	if err != nil {
@@ -91,41 +91,49 @@ func runRoles(ctx context.Context, name string, args []string, stdout io.Writer,
 	return sys.Wait()
 }
 
-func newLogger(c config.Log) *slog.Logger {
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(c.Level))
-	opts := &slog.HandlerOptions{Level: level}
-	if c.Format == "json" {
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, opts))
-}
-
-// system is a running set of roles and the clients they share.
+// system is a running set of roles and the clients they share. start builds
+// it in steps that read top to bottom (open, mount, listen, run); when ctx
+// ends, shutdown stops it and Wait closes the clients.
 type system struct {
-	log       *slog.Logger
-	cfg       config.Config
+	log     *slog.Logger
+	cfg     config.Config
+	roles   roleSet
+	Metrics *metrics.Metrics
+
+	// The clients, from open. closers are called in reverse order after the
+	// roles stop.
+	closers     []func() error
+	store       *store.Store
+	db          *sqlstore.DB // nil unless a gateway or worker runs
+	pub         queue.Publisher
+	newConsumer func(name string) queue.Consumer
+	queuePing   queue.Pinger
+
+	// The HTTP engines and the roles, from mount; a role that does not run
+	// is nil.
+	engine      *gin.Engine
+	adminEngine *gin.Engine // engine itself unless http.admin_addr is set
+	notifier    *notifier.Notifier
+	gateway     *gateway.Service
+	worker      *worker.Worker
+	consumer    queue.Consumer
+
+	// The listeners, from listen.
 	addr      string
 	adminAddr string
-	group     *errgroup.Group
-	closers   []func() error // closed in reverse order after the roles stop
-	Metrics   *metrics.Metrics
+	listeners []listener
+
+	group *errgroup.Group
+}
+
+// listener is a bound address and the server that serves it once run starts.
+type listener struct {
+	ln  net.Listener
+	srv *http.Server
 }
 
 // Addr is the main listener's address.
 func (s *system) Addr() string { return s.addr }
-
-// Wait blocks until ctx (given to start) ends and everything has shut down.
-func (s *system) Wait() error {
-	err := s.group.Wait()
-	for i := len(s.closers) - 1; i >= 0; i-- {
-		if cerr := s.closers[i](); cerr != nil {
-			s.log.Warn("close", "err", cerr)
-		}
-	}
-	s.log.Info("stopped")
-	return err
-}
 
 // startOptions are seams for fault-injection tests.
 type startOptions struct {
@@ -134,170 +142,243 @@ type startOptions struct {
 
 type startOption func(*startOptions)
 
-// start builds clients and roles, binds the listeners and runs everything in
-// the background until ctx ends.
+// start opens the clients, mounts the roles, binds the listeners and runs
+// everything in the background until ctx ends. Nothing runs before the last
+// step, so a failed start only has to close what it opened.
 func start(ctx context.Context, cfg config.Config, log *slog.Logger, roles roleSet, opts ...startOption) (_ *system, err error) {
 	var so startOptions
 	for _, o := range opts {
 		o(&so)
 	}
-	gin.SetMode(gin.ReleaseMode)
 	// sys is not the named result: "return nil, err" must not hide it from
 	// the cleanup below.
-	sys := &system{log: log, cfg: cfg, Metrics: metrics.New()}
+	sys := &system{log: log, cfg: cfg, roles: roles, Metrics: metrics.New()}
 	defer func() {
 		if err != nil {
-			for i := len(sys.closers) - 1; i >= 0; i-- {
-				_ = sys.closers[i]()
-			}
+			sys.abort()
 		}
 	}()
-
-	rdb, err := openRedis(ctx, cfg.Redis, sys)
-	if err != nil {
+	if err = sys.open(ctx, so); err != nil {
 		return nil, err
 	}
-	st := store.New(rdb)
+	if err = sys.mount(); err != nil {
+		return nil, err
+	}
+	if err = sys.listen(); err != nil {
+		return nil, err
+	}
+	sys.run(ctx)
+	return sys, nil
+}
 
-	var db *sqlstore.DB
-	if roles.gateway || roles.worker {
-		db, err = sqlstore.Open(ctx, cfg.Database.Driver, cfg.Database.DSN)
-		if err != nil {
-			return nil, err
+// open connects the clients the roles share, each registering its closer.
+func (s *system) open(ctx context.Context, so startOptions) error {
+	rdb, err := openRedis(ctx, s.cfg.Redis, s)
+	if err != nil {
+		return err
+	}
+	s.store = store.New(rdb)
+	if s.roles.gateway || s.roles.worker {
+		if s.db, err = sqlstore.Open(ctx, s.cfg.Database.Driver, s.cfg.Database.DSN); err != nil {
+			return err
 		}
-		sys.closers = append(sys.closers, db.Close)
+		s.closers = append(s.closers, s.db.Close)
 	}
-
-	pub, newConsumer, qping, err := openQueue(cfg.Queue, rdb, log, sys)
-	if err != nil {
-		return nil, err
+	if s.pub, s.newConsumer, s.queuePing, err = openQueue(s.cfg.Queue, rdb, s.log, s); err != nil {
+		return err
 	}
 	if so.wrapPublisher != nil {
-		pub = so.wrapPublisher(pub)
+		s.pub = so.wrapPublisher(s.pub)
 	}
+	return nil
+}
 
-	jwt := auth.NewJWT([]byte(cfg.Auth.JWTSecret), cfg.Auth.JWTLeeway)
-	engine, err := newEngine(log, sys.Metrics, cfg.HTTP)
+// mount builds the roles this process runs and registers their routes, the
+// health checks and the metrics on the HTTP engines.
+func (s *system) mount() error {
+	gin.SetMode(gin.ReleaseMode)
+	var err error
+	if s.engine, err = newEngine(s.log, s.Metrics, s.cfg.HTTP); err != nil {
+		return err
+	}
+	s.adminEngine = s.engine
+	if s.cfg.HTTP.AdminAddr != "" {
+		if s.adminEngine, err = newEngine(s.log, s.Metrics, s.cfg.HTTP); err != nil {
+			return err
+		}
+	}
+	checks := map[string]func(context.Context) error{"redis": s.store.Ping}
+	if s.db != nil {
+		checks[s.cfg.Database.Driver] = s.db.Ping // "mysql" or "sqlite"
+	}
+	if s.queuePing != nil {
+		checks["queue"] = s.queuePing.Ping
+	}
+	jwt := auth.NewJWT([]byte(s.cfg.Auth.JWTSecret), s.cfg.Auth.JWTLeeway)
+	if s.roles.notifier {
+		checks["notifier"] = s.mountNotifier(jwt)
+	}
+	if s.roles.gateway {
+		s.mountGateway(jwt)
+	}
+	registerOps(s.engine, s.Metrics, checks)
+	if s.roles.worker {
+		s.worker = worker.New(s.log.With("role", "worker"), s.store, s.db, s.Metrics, worker.Options{MaxAttempts: s.cfg.Worker.MaxAttempts})
+		s.consumer = s.newConsumer(consumerName())
+	}
+	return nil
+}
+
+// mountNotifier builds the notifier and registers its WebSocket and poll
+// routes. It returns the notifier's readiness check.
+func (s *system) mountNotifier(jwt *auth.JWT) func(context.Context) error {
+	ntf := notifier.New(s.log.With("role", "notifier"), s.store, s.Metrics, notifier.Options{
+		AllowedOrigins:          s.cfg.Notifier.AllowedOrigins,
+		MaxSubscriptionsPerConn: s.cfg.Notifier.MaxSubscriptionsPerConn,
+		PingInterval:            s.cfg.Notifier.PingInterval,
+		RecheckInterval:         s.cfg.Notifier.RecheckInterval,
+	})
+	ntf.Register(s.engine, httpapi.Shopper(s.log, jwt, false), httpapi.Shopper(s.log, jwt, true))
+	s.notifier = ntf
+	return func(context.Context) error {
+		if !ntf.Ready() {
+			return errors.New("results subscription not ready")
+		}
+		return nil
+	}
+}
+
+// mountGateway builds the gateway and registers its admin and shopper routes.
+func (s *system) mountGateway(jwt *auth.JWT) {
+	s.gateway = gateway.New(s.log.With("role", "gateway"), s.store, s.db, s.pub, s.Metrics, gatewayOptions(s.cfg))
+	h := gateway.NewHandlers(s.log.With("role", "gateway"), s.gateway)
+	h.RegisterAdmin(s.adminEngine, httpapi.Admin(s.log, s.cfg.Auth.AdminToken))
+	h.RegisterShopper(s.engine, httpapi.Shopper(s.log, jwt, false))
+}
+
+// gatewayOptions is the gateway's part of the config.
+func gatewayOptions(cfg config.Config) gateway.Options {
+	return gateway.Options{
+		Topic:            cfg.Queue.Topic,
+		UserRate:         cfg.Gateway.UserRate,
+		UserBurst:        cfg.Gateway.UserBurst,
+		CampaignRate:     cfg.Gateway.CampaignRate,
+		CampaignBurst:    cfg.Gateway.CampaignBurst,
+		IPRate:           cfg.Gateway.IPRate,
+		IPBurst:          cfg.Gateway.IPBurst,
+		CampaignCacheTTL: cfg.Gateway.CampaignCacheTTL,
+		SoldOutRecheck:   cfg.Gateway.SoldOutRecheck,
+		PublishTimeout:   cfg.Gateway.PublishTimeout,
+		AdmitBatch:       cfg.Gateway.AdmitBatch,
+		AdmitConcurrency: cfg.Gateway.AdmitConcurrency,
+		AdmitLinger:      cfg.Gateway.AdmitLinger,
+		BreakerFailures:  cfg.Gateway.BreakerFailures,
+		BreakerOpenFor:   cfg.Gateway.BreakerOpenFor,
+	}
+}
+
+// listen binds the main address and, when http.admin_addr is set, the admin
+// one.
+func (s *system) listen() (err error) {
+	if s.addr, err = s.bind(s.cfg.HTTP.Addr, s.engine); err != nil {
+		return err
+	}
+	if s.cfg.HTTP.AdminAddr != "" {
+		s.adminAddr, err = s.bind(s.cfg.HTTP.AdminAddr, s.adminEngine)
+	}
+	return err
+}
+
+func (s *system) bind(addr string, h http.Handler) (string, error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, err
+		return "", fmt.Errorf("listen %s: %w", addr, err)
 	}
-	adminEngine := engine
-	if cfg.HTTP.AdminAddr != "" {
-		if adminEngine, err = newEngine(log, sys.Metrics, cfg.HTTP); err != nil {
-			return nil, err
-		}
-	}
-	checks := map[string]func(context.Context) error{"redis": st.Ping}
-	if db != nil {
-		checks[cfg.Database.Driver] = db.Ping // "mysql" or "sqlite"
-	}
-	if qping != nil {
-		checks["queue"] = qping.Ping
-	}
+	c := s.cfg.HTTP
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout,
+		WriteTimeout: c.WriteTimeout, IdleTimeout: c.IdleTimeout, MaxHeaderBytes: 16 << 10}
+	s.listeners = append(s.listeners, listener{ln: ln, srv: srv})
+	return ln.Addr().String(), nil
+}
 
-	runCtx, cancelRoles := context.WithCancel(context.WithoutCancel(ctx))
-	// A role that fails cancels gctx, which shuts the others down too.
+// run starts the roles and the servers under one errgroup, and the shutdown
+// that follows the end of ctx. A role that fails cancels the group's context,
+// which shuts the others down too.
+func (s *system) run(ctx context.Context) {
+	// The notifier's and the gateway's loops outlive ctx: in-flight requests
+	// need them until the servers have drained (shutdown stops them).
+	loops, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
 	g, gctx := errgroup.WithContext(ctx)
-	sys.group = g
-
-	var ntf *notifier.Notifier
-	if roles.notifier {
-		ntf = notifier.New(log.With("role", "notifier"), st, sys.Metrics, notifier.Options{
-			AllowedOrigins:          cfg.Notifier.AllowedOrigins,
-			MaxSubscriptionsPerConn: cfg.Notifier.MaxSubscriptionsPerConn,
-			PingInterval:            cfg.Notifier.PingInterval,
-			RecheckInterval:         cfg.Notifier.RecheckInterval,
-		})
-		ntf.Register(engine, httpapi.Shopper(log, jwt, false), httpapi.Shopper(log, jwt, true))
-		checks["notifier"] = func(context.Context) error {
-			if !ntf.Ready() {
-				return errors.New("results subscription not ready")
-			}
-			return nil
-		}
-		g.Go(func() error { return ntf.Run(runCtx) })
+	s.group = g
+	if s.notifier != nil {
+		g.Go(func() error { return s.notifier.Run(loops) })
 	}
-	if roles.gateway {
-		svc := gateway.New(log.With("role", "gateway"), st, db, pub, sys.Metrics, gateway.Options{
-			Topic:            cfg.Queue.Topic,
-			UserRate:         cfg.Gateway.UserRate,
-			UserBurst:        cfg.Gateway.UserBurst,
-			CampaignRate:     cfg.Gateway.CampaignRate,
-			CampaignBurst:    cfg.Gateway.CampaignBurst,
-			IPRate:           cfg.Gateway.IPRate,
-			IPBurst:          cfg.Gateway.IPBurst,
-			CampaignCacheTTL: cfg.Gateway.CampaignCacheTTL,
-			SoldOutRecheck:   cfg.Gateway.SoldOutRecheck,
-			PublishTimeout:   cfg.Gateway.PublishTimeout,
-			AdmitBatch:       cfg.Gateway.AdmitBatch,
-			AdmitConcurrency: cfg.Gateway.AdmitConcurrency,
-			AdmitLinger:      cfg.Gateway.AdmitLinger,
-			BreakerFailures:  cfg.Gateway.BreakerFailures,
-			BreakerOpenFor:   cfg.Gateway.BreakerOpenFor,
-		})
-		h := gateway.NewHandlers(log.With("role", "gateway"), svc)
-		h.RegisterAdmin(adminEngine, httpapi.Admin(log, cfg.Auth.AdminToken))
-		h.RegisterShopper(engine, httpapi.Shopper(log, jwt, false))
-		g.Go(func() error { return svc.Run(runCtx) })
+	if s.gateway != nil {
+		g.Go(func() error { return s.gateway.Run(loops) })
 	}
-	registerOps(engine, sys.Metrics, checks)
-
-	// Workers stop when the signal context ends, so they finish their batch
-	// while the HTTP servers drain.
-	if roles.worker {
-		w := worker.New(log.With("role", "worker"), st, db, sys.Metrics, worker.Options{MaxAttempts: cfg.Worker.MaxAttempts})
-		consumer := newConsumer(consumerName())
-		g.Go(func() error { return w.Run(gctx, consumer, cfg.Queue.Topic) })
+	// Workers stop when ctx ends, so they finish their batch while the
+	// servers drain.
+	if s.worker != nil {
+		g.Go(func() error { return s.worker.Run(gctx, s.consumer, s.cfg.Queue.Topic) })
 	}
-
-	servers := []*http.Server{}
-	listen := func(addr string, h http.Handler) (string, error) {
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return "", fmt.Errorf("listen %s: %w", addr, err)
-		}
-		srv := &http.Server{Handler: h, ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout, ReadTimeout: cfg.HTTP.ReadTimeout,
-			WriteTimeout: cfg.HTTP.WriteTimeout, IdleTimeout: cfg.HTTP.IdleTimeout, MaxHeaderBytes: 16 << 10}
-		servers = append(servers, srv)
+	for _, l := range s.listeners {
 		g.Go(func() error {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("serve %s: %w", ln.Addr(), err)
+			if err := l.srv.Serve(l.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("serve %s: %w", l.ln.Addr(), err)
 			}
 			return nil
 		})
-		return ln.Addr().String(), nil
 	}
-	if sys.addr, err = listen(cfg.HTTP.Addr, engine); err != nil {
-		cancelRoles()
-		return nil, err
-	}
-	if cfg.HTTP.AdminAddr != "" {
-		if sys.adminAddr, err = listen(cfg.HTTP.AdminAddr, adminEngine); err != nil {
-			cancelRoles()
-			return nil, err
-		}
-	}
-
-	// Shutdown: stop intake (HTTP), close WebSockets, let workers drain (they
-	// watch ctx directly), then stop the background loops.
 	g.Go(func() error {
 		<-gctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), cfg.HTTP.ShutdownTimeout)
-		defer cancel()
-		// WebSockets first: http.Server.Shutdown does not track hijacked
-		// connections.
-		if ntf != nil {
-			ntf.Shutdown(sctx)
-		}
-		for _, srv := range servers {
-			if err := srv.Shutdown(sctx); err != nil {
-				log.Warn("http shutdown", "err", err)
-			}
-		}
-		cancelRoles()
+		s.shutdown(stopLoops)
 		return nil
 	})
-	return sys, nil
+}
+
+// shutdown stops intake and lets in-flight requests finish within
+// http.shutdown_timeout, then stops the roles' loops. The workers drain by
+// themselves: they watch ctx directly.
+func (s *system) shutdown(stopLoops context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HTTP.ShutdownTimeout)
+	defer cancel()
+	// WebSockets first: http.Server.Shutdown does not track hijacked
+	// connections.
+	if s.notifier != nil {
+		s.notifier.Shutdown(ctx)
+	}
+	for _, l := range s.listeners {
+		if err := l.srv.Shutdown(ctx); err != nil {
+			s.log.Warn("http shutdown", "err", err)
+		}
+	}
+	stopLoops()
+}
+
+// Wait blocks until ctx (given to start) ends and everything has shut down,
+// then closes the clients.
+func (s *system) Wait() error {
+	err := s.group.Wait()
+	s.close()
+	s.log.Info("stopped")
+	return err
+}
+
+// abort undoes a start that failed before anything ran.
+func (s *system) abort() {
+	for _, l := range s.listeners {
+		_ = l.ln.Close()
+	}
+	s.close()
+}
+
+// close closes the clients in reverse order of opening.
+func (s *system) close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		if err := s.closers[i](); err != nil {
+			s.log.Warn("close", "err", err)
+		}
+	}
 }
 
 func newEngine(log *slog.Logger, m *metrics.Metrics, c config.HTTP) (*gin.Engine, error) {
