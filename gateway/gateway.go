@@ -1,6 +1,6 @@
 // Package gateway is the shopper- and admin-facing HTTP API: campaign
-// administration, and purchase admission (auth, validation, sale window,
-// local sold-out flag, rate limits, idempotency) ending in a publish to the
+// administration, and admitting purchases (auth, validation, sale window,
+// local sold-out flag, rate limits, idempotency) up to a publish to the
 // queue. It answers at once with a request id; the outcome arrives later
 // through the notifier.
 package gateway
@@ -27,8 +27,8 @@ import (
 // Stock is what the gateway needs from the Redis store.
 type Stock interface {
 	Preload(ctx context.Context, c model.Campaign, now time.Time, force bool) (store.PreloadOutcome, error)
-	Admit(ctx context.Context, campaignID string, batch []store.Acceptance, limits store.RateLimits) ([]store.Admission, error)
-	UnacceptBatch(ctx context.Context, batch []store.Acceptance) error
+	Admit(ctx context.Context, campaignID string, batch []store.AdmitRequest, limits store.RateLimits) ([]store.AdmitReply, error)
+	Withdraw(ctx context.Context, batch []store.AdmitRequest) error
 	IdempotentRequest(ctx context.Context, campaignID, userID, key string) (string, bool, error)
 	SoldOut(ctx context.Context, campaignID string) (bool, error)
 	Stats(ctx context.Context, campaignID string) (store.Stats, error)
@@ -43,7 +43,7 @@ type Campaigns interface {
 	CampaignOrderStats(ctx context.Context, campaignID string) (sqlstore.OrderStats, error)
 }
 
-// Options tune admission.
+// Options tune how purchases are admitted.
 type Options struct {
 	Topic string
 	// UserRate and CampaignRate are per second; 0 disables the limit.
@@ -124,7 +124,7 @@ type Service struct {
 	cache map[string]*cachedCampaign
 }
 
-// cachedCampaign keeps what admission needs of a campaign in memory, so the
+// cachedCampaign keeps what admitting needs of a campaign in memory, so the
 // hot path touches neither MySQL nor (once sold out) Redis. Readers take an
 // immutable snapshot without locking: every purchase reads it.
 type cachedCampaign struct {
@@ -264,7 +264,7 @@ func (s *Service) campaign(ctx context.Context, id string) (*cachedCampaign, mod
 	case errors.Is(err, model.ErrNotFound):
 		next.err = model.ErrNotFound
 	case err != nil:
-		// Serve the last good copy rather than fail admission on a DB blip.
+		// Serve the last good copy rather than refuse purchases on a DB blip.
 		if old != nil && old.err == nil {
 			return cc, old.campaign, nil
 		}
@@ -402,50 +402,50 @@ type Purchase struct {
 
 var idempotencyKeyPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
 
-// Accepted is the answer to an admitted purchase.
-type Accepted struct {
+// Admitted is the answer to an admitted purchase.
+type Admitted struct {
 	RequestID string
 	// Existing is true when the idempotency key matched an earlier request.
 	Existing bool
 }
 
 // Purchase admits a request, cheapest checks first, and enqueues it.
-func (s *Service) Purchase(ctx context.Context, p Purchase) (Accepted, error) {
+func (s *Service) Purchase(ctx context.Context, p Purchase) (Admitted, error) {
 	if !model.ValidCampaignID(p.CampaignID) {
-		return Accepted{}, s.refuse("not_found", model.ErrNotFound)
+		return Admitted{}, s.refuse("not_found", model.ErrNotFound)
 	}
 	if p.Quantity < 1 || p.Quantity > model.MaxQuantity {
-		return Accepted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("must be between 1 and %d", model.MaxQuantity)))
+		return Admitted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("must be between 1 and %d", model.MaxQuantity)))
 	}
 	if p.IdempotencyKey != "" && !idempotencyKeyPattern.MatchString(p.IdempotencyKey) {
-		return Accepted{}, s.refuse("invalid", model.Invalid("Idempotency-Key", "must match [A-Za-z0-9_.:-]{1,64}"))
+		return Admitted{}, s.refuse("invalid", model.Invalid("Idempotency-Key", "must match [A-Za-z0-9_.:-]{1,64}"))
 	}
 	cc, c, err := s.campaign(ctx, p.CampaignID)
 	if err != nil {
-		return Accepted{}, s.refuse("campaign", err)
+		return Admitted{}, s.refuse("campaign", err)
 	}
 	if p.Quantity > c.PerUserLimit {
-		return Accepted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("exceeds the per-user limit of %d", c.PerUserLimit)))
+		return Admitted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("exceeds the per-user limit of %d", c.PerUserLimit)))
 	}
 	if err := c.Window(s.opts.Now()); err != nil {
-		return Accepted{}, s.refuse("window", err)
+		return Admitted{}, s.refuse("window", err)
 	}
 	if cc.soldOut.Load() {
 		// A shopper repeating a request whose answer it lost must get that
 		// request back, not "sold out": it may well have succeeded.
 		if p.IdempotencyKey != "" {
 			if rid, ok, err := s.stock.IdempotentRequest(ctx, p.CampaignID, p.UserID, p.IdempotencyKey); err != nil {
-				return Accepted{}, s.refuse("unavailable", err)
+				return Admitted{}, s.refuse("unavailable", err)
 			} else if ok {
-				return Accepted{RequestID: rid, Existing: true}, nil
+				return Admitted{RequestID: rid, Existing: true}, nil
 			}
 		}
-		return Accepted{}, s.refuse("sold_out", model.ErrSoldOut)
+		return Admitted{}, s.refuse("sold_out", model.ErrSoldOut)
 	}
 	// While the queue is known to be down, refuse before writing anything
-	// to Redis: nothing to undo, and the shopper learns it at once.
+	// to Redis: nothing to withdraw, and the shopper learns it at once.
 	if s.breaker.State() == gobreaker.StateOpen {
-		return Accepted{}, s.refuse("queue_down", fmt.Errorf("queue: %w: circuit open", model.ErrUnavailable))
+		return Admitted{}, s.refuse("queue_down", fmt.Errorf("queue: %w: circuit open", model.ErrUnavailable))
 	}
 	return s.enqueue(ctx, p)
 }

@@ -136,10 +136,10 @@ func runPurchases(b *testing.B, url string, tokens []string, want int) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
 }
 
-// BenchmarkAcceptPath: admission through to a published message, every
-// request accepted (202): auth, validation, campaign cache, both rate limits,
+// BenchmarkAdmitPath: a purchase admitted through to a published message,
+// every request answered 202: auth, validation, campaign cache, both rate limits,
 // the queued marker and the publish, coalesced across concurrent requests.
-func BenchmarkAcceptPath(b *testing.B) {
+func BenchmarkAdmitPath(b *testing.B) {
 	_, url, c := benchGateway(b, model.MaxStock)
 	runPurchases(b, url+"/api/v1/campaigns/"+c.ID+"/purchases", benchTokens(b, 1000), http.StatusAccepted)
 }

@@ -98,7 +98,7 @@ type statsResponse struct {
 	Sold             int64                  `json:"sold"`
 	SoldOut          bool                   `json:"sold_out"`
 	Preloaded        bool                   `json:"preloaded"`
-	Accepted         int64                  `json:"accepted"`
+	Admitted         int64                  `json:"admitted"`
 	Queued           int64                  `json:"queued"`
 	FinishedByStatus map[model.Status]int64 `json:"finished_by_status"`
 	OrdersInDB       int64                  `json:"orders_in_db"`
@@ -112,7 +112,7 @@ func (h *Handlers) stats(c *gin.Context) {
 		return
 	}
 	c.JSON(http.StatusOK, statsResponse{Stock: st.Store.Stock, Remaining: st.Store.Remaining, Sold: st.Store.Sold,
-		SoldOut: st.Store.SoldOut, Preloaded: st.Store.Loaded, Accepted: st.Store.Accepted, Queued: st.Store.Queued(),
+		SoldOut: st.Store.SoldOut, Preloaded: st.Store.Loaded, Admitted: st.Store.Admitted, Queued: st.Store.Queued(),
 		FinishedByStatus: st.Store.FinishedByStatus, OrdersInDB: st.OrdersInDB, UnitsInDB: st.UnitsInDB})
 }
 
@@ -159,15 +159,15 @@ func (h *Handlers) purchase(c *gin.Context, userID string) {
 		httpapi.Abort(c, h.log, err)
 		return
 	}
-	acc, err := h.svc.Purchase(c.Request.Context(), Purchase{UserID: userID, CampaignID: campaignID,
+	adm, err := h.svc.Purchase(c.Request.Context(), Purchase{UserID: userID, CampaignID: campaignID,
 		Quantity: qty, IdempotencyKey: idempotencyKey, ClientIP: c.ClientIP()})
 	if err != nil {
 		httpapi.Abort(c, h.log, err)
 		return
 	}
 	status := http.StatusAccepted
-	if acc.Existing {
+	if adm.Existing {
 		status = http.StatusOK
 	}
-	writePurchaseAnswer(c, status, acc.RequestID)
+	writePurchaseAnswer(c, status, adm.RequestID)
 }

@@ -187,9 +187,9 @@ func redisEnv(t *testing.T) env {
 		src: st, campaign: campaign,
 		queue: func(t *testing.T, id, user string) {
 			t.Helper()
-			_, _, err := st.Accept(mustContext(t), store.Acceptance{RequestID: id, CampaignID: campaign, UserID: user, Quantity: 1})
-			if err != nil {
-				t.Fatalf("accept %s: %v", id, err)
+			got, err := st.Admit(mustContext(t), campaign, []store.AdmitRequest{{RequestID: id, CampaignID: campaign, UserID: user, Quantity: 1}}, store.RateLimits{})
+			if err != nil || got[0].Code != store.Admitted {
+				t.Fatalf("admit %s: got %+v, %v; want admitted", id, got, err)
 			}
 		},
 		decide: func(t *testing.T, id, user string) model.Result {

@@ -100,12 +100,6 @@ type campaignBatch struct {
 	attempts   []int
 }
 
-// Handle is the queue.Handler, both steps in one call: nil acknowledges the
-// whole batch.
-func (w *Worker) Handle(ctx context.Context, msgs []queue.Message) error {
-	return queue.Serial(w.Decide)(ctx, msgs)
-}
-
 // Decide is the queue.PipelineHandler: it decides the batch in Redis and
 // returns the step that persists and publishes the results.
 func (w *Worker) Decide(ctx context.Context, msgs []queue.Message) (queue.Finish, error) {

@@ -100,7 +100,7 @@ type RocketMQ struct {
 	LogLevel          string        `yaml:"log_level" env:"LOG_LEVEL"`
 }
 
-// Gateway tunes admission.
+// Gateway tunes how purchases are admitted.
 type Gateway struct {
 	UserRate         int           `yaml:"user_rate" env:"USER_RATE"`
 	UserBurst        int           `yaml:"user_burst" env:"USER_BURST"`

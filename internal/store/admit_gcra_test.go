@@ -12,7 +12,7 @@ import (
 
 // TestAdmitLimiterMatchesRedisRate: admit.lua's rate limits are a port of
 // go-redis/redis_rate's GCRA into the batch script (the library needs a round
-// trip per key per request, which coalesced admission cannot afford). This
+// trip per key per request, which a coalesced admit batch cannot afford). This
 // test holds the port to the library: the same requests at the same instants
 // — miniredis's clock drives both scripts' TIME — must get the same
 // allow/deny decisions and the same retry-after.
@@ -49,7 +49,7 @@ func TestAdmitLimiterMatchesRedisRate(t *testing.T) {
 					m.SetTime(clock)
 				}
 				user := users[rng.IntN(len(users))]
-				got, err := s.Admit(t.Context(), c.ID, []Acceptance{{RequestID: newRequestID(c.ID), CampaignID: c.ID,
+				got, err := s.Admit(t.Context(), c.ID, []AdmitRequest{{RequestID: newRequestID(c.ID), CampaignID: c.ID,
 					UserID: user, Quantity: 1}}, limits)
 				if err != nil {
 					t.Fatalf("step %d: admit: %v", step, err)

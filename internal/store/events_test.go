@@ -69,7 +69,7 @@ func TestEvents(t *testing.T) {
 		// Malformed payloads go first; pub/sub keeps order, so had they been
 		// passed on they would arrive before the valid events.
 		for _, p := range []string{string(EventSoldOut) + c.ID, string(EventReset) + " " + c.ID + "!", string(EventReset) + " " + c.ID + " x"} {
-			if err := s.Client().Publish(t.Context(), EventsChannel, p).Err(); err != nil {
+			if err := s.rdb.Publish(t.Context(), EventsChannel, p).Err(); err != nil {
 				t.Fatalf("PUBLISH %q: %v", p, err)
 			}
 		}
@@ -99,7 +99,7 @@ func TestResults(t *testing.T) {
 			})
 		})
 		for _, p := range []string{"not json", `{"campaign_id":"` + c.ID + `","status":"bogus"}`} {
-			if err := s.Client().Publish(t.Context(), ResultsChannel, p).Err(); err != nil {
+			if err := s.rdb.Publish(t.Context(), ResultsChannel, p).Err(); err != nil {
 				t.Fatalf("PUBLISH %q: %v", p, err)
 			}
 		}

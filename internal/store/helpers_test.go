@@ -107,19 +107,30 @@ func mustDeduct(t *testing.T, s *Store, campaignID string, batch []Deduction) De
 	return r
 }
 
-func mustAccept(t *testing.T, s *Store, a Acceptance) (string, bool) {
+// mustAdmit admits r alone with the rate limits off, as the gateway does
+// with limits off and nothing else in flight. It returns the request id that
+// stands for r and whether it is an earlier request's (the Idempotency-Key
+// was seen before).
+func mustAdmit(t *testing.T, s *Store, r AdmitRequest) (string, bool) {
 	t.Helper()
-	rid, existing, err := s.Accept(t.Context(), a)
+	got, err := s.Admit(t.Context(), r.CampaignID, []AdmitRequest{r}, RateLimits{})
 	if err != nil {
-		t.Fatalf("Accept(%+v): %v", a, err)
+		t.Fatalf("Admit(%+v): %v", r, err)
 	}
-	return rid, existing
+	switch got[0].Code {
+	case Admitted:
+		return got[0].RequestID, false
+	case AdmitExisting:
+		return got[0].RequestID, true
+	}
+	t.Fatalf("Admit(%+v): got code %d, want %d or %d", r, got[0].Code, Admitted, AdmitExisting)
+	return "", false
 }
 
-func mustUnaccept(t *testing.T, s *Store, a Acceptance) {
+func mustWithdraw(t *testing.T, s *Store, batch ...AdmitRequest) {
 	t.Helper()
-	if err := s.Unaccept(t.Context(), a); err != nil {
-		t.Fatalf("Unaccept(%+v): %v", a, err)
+	if err := s.Withdraw(t.Context(), batch); err != nil {
+		t.Fatalf("Withdraw(%+v): %v", batch, err)
 	}
 }
 
@@ -158,11 +169,15 @@ func mustSoldOut(t *testing.T, s *Store, campaignID string) bool {
 	return ok
 }
 
+// mustUserUnits reads the units deduct.lua counted for a user (0 when none).
 func mustUserUnits(t *testing.T, s *Store, campaignID, userID string) int64 {
 	t.Helper()
-	n, err := s.UserUnits(t.Context(), campaignID, userID)
+	n, err := s.rdb.HGet(t.Context(), campaignKeys(campaignID).users, userID).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0
+	}
 	if err != nil {
-		t.Fatalf("UserUnits(%s, %s): %v", campaignID, userID, err)
+		t.Fatalf("units of %s in %s: %v", userID, campaignID, err)
 	}
 	return n
 }

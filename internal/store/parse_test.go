@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/flashsale/flashsale/model"
 )
@@ -85,33 +86,42 @@ func TestParseDeductReplySoldOutFlag(t *testing.T) {
 	}
 }
 
-func TestParseAcceptReply(t *testing.T) {
+func TestParseAdmitReply(t *testing.T) {
+	batch := []AdmitRequest{{RequestID: "c.1"}}
 	tests := []struct {
-		name     string
-		reply    []any
-		wantCode int64
-		wantRID  string
-		wantErr  bool
+		name    string
+		reply   []any
+		want    AdmitReply
+		wantErr string // "" = success
 	}{
-		{name: "new", reply: []any{int64(0), "c.1"}, wantCode: 0, wantRID: "c.1"},
-		{name: "existing", reply: []any{int64(1), "c.1"}, wantCode: 1, wantRID: "c.1"},
-		{name: "not loaded", reply: []any{int64(-1), ""}, wantCode: -1},
-		{name: "empty", reply: nil, wantErr: true},
-		{name: "too long", reply: []any{int64(0), "c.1", ""}, wantErr: true},
-		{name: "code is a string", reply: []any{"0", "c.1"}, wantErr: true},
-		{name: "request id is nil", reply: []any{int64(0), nil}, wantErr: true},
+		{name: "new", reply: []any{int64(0), "c.1"}, want: AdmitReply{Code: Admitted, RequestID: "c.1"}},
+		{name: "existing", reply: []any{int64(1), "c.0"}, want: AdmitReply{Code: AdmitExisting, RequestID: "c.0"}},
+		{name: "not loaded", reply: []any{int64(-1), ""}, want: AdmitReply{Code: AdmitNotLoaded}},
+		{name: "user rate limited", reply: []any{int64(-2), "0.25"}, want: AdmitReply{Code: AdmitUserRateLimited, RetryAfter: 250 * time.Millisecond}},
+		{name: "campaign rate limited", reply: []any{int64(-3), "2"}, want: AdmitReply{Code: AdmitCampaignRateLimited, RetryAfter: 2 * time.Second}},
+		{name: "client IP rate limited", reply: []any{int64(-4), "0"}, want: AdmitReply{Code: AdmitIPRateLimited}},
+		{name: "empty", reply: nil, wantErr: "has 0 elements"},
+		{name: "too long", reply: []any{int64(0), "c.1", ""}, wantErr: "has 3 elements"},
+		{name: "code is a string", reply: []any{"0", "c.1"}, wantErr: "malformed"},
+		{name: "request id is nil", reply: []any{int64(0), nil}, wantErr: "malformed"},
+		{name: "new names another request", reply: []any{int64(0), "c.2"}, wantErr: `names "c.2"`},
+		{name: "existing without id", reply: []any{int64(1), ""}, wantErr: "without id"},
+		{name: "retry after not a number", reply: []any{int64(-2), "soon"}, wantErr: "retry after"},
+		{name: "retry after negative", reply: []any{int64(-3), "-1"}, wantErr: "retry after"},
+		{name: "retry after infinite", reply: []any{int64(-4), "inf"}, wantErr: "retry after"},
+		{name: "unknown code", reply: []any{int64(2), "c.1"}, wantErr: "unknown code"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			code, rid, err := parseAcceptReply(tt.reply)
-			if tt.wantErr {
-				if err == nil {
-					t.Fatalf("got (%d, %q, nil), want an error", code, rid)
+			got, err := parseAdmitReply(batch, tt.reply)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("got (%+v, %v), want error containing %q", got, err, tt.wantErr)
 				}
 				return
 			}
-			if err != nil || code != tt.wantCode || rid != tt.wantRID {
-				t.Errorf("got (%d, %q, %v), want (%d, %q, nil)", code, rid, err, tt.wantCode, tt.wantRID)
+			if err != nil || len(got) != 1 || got[0] != tt.want {
+				t.Errorf("got (%+v, %v), want ([%+v], nil)", got, err, tt.want)
 			}
 		})
 	}
@@ -213,7 +223,7 @@ func TestResult(t *testing.T) {
 		}
 		t.Run("corrupt stored value", func(t *testing.T) {
 			rid := newRequestID(c.ID)
-			if err := s.Client().HSet(t.Context(), campaignKeys(c.ID).results, rid, "garbage").Err(); err != nil {
+			if err := s.rdb.HSet(t.Context(), campaignKeys(c.ID).results, rid, "garbage").Err(); err != nil {
 				t.Fatalf("HSET: %v", err)
 			}
 			got, err := s.Result(t.Context(), rid)

@@ -62,8 +62,8 @@ func TestPreloadAgain(t *testing.T) {
 			t.Run(tt.name, func(t *testing.T) {
 				c := newCampaign(1, 1)
 				mustPreload(t, s, c)
-				a := Acceptance{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: "k1"}
-				mustAccept(t, s, a)
+				a := AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: "k1"}
+				mustAdmit(t, s, a)
 				mustDeduct(t, s, c.ID, []Deduction{{RequestID: a.RequestID, UserID: "u1", Quantity: 1, OrderID: "o1"}})
 				before, beforeMeta := mustStats(t, s, c.ID), mustMeta(t, s, c.ID)
 				if !before.SoldOut || before.Sold != 1 {
@@ -119,8 +119,8 @@ func TestPreloadAgain(t *testing.T) {
 				}
 				retry := a
 				retry.RequestID = newRequestID(c.ID)
-				if rid, existing := mustAccept(t, s, retry); rid != retry.RequestID || existing {
-					t.Errorf("Accept with the old key after reset: got (%s, %v), want (%s, false)", rid, existing, retry.RequestID)
+				if rid, existing := mustAdmit(t, s, retry); rid != retry.RequestID || existing {
+					t.Errorf("Admit with the old key after reset: got (%s, %v), want (%s, false)", rid, existing, retry.RequestID)
 				}
 			})
 		}
@@ -129,7 +129,7 @@ func TestPreloadAgain(t *testing.T) {
 
 func mustMeta(t *testing.T, s *Store, campaignID string) map[string]string {
 	t.Helper()
-	m, err := s.Client().HGetAll(t.Context(), campaignKeys(campaignID).meta).Result()
+	m, err := s.rdb.HGetAll(t.Context(), campaignKeys(campaignID).meta).Result()
 	if err != nil {
 		t.Fatalf("HGETALL meta %s: %v", campaignID, err)
 	}

@@ -17,7 +17,7 @@ func TestReject(t *testing.T) {
 		{
 			name: "queued request becomes rejected",
 			prior: func(t *testing.T, s *Store, c model.Campaign, d Deduction) {
-				mustAccept(t, s, Acceptance{RequestID: d.RequestID, CampaignID: c.ID, UserID: d.UserID, Quantity: d.Quantity})
+				mustAdmit(t, s, AdmitRequest{RequestID: d.RequestID, CampaignID: c.ID, UserID: d.UserID, Quantity: d.Quantity})
 			},
 			wantStatus: model.StatusRejected, wantReason: model.ReasonPoison, wantFinRej: 1,
 		},

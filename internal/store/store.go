@@ -28,10 +28,8 @@ const (
 var (
 	//go:embed deduct.lua
 	deductSource string
-	//go:embed accept.lua
-	acceptSource string
-	//go:embed unaccept.lua
-	unacceptSource string
+	//go:embed withdraw.lua
+	withdrawSource string
 	//go:embed preload.lua
 	preloadSource string
 	//go:embed reject.lua
@@ -42,8 +40,7 @@ var (
 type Store struct {
 	rdb      redis.UniversalClient
 	deduct   *redis.Script
-	accept   *redis.Script
-	unaccept *redis.Script
+	withdraw *redis.Script
 	preload  *redis.Script
 	reject   *redis.Script
 	admit    *redis.Script
@@ -54,16 +51,12 @@ func New(rdb redis.UniversalClient) *Store {
 	return &Store{
 		rdb:      rdb,
 		deduct:   redis.NewScript(deductSource),
-		accept:   redis.NewScript(acceptSource),
-		unaccept: redis.NewScript(unacceptSource),
+		withdraw: redis.NewScript(withdrawSource),
 		preload:  redis.NewScript(preloadSource),
 		reject:   redis.NewScript(rejectSource),
 		admit:    redis.NewScript(admitSource),
 	}
 }
-
-// Client returns the underlying Redis client (for rate limiting and health).
-func (s *Store) Client() redis.UniversalClient { return s.rdb }
 
 // keys of one campaign; all share the hash tag {id}.
 type keys struct{ meta, stock, soldout, counters, users, results, idem, userLimits, ipLimits string }
@@ -131,72 +124,6 @@ func (s *Store) Preload(ctx context.Context, c model.Campaign, now time.Time, fo
 		return "", fmt.Errorf("preload %s: %w", c.ID, model.ErrSaleStarted)
 	}
 	return "", fmt.Errorf("preload %s: unexpected reply %d", c.ID, code)
-}
-
-// Acceptance is a purchase request the gateway admitted.
-type Acceptance struct {
-	RequestID      string
-	CampaignID     string
-	UserID         string
-	Quantity       int64
-	IdempotencyKey string // optional
-	// ClientIP is rate-limited when RateLimits.IPRate is set; "" is not.
-	ClientIP string
-}
-
-func (a Acceptance) idemField() string {
-	if a.IdempotencyKey == "" {
-		return ""
-	}
-	return a.UserID + "|" + a.IdempotencyKey
-}
-
-// Accept stores a as queued. When the shopper's idempotency key was seen
-// before it changes nothing and returns the earlier request id with
-// existing=true. It returns model.ErrNotLoaded when the campaign has no stock
-// in Redis.
-func (s *Store) Accept(ctx context.Context, a Acceptance) (requestID string, existing bool, err error) {
-	k := campaignKeys(a.CampaignID)
-	queued := encodeStored(model.Result{Status: model.StatusQueued, Quantity: a.Quantity, UserID: a.UserID})
-	reply, err := s.accept.Run(ctx, s.rdb, []string{k.results, k.idem, k.counters, k.stock},
-		a.RequestID, queued, a.idemField()).Slice()
-	if err != nil {
-		return "", false, fmt.Errorf("accept %s: %w", a.RequestID, err)
-	}
-	code, rid, err := parseAcceptReply(reply)
-	if err != nil {
-		return "", false, fmt.Errorf("accept %s: %w", a.RequestID, err)
-	}
-	switch code {
-	case 0:
-		return rid, false, nil
-	case 1:
-		return rid, true, nil
-	default:
-		return "", false, fmt.Errorf("accept %s: %w", a.RequestID, model.ErrNotLoaded)
-	}
-}
-
-func parseAcceptReply(reply []any) (int64, string, error) {
-	if len(reply) != 2 {
-		return 0, "", fmt.Errorf("accept reply has %d elements, want 2", len(reply))
-	}
-	code, ok1 := reply[0].(int64)
-	rid, ok2 := reply[1].(string)
-	if !ok1 || !ok2 {
-		return 0, "", fmt.Errorf("accept reply malformed: %v", reply)
-	}
-	return code, rid, nil
-}
-
-// Unaccept removes what Accept stored, when the request could not be
-// published. A result a worker already decided is kept.
-func (s *Store) Unaccept(ctx context.Context, a Acceptance) error {
-	k := campaignKeys(a.CampaignID)
-	if err := s.unaccept.Run(ctx, s.rdb, []string{k.results, k.idem, k.counters}, a.RequestID, a.idemField()).Err(); err != nil {
-		return fmt.Errorf("unaccept %s: %w", a.RequestID, err)
-	}
-	return nil
 }
 
 // Deduction is one request of a Deduct batch.
@@ -326,13 +253,13 @@ type Stats struct {
 	Remaining        int64
 	Sold             int64
 	SoldOut          bool
-	Accepted         int64
+	Admitted         int64
 	FinishedByStatus map[model.Status]int64
 }
 
-// Queued is the number of accepted requests without a final result yet.
+// Queued is the number of admitted requests without a final result yet.
 func (st Stats) Queued() int64 {
-	q := st.Accepted
+	q := st.Admitted
 	for _, n := range st.FinishedByStatus {
 		q -= n
 	}
@@ -372,8 +299,8 @@ func (s *Store) Stats(ctx context.Context, campaignID string) (Stats, error) {
 			return Stats{}, fmt.Errorf("stats %s: counter %s: %w", campaignID, f, err)
 		}
 		switch {
-		case f == "accepted":
-			st.Accepted = n
+		case f == "admitted":
+			st.Admitted = n
 		case f == "sold":
 			st.Sold = n
 		case strings.HasPrefix(f, "fin:"):
@@ -381,18 +308,6 @@ func (s *Store) Stats(ctx context.Context, campaignID string) (Stats, error) {
 		}
 	}
 	return st, nil
-}
-
-// UserUnits returns how many units a user bought in a campaign.
-func (s *Store) UserUnits(ctx context.Context, campaignID, userID string) (int64, error) {
-	n, err := s.rdb.HGet(ctx, campaignKeys(campaignID).users, userID).Int64()
-	if errors.Is(err, redis.Nil) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("user units %s/%s: %w", campaignID, userID, err)
-	}
-	return n, nil
 }
 
 // Reject gives a request a final rejected result with reason, unless it
@@ -410,8 +325,7 @@ func (s *Store) Reject(ctx context.Context, d Deduction, campaignID, reason stri
 // IdempotentRequest returns the request id a shopper's Idempotency-Key
 // already names in a campaign, if any.
 func (s *Store) IdempotentRequest(ctx context.Context, campaignID, userID, key string) (string, bool, error) {
-	a := Acceptance{UserID: userID, IdempotencyKey: key}
-	rid, err := s.rdb.HGet(ctx, campaignKeys(campaignID).idem, a.idemField()).Result()
+	rid, err := s.rdb.HGet(ctx, campaignKeys(campaignID).idem, idemField(userID, key)).Result()
 	if errors.Is(err, redis.Nil) {
 		return "", false, nil
 	}

@@ -69,12 +69,12 @@ func BenchmarkAdmit(b *testing.B) {
 	for _, size := range []int{1, 16, 128, 512} {
 		b.Run(fmt.Sprintf("batch=%d", size), func(b *testing.B) {
 			s, c := benchStore(b)
-			batch := make([]Acceptance, size)
+			batch := make([]AdmitRequest, size)
 			n := 0
 			for b.Loop() {
 				for i := range batch {
 					n++
-					batch[i] = Acceptance{RequestID: benchRequestID(c.ID, n), CampaignID: c.ID, UserID: fmt.Sprintf("u%d", n%10_000),
+					batch[i] = AdmitRequest{RequestID: benchRequestID(c.ID, n), CampaignID: c.ID, UserID: fmt.Sprintf("u%d", n%10_000),
 						Quantity: 1, IdempotencyKey: fmt.Sprintf("k%d", n)}
 				}
 				adms, err := s.Admit(b.Context(), c.ID, batch, limits)
@@ -86,7 +86,7 @@ func BenchmarkAdmit(b *testing.B) {
 				}
 			}
 			// The users' rate-limit keys expire on their own within a second.
-			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "admissions/s")
+			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "admitted/s")
 		})
 	}
 }
