@@ -10,7 +10,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/flashsale/flashsale/internal/metrics"
-	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/model"
 	"github.com/flashsale/flashsale/queue"
 )
@@ -41,7 +40,7 @@ type admitter struct {
 
 // pendingPurchase is one purchase waiting for its batch.
 type pendingPurchase struct {
-	req  store.AdmitRequest
+	req  model.AdmitRequest
 	body []byte // the queue message, encoded by the request's own goroutine
 	done chan admitAnswer
 }
@@ -53,7 +52,7 @@ type admitAnswer struct {
 
 func (s *Service) enqueue(ctx context.Context, p Purchase) (Admitted, error) {
 	id := uuid.Must(uuid.NewV7())
-	a := store.AdmitRequest{
+	a := model.AdmitRequest{
 		RequestID:      model.FormatRequestID(p.CampaignID, hex.EncodeToString(id[:])),
 		CampaignID:     p.CampaignID,
 		UserID:         p.UserID,
@@ -171,7 +170,7 @@ func (s *Service) flush(batch []*pendingPurchase) {
 	// Leave nothing behind: the shoppers are told 503 and may retry.
 	uctx, ucancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
 	defer ucancel()
-	reqs := make([]store.AdmitRequest, len(fresh))
+	reqs := make([]model.AdmitRequest, len(fresh))
 	for i, p := range fresh {
 		reqs[i] = p.req
 	}
@@ -186,13 +185,13 @@ func (s *Service) flush(batch []*pendingPurchase) {
 // admitGroup runs one campaign's share of a batch through admit.lua, answers
 // every request that is settled there and returns the new ones to publish.
 func (s *Service) admitGroup(group []*pendingPurchase) []*pendingPurchase {
-	reqs := make([]store.AdmitRequest, len(group))
+	reqs := make([]model.AdmitRequest, len(group))
 	for i, p := range group {
 		reqs[i] = p.req
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
 	defer cancel()
-	replies, err := s.stock.Admit(ctx, reqs[0].CampaignID, reqs, s.limits)
+	replies, err := s.stock.Admit(ctx, reqs[0].CampaignID, reqs, s.opts.RateLimits)
 	if err != nil {
 		for _, p := range group {
 			p.done <- admitAnswer{err: s.refuse("unavailable", fmt.Errorf("%w: %v", model.ErrUnavailable, err))}
@@ -202,15 +201,15 @@ func (s *Service) admitGroup(group []*pendingPurchase) []*pendingPurchase {
 	var fresh []*pendingPurchase
 	for i, p := range group {
 		switch a := replies[i]; a.Code {
-		case store.Admitted:
+		case model.Admitted:
 			fresh = append(fresh, p)
-		case store.AdmitExisting:
+		case model.AdmitExisting:
 			p.done <- admitAnswer{admitted: Admitted{RequestID: a.RequestID, Existing: true}}
-		case store.AdmitNotLoaded:
+		case model.AdmitNotLoaded:
 			p.done <- admitAnswer{err: s.refuse("not_loaded", fmt.Errorf("admit %s: %w", p.req.RequestID, model.ErrNotLoaded))}
-		case store.AdmitUserRateLimited, store.AdmitCampaignRateLimited, store.AdmitIPRateLimited:
-			reason := map[store.AdmitCode]string{store.AdmitUserRateLimited: "rate_user",
-				store.AdmitCampaignRateLimited: "rate_campaign", store.AdmitIPRateLimited: "rate_ip"}[a.Code]
+		case model.AdmitUserRateLimited, model.AdmitCampaignRateLimited, model.AdmitIPRateLimited:
+			reason := map[model.AdmitCode]string{model.AdmitUserRateLimited: "rate_user",
+				model.AdmitCampaignRateLimited: "rate_campaign", model.AdmitIPRateLimited: "rate_ip"}[a.Code]
 			retry := int((a.RetryAfter + time.Second - 1) / time.Second)
 			p.done <- admitAnswer{err: s.refuse(reason, &model.RateLimitError{RetryAfterSeconds: max(retry, 1)})}
 		default:

@@ -128,7 +128,7 @@ func pending(svc *Service) int {
 // answer exactly as admitting one by one would give it.
 func TestAdmitCoalesces(t *testing.T) {
 	pub := newGatePublisher(true)
-	svc, st, c := newAdmitService(t, pub, Options{UserRate: 1, UserBurst: 2})
+	svc, st, c := newAdmitService(t, pub, Options{RateLimits: model.RateLimits{UserRate: 1, UserBurst: 2}})
 	buy := func(user, key string) Purchase {
 		return Purchase{UserID: user, CampaignID: c.ID, Quantity: 1, IdempotencyKey: key}
 	}

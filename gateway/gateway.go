@@ -18,40 +18,33 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/flashsale/flashsale/internal/metrics"
-	"github.com/flashsale/flashsale/internal/sqlstore"
-	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/model"
 	"github.com/flashsale/flashsale/queue"
 )
 
 // Stock is what the gateway needs from the Redis store.
 type Stock interface {
-	Preload(ctx context.Context, c model.Campaign, now time.Time, force bool) (store.PreloadOutcome, error)
-	Admit(ctx context.Context, campaignID string, batch []store.AdmitRequest, limits store.RateLimits) ([]store.AdmitReply, error)
-	Withdraw(ctx context.Context, batch []store.AdmitRequest) error
+	Preload(ctx context.Context, c model.Campaign, now time.Time, force bool) (model.PreloadOutcome, error)
+	Admit(ctx context.Context, campaignID string, batch []model.AdmitRequest, limits model.RateLimits) ([]model.AdmitReply, error)
+	Withdraw(ctx context.Context, batch []model.AdmitRequest) error
 	IdempotentRequest(ctx context.Context, campaignID, userID, key string) (string, bool, error)
 	SoldOut(ctx context.Context, campaignID string) (bool, error)
-	Stats(ctx context.Context, campaignID string) (store.Stats, error)
-	PublishEvent(ctx context.Context, e store.Event) error
-	SubscribeEvents(ctx context.Context, ready func(), fn func(store.Event)) error
+	Stats(ctx context.Context, campaignID string) (model.Stats, error)
+	PublishEvent(ctx context.Context, e model.Event) error
+	SubscribeEvents(ctx context.Context, ready func(), fn func(model.Event)) error
 }
 
 // Campaigns is what the gateway needs from the relational store.
 type Campaigns interface {
 	CreateCampaign(ctx context.Context, c model.Campaign) (model.Campaign, error)
 	Campaign(ctx context.Context, id string) (model.Campaign, error)
-	CampaignOrderStats(ctx context.Context, campaignID string) (sqlstore.OrderStats, error)
+	CampaignOrderStats(ctx context.Context, campaignID string) (model.OrderStats, error)
 }
 
 // Options tune how purchases are admitted.
 type Options struct {
-	Topic string
-	// UserRate and CampaignRate are per second; 0 disables the limit.
-	UserRate, UserBurst         int
-	CampaignRate, CampaignBurst int
-	// IPRate limits each client IP per campaign, so one address cannot
-	// drive many accounts at full speed.
-	IPRate, IPBurst int
+	Topic      string
+	RateLimits model.RateLimits
 	// CampaignCacheTTL bounds how stale a cached campaign (window) may be.
 	CampaignCacheTTL time.Duration // default 2s
 	// SoldOutRecheck is how often cached sold-out flags are re-read from
@@ -116,7 +109,6 @@ type Service struct {
 	pub       queue.Publisher
 	m         *metrics.Metrics
 	opts      Options
-	limits    store.RateLimits
 	admitter  admitter
 	breaker   *gobreaker.CircuitBreaker[struct{}]
 
@@ -143,8 +135,6 @@ type campaignSnapshot struct {
 func New(log *slog.Logger, stock Stock, campaigns Campaigns, pub queue.Publisher, m *metrics.Metrics, opts Options) *Service {
 	opts = opts.withDefaults()
 	return &Service{log: log, stock: stock, campaigns: campaigns, pub: pub, m: m, opts: opts,
-		limits: store.RateLimits{UserRate: opts.UserRate, UserBurst: opts.UserBurst,
-			CampaignRate: opts.CampaignRate, CampaignBurst: opts.CampaignBurst, IPRate: opts.IPRate, IPBurst: opts.IPBurst},
 		breaker: gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 			Name:    "queue-publish",
 			Timeout: opts.BreakerOpenFor,
@@ -187,7 +177,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 }
 
-func (s *Service) applyEvent(e store.Event) {
+func (s *Service) applyEvent(e model.Event) {
 	s.mu.RLock()
 	cc := s.cache[e.CampaignID]
 	s.mu.RUnlock()
@@ -195,9 +185,9 @@ func (s *Service) applyEvent(e store.Event) {
 		return
 	}
 	switch e.Type {
-	case store.EventSoldOut:
+	case model.EventSoldOut:
 		cc.soldOut.Store(true)
-	case store.EventReset:
+	case model.EventReset:
 		cc.soldOut.Store(false)
 		cc.refreshMu.Lock()
 		cc.snap.Store(nil) // reload the campaign on next use
@@ -303,7 +293,7 @@ func (s *Service) CreateCampaign(ctx context.Context, c model.Campaign) (model.C
 }
 
 // Preload loads a campaign's stock into Redis and tells every gateway.
-func (s *Service) Preload(ctx context.Context, id string, force bool) (store.PreloadOutcome, error) {
+func (s *Service) Preload(ctx context.Context, id string, force bool) (model.PreloadOutcome, error) {
 	if !model.ValidCampaignID(id) {
 		return "", model.ErrNotFound
 	}
@@ -315,9 +305,9 @@ func (s *Service) Preload(ctx context.Context, id string, force bool) (store.Pre
 	if err != nil {
 		return "", err
 	}
-	if out == store.PreloadLoaded {
-		s.applyEvent(store.Event{Type: store.EventReset, CampaignID: id})
-		if err := s.stock.PublishEvent(ctx, store.Event{Type: store.EventReset, CampaignID: id}); err != nil {
+	if out == model.PreloadLoaded {
+		s.applyEvent(model.Event{Type: model.EventReset, CampaignID: id})
+		if err := s.stock.PublishEvent(ctx, model.Event{Type: model.EventReset, CampaignID: id}); err != nil {
 			s.log.Warn("publish reset event", "campaign_id", id, "err", err)
 		}
 	}
@@ -326,7 +316,7 @@ func (s *Service) Preload(ctx context.Context, id string, force bool) (store.Pre
 
 // CampaignStats combines Redis counters and MySQL orders.
 type CampaignStats struct {
-	Store      store.Stats
+	Store      model.Stats
 	OrdersInDB int64
 	UnitsInDB  int64
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/flashsale/flashsale/internal/auth"
 	"github.com/flashsale/flashsale/internal/httpapi"
 	"github.com/flashsale/flashsale/internal/metrics"
-	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
@@ -34,6 +33,8 @@ const benchSecret = "bench-jwt-secret-0123456789abcdef0123456789"
 // memCampaigns is an in-memory Campaigns holding one campaign.
 type memCampaigns struct{ c model.Campaign }
 
+var _ Campaigns = memCampaigns{}
+
 func (m memCampaigns) CreateCampaign(context.Context, model.Campaign) (model.Campaign, error) {
 	return model.Campaign{}, model.ErrConflict
 }
@@ -45,8 +46,8 @@ func (m memCampaigns) Campaign(_ context.Context, id string) (model.Campaign, er
 	return m.c, nil
 }
 
-func (m memCampaigns) CampaignOrderStats(context.Context, string) (sqlstore.OrderStats, error) {
-	return sqlstore.OrderStats{}, nil
+func (m memCampaigns) CampaignOrderStats(context.Context, string) (model.OrderStats, error) {
+	return model.OrderStats{}, nil
 }
 
 // benchGateway serves the shopper API of a Service on a preloaded campaign
@@ -74,7 +75,7 @@ func benchGateway(b *testing.B, stock int64) (*Service, string, model.Campaign) 
 	m := metrics.New()
 	// Limits on, but high: the limiter's work is part of the path measured.
 	svc := New(log, st, memCampaigns{c}, redisstream.New(rdb, redisstream.Options{}), m, Options{
-		Topic: topic, UserRate: 1_000_000, UserBurst: 1_000_000, CampaignRate: 10_000_000, CampaignBurst: 10_000_000,
+		Topic: topic, RateLimits: model.RateLimits{UserRate: 1_000_000, UserBurst: 1_000_000, CampaignRate: 10_000_000, CampaignBurst: 10_000_000},
 	})
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
@@ -148,7 +149,7 @@ func BenchmarkAdmitPath(b *testing.B) {
 // in-memory flag, without Redis or the queue.
 func BenchmarkSoldOutPath(b *testing.B) {
 	svc, url, c := benchGateway(b, 1)
-	if _, err := svc.stock.(*store.Store).Deduct(b.Context(), c.ID, []store.Deduction{{
+	if _, err := svc.stock.(*store.Store).Deduct(b.Context(), c.ID, []model.Deduction{{
 		RequestID: model.FormatRequestID(c.ID, strings.Repeat("0", 32)), UserID: "first", Quantity: 1, OrderID: "o1",
 	}}); err != nil {
 		b.Fatalf("sell the only unit: %v", err)

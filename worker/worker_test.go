@@ -56,8 +56,8 @@ func (f *fixture) admit(t *testing.T, n, users int) []queue.Message {
 		id := uuid.Must(uuid.NewV7())
 		rid := model.FormatRequestID(f.campaign.ID, fmt.Sprintf("%x", id[:]))
 		user := fmt.Sprintf("user%d", i%users)
-		got, err := f.st.Admit(t.Context(), f.campaign.ID, []store.AdmitRequest{{RequestID: rid, CampaignID: f.campaign.ID, UserID: user, Quantity: 1}}, store.RateLimits{})
-		if err != nil || got[0].Code != store.Admitted {
+		got, err := f.st.Admit(t.Context(), f.campaign.ID, []model.AdmitRequest{{RequestID: rid, CampaignID: f.campaign.ID, UserID: user, Quantity: 1}}, model.RateLimits{})
+		if err != nil || got[0].Code != model.Admitted {
 			t.Fatalf("admit: got %+v, %v; want admitted", got, err)
 		}
 		body, _ := model.EncodePurchaseRequest(model.PurchaseRequest{RequestID: rid, CampaignID: f.campaign.ID, UserID: user, Quantity: 1})
@@ -275,10 +275,10 @@ type failingStock struct {
 	poisoned string
 }
 
-func (f failingStock) Deduct(ctx context.Context, campaignID string, batch []store.Deduction) (store.DeductReply, error) {
+func (f failingStock) Deduct(ctx context.Context, campaignID string, batch []model.Deduction) (model.DeductReply, error) {
 	for _, d := range batch {
 		if d.RequestID == f.poisoned {
-			return store.DeductReply{}, errors.New("script error")
+			return model.DeductReply{}, errors.New("script error")
 		}
 	}
 	return f.Stock.Deduct(ctx, campaignID, batch)

@@ -220,12 +220,7 @@ func start(ctx context.Context, cfg config.Config, log *slog.Logger, roles roleS
 	if roles.gateway {
 		svc := gateway.New(log.With("role", "gateway"), st, db, pub, sys.Metrics, gateway.Options{
 			Topic:            cfg.Queue.Topic,
-			UserRate:         cfg.Gateway.UserRate,
-			UserBurst:        cfg.Gateway.UserBurst,
-			CampaignRate:     cfg.Gateway.CampaignRate,
-			CampaignBurst:    cfg.Gateway.CampaignBurst,
-			IPRate:           cfg.Gateway.IPRate,
-			IPBurst:          cfg.Gateway.IPBurst,
+			RateLimits:       cfg.Gateway.RateLimits,
 			CampaignCacheTTL: cfg.Gateway.CampaignCacheTTL,
 			SoldOutRecheck:   cfg.Gateway.SoldOutRecheck,
 			PublishTimeout:   cfg.Gateway.PublishTimeout,

@@ -264,14 +264,8 @@ func orderArgs(orders []model.Order, at time.Time) []any {
 	return args
 }
 
-// OrderStats counts a campaign's orders and units.
-type OrderStats struct {
-	Orders int64
-	Units  int64
-}
-
 // CampaignOrderStats counts a campaign's stored orders.
-func (db *DB) CampaignOrderStats(ctx context.Context, campaignID string) (OrderStats, error) {
+func (db *DB) CampaignOrderStats(ctx context.Context, campaignID string) (model.OrderStats, error) {
 	var out struct {
 		Orders int64
 		Units  int64
@@ -279,9 +273,9 @@ func (db *DB) CampaignOrderStats(ctx context.Context, campaignID string) (OrderS
 	err := db.gdb.WithContext(ctx).Model(&orderRow{}).Where("campaign_id = ?", campaignID).
 		Select("COUNT(*) AS orders, COALESCE(SUM(quantity), 0) AS units").Scan(&out).Error
 	if err != nil {
-		return OrderStats{}, fmt.Errorf("order stats %s: %w", campaignID, err)
+		return model.OrderStats{}, fmt.Errorf("order stats %s: %w", campaignID, err)
 	}
-	return OrderStats{Orders: out.Orders, Units: out.Units}, nil
+	return model.OrderStats{Orders: out.Orders, Units: out.Units}, nil
 }
 
 // CampaignOrders lists a campaign's orders (for reconciliation and tests).

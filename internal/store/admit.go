@@ -17,26 +17,6 @@ import (
 //go:embed admit.lua
 var admitSource string
 
-// RateLimits are the per-second limits Admit applies; a zero rate turns a
-// limit off. A burst below 1 counts as 1.
-type RateLimits struct {
-	UserRate, UserBurst         int
-	CampaignRate, CampaignBurst int
-	// IPRate limits each client IP (AdmitRequest.ClientIP) per campaign.
-	IPRate, IPBurst int
-}
-
-// AdmitRequest is one purchase request of an Admit batch.
-type AdmitRequest struct {
-	RequestID      string
-	CampaignID     string
-	UserID         string
-	Quantity       int64
-	IdempotencyKey string // optional
-	// ClientIP is rate-limited when RateLimits.IPRate is set; "" is not.
-	ClientIP string
-}
-
 // idemField is a shopper's field in the idem hash, "" when there is no key.
 func idemField(userID, idempotencyKey string) string {
 	if idempotencyKey == "" {
@@ -45,38 +25,11 @@ func idemField(userID, idempotencyKey string) string {
 	return userID + "|" + idempotencyKey
 }
 
-// AdmitCode is what Admit did with one request.
-type AdmitCode int
-
-// Admit outcomes, one per request.
-const (
-	// Admitted: stored as queued; the caller must publish it (or Withdraw it).
-	Admitted AdmitCode = iota
-	// AdmitExisting: the shopper's Idempotency-Key names an earlier request.
-	AdmitExisting
-	// AdmitNotLoaded: the campaign has no stock in Redis.
-	AdmitNotLoaded
-	// AdmitUserRateLimited and AdmitCampaignRateLimited: refused by a limit.
-	AdmitUserRateLimited
-	AdmitCampaignRateLimited
-	// AdmitIPRateLimited: refused by the per-client-IP limit.
-	AdmitIPRateLimited
-)
-
-// AdmitReply is Admit's answer for one request.
-type AdmitReply struct {
-	Code AdmitCode
-	// RequestID is the request's own id, or the earlier one for AdmitExisting.
-	RequestID string
-	// RetryAfter is set for the rate-limited codes.
-	RetryAfter time.Duration
-}
-
 // Admit applies the rate limits to a batch of one campaign's requests and
 // stores the admitted ones as queued, in one atomic script call. When a
 // shopper's Idempotency-Key was seen before, the request changes nothing and
 // its answer names the earlier request. Answers are in batch order.
-func (s *Store) Admit(ctx context.Context, campaignID string, batch []AdmitRequest, limits RateLimits) ([]AdmitReply, error) {
+func (s *Store) Admit(ctx context.Context, campaignID string, batch []model.AdmitRequest, limits model.RateLimits) ([]model.AdmitReply, error) {
 	if len(batch) == 0 {
 		return nil, nil
 	}
@@ -104,11 +57,11 @@ func (s *Store) Admit(ctx context.Context, campaignID string, batch []AdmitReque
 }
 
 // parseAdmitReply is the one place that reads admit.lua's reply.
-func parseAdmitReply(batch []AdmitRequest, reply []any) ([]AdmitReply, error) {
+func parseAdmitReply(batch []model.AdmitRequest, reply []any) ([]model.AdmitReply, error) {
 	if len(reply) != 2*len(batch) {
 		return nil, fmt.Errorf("reply has %d elements, want %d", len(reply), 2*len(batch))
 	}
-	out := make([]AdmitReply, len(batch))
+	out := make([]model.AdmitReply, len(batch))
 	for i, a := range batch {
 		code, ok1 := reply[2*i].(int64)
 		value, ok2 := reply[2*i+1].(string)
@@ -120,27 +73,27 @@ func parseAdmitReply(batch []AdmitRequest, reply []any) ([]AdmitReply, error) {
 			if value != a.RequestID {
 				return nil, fmt.Errorf("reply for %s names %q", a.RequestID, value)
 			}
-			out[i] = AdmitReply{Code: Admitted, RequestID: value}
+			out[i] = model.AdmitReply{Code: model.Admitted, RequestID: value}
 		case 1:
 			if value == "" {
 				return nil, fmt.Errorf("reply for %s: existing request without id", a.RequestID)
 			}
-			out[i] = AdmitReply{Code: AdmitExisting, RequestID: value}
+			out[i] = model.AdmitReply{Code: model.AdmitExisting, RequestID: value}
 		case -1:
-			out[i] = AdmitReply{Code: AdmitNotLoaded}
+			out[i] = model.AdmitReply{Code: model.AdmitNotLoaded}
 		case -2, -3, -4:
 			secs, err := strconv.ParseFloat(value, 64)
 			if err != nil || secs < 0 || math.IsNaN(secs) || math.IsInf(secs, 0) {
 				return nil, fmt.Errorf("reply for %s: retry after %q", a.RequestID, value)
 			}
-			c := AdmitUserRateLimited
+			c := model.AdmitUserRateLimited
 			switch code {
 			case -3:
-				c = AdmitCampaignRateLimited
+				c = model.AdmitCampaignRateLimited
 			case -4:
-				c = AdmitIPRateLimited
+				c = model.AdmitIPRateLimited
 			}
-			out[i] = AdmitReply{Code: c, RetryAfter: time.Duration(secs * float64(time.Second))}
+			out[i] = model.AdmitReply{Code: c, RetryAfter: time.Duration(secs * float64(time.Second))}
 		default:
 			return nil, fmt.Errorf("reply for %s: unknown code %d", a.RequestID, code)
 		}
@@ -152,7 +105,7 @@ func parseAdmitReply(batch []AdmitRequest, reply []any) ([]AdmitReply, error) {
 // pipelined round trip: their queued results, their count and their
 // Idempotency-Keys go, so a retry is a new request. A result a worker already
 // decided stands. It returns the errors of the requests it could not withdraw.
-func (s *Store) Withdraw(ctx context.Context, batch []AdmitRequest) error {
+func (s *Store) Withdraw(ctx context.Context, batch []model.AdmitRequest) error {
 	if len(batch) == 0 {
 		return nil
 	}

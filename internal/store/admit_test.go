@@ -12,7 +12,7 @@ import (
 // admitCall is one request of an Admit batch in a table; rid is a label.
 type admitCall struct {
 	rid, user, key, ip string
-	want               AdmitCode
+	want               model.AdmitCode
 	wantRID            string // label of the request id Admit must return; "" = none
 }
 
@@ -20,101 +20,101 @@ func TestAdmit(t *testing.T) {
 	tests := []struct {
 		name         string
 		notLoaded    bool
-		limits       RateLimits
+		limits       model.RateLimits
 		calls        []admitCall
 		wantAdmitted int64
 	}{
 		{
 			name: "new requests are queued",
 			calls: []admitCall{
-				{rid: "r1", user: "u1", key: "k1", want: Admitted, wantRID: "r1"},
-				{rid: "r2", user: "u2", want: Admitted, wantRID: "r2"},
+				{rid: "r1", user: "u1", key: "k1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u2", want: model.Admitted, wantRID: "r2"},
 			},
 			wantAdmitted: 2,
 		},
 		{
 			name: "same key same user in one batch returns the first request",
 			calls: []admitCall{
-				{rid: "r1", user: "u1", key: "k1", want: Admitted, wantRID: "r1"},
-				{rid: "r2", user: "u1", key: "k1", want: AdmitExisting, wantRID: "r1"},
-				{rid: "r3", user: "u2", key: "k1", want: Admitted, wantRID: "r3"},
+				{rid: "r1", user: "u1", key: "k1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u1", key: "k1", want: model.AdmitExisting, wantRID: "r1"},
+				{rid: "r3", user: "u2", key: "k1", want: model.Admitted, wantRID: "r3"},
 			},
 			wantAdmitted: 2,
 		},
 		{
 			name: "same request id twice counts once",
 			calls: []admitCall{
-				{rid: "r1", user: "u1", key: "k1", want: Admitted, wantRID: "r1"},
-				{rid: "r1", user: "u1", key: "k1", want: Admitted, wantRID: "r1"},
+				{rid: "r1", user: "u1", key: "k1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r1", user: "u1", key: "k1", want: model.Admitted, wantRID: "r1"},
 			},
 			wantAdmitted: 1,
 		},
 		{
 			name:      "campaign not loaded",
 			notLoaded: true,
-			calls:     []admitCall{{rid: "r1", user: "u1", key: "k1", want: AdmitNotLoaded}},
+			calls:     []admitCall{{rid: "r1", user: "u1", key: "k1", want: model.AdmitNotLoaded}},
 		},
 		{
 			name:   "user over its burst is refused, others are not",
-			limits: RateLimits{UserRate: 1, UserBurst: 2},
+			limits: model.RateLimits{UserRate: 1, UserBurst: 2},
 			calls: []admitCall{
-				{rid: "r1", user: "u1", want: Admitted, wantRID: "r1"},
-				{rid: "r2", user: "u1", want: Admitted, wantRID: "r2"},
-				{rid: "r3", user: "u1", want: AdmitUserRateLimited},
-				{rid: "r4", user: "u2", want: Admitted, wantRID: "r4"},
+				{rid: "r1", user: "u1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u1", want: model.Admitted, wantRID: "r2"},
+				{rid: "r3", user: "u1", want: model.AdmitUserRateLimited},
+				{rid: "r4", user: "u2", want: model.Admitted, wantRID: "r4"},
 			},
 			wantAdmitted: 3,
 		},
 		{
 			name:   "campaign over its burst is refused",
-			limits: RateLimits{CampaignRate: 1, CampaignBurst: 2},
+			limits: model.RateLimits{CampaignRate: 1, CampaignBurst: 2},
 			calls: []admitCall{
-				{rid: "r1", user: "u1", want: Admitted, wantRID: "r1"},
-				{rid: "r2", user: "u2", want: Admitted, wantRID: "r2"},
-				{rid: "r3", user: "u3", want: AdmitCampaignRateLimited},
+				{rid: "r1", user: "u1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u2", want: model.Admitted, wantRID: "r2"},
+				{rid: "r3", user: "u3", want: model.AdmitCampaignRateLimited},
 			},
 			wantAdmitted: 2,
 		},
 		{
 			name:   "client IP over its burst is refused across users",
-			limits: RateLimits{IPRate: 1, IPBurst: 2, UserRate: 100, UserBurst: 100},
+			limits: model.RateLimits{IPRate: 1, IPBurst: 2, UserRate: 100, UserBurst: 100},
 			calls: []admitCall{
-				{rid: "r1", user: "u1", ip: "10.0.0.1", want: Admitted, wantRID: "r1"},
-				{rid: "r2", user: "u2", ip: "10.0.0.1", want: Admitted, wantRID: "r2"},
-				{rid: "r3", user: "u3", ip: "10.0.0.1", want: AdmitIPRateLimited},
-				{rid: "r4", user: "u3", ip: "10.0.0.2", want: Admitted, wantRID: "r4"},
-				{rid: "r5", user: "u4", want: Admitted, wantRID: "r5"}, // unknown IP: not limited
+				{rid: "r1", user: "u1", ip: "10.0.0.1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u2", ip: "10.0.0.1", want: model.Admitted, wantRID: "r2"},
+				{rid: "r3", user: "u3", ip: "10.0.0.1", want: model.AdmitIPRateLimited},
+				{rid: "r4", user: "u3", ip: "10.0.0.2", want: model.Admitted, wantRID: "r4"},
+				{rid: "r5", user: "u4", want: model.Admitted, wantRID: "r5"}, // unknown IP: not limited
 			},
 			wantAdmitted: 4,
 		},
 		{
 			name:   "IP limit on, no request with a known IP",
-			limits: RateLimits{IPRate: 1, IPBurst: 1},
+			limits: model.RateLimits{IPRate: 1, IPBurst: 1},
 			calls: []admitCall{
-				{rid: "r1", user: "u1", want: Admitted, wantRID: "r1"},
-				{rid: "r2", user: "u2", want: Admitted, wantRID: "r2"},
+				{rid: "r1", user: "u1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u2", want: model.Admitted, wantRID: "r2"},
 			},
 			wantAdmitted: 2,
 		},
 		{
 			// An IP refusal must not use up the user's own allowance.
 			name:   "IP refusal leaves the user limit alone",
-			limits: RateLimits{IPRate: 1, IPBurst: 1, UserRate: 1, UserBurst: 1},
+			limits: model.RateLimits{IPRate: 1, IPBurst: 1, UserRate: 1, UserBurst: 1},
 			calls: []admitCall{
-				{rid: "r1", user: "u1", ip: "10.0.0.1", want: Admitted, wantRID: "r1"},
-				{rid: "r2", user: "u2", ip: "10.0.0.1", want: AdmitIPRateLimited},
-				{rid: "r3", user: "u2", ip: "10.0.0.2", want: Admitted, wantRID: "r3"},
+				{rid: "r1", user: "u1", ip: "10.0.0.1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u2", ip: "10.0.0.1", want: model.AdmitIPRateLimited},
+				{rid: "r3", user: "u2", ip: "10.0.0.2", want: model.Admitted, wantRID: "r3"},
 			},
 			wantAdmitted: 2,
 		},
 		{
 			// A user refused by its own limit must not use up the campaign's.
 			name:   "user refusal leaves the campaign limit alone",
-			limits: RateLimits{UserRate: 1, UserBurst: 1, CampaignRate: 1, CampaignBurst: 2},
+			limits: model.RateLimits{UserRate: 1, UserBurst: 1, CampaignRate: 1, CampaignBurst: 2},
 			calls: []admitCall{
-				{rid: "r1", user: "u1", want: Admitted, wantRID: "r1"},
-				{rid: "r2", user: "u1", want: AdmitUserRateLimited},
-				{rid: "r3", user: "u2", want: Admitted, wantRID: "r3"},
+				{rid: "r1", user: "u1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u1", want: model.AdmitUserRateLimited},
+				{rid: "r3", user: "u2", want: model.Admitted, wantRID: "r3"},
 			},
 			wantAdmitted: 2,
 		},
@@ -127,9 +127,9 @@ func TestAdmit(t *testing.T) {
 					mustPreload(t, s, c)
 				}
 				ids := newLabels(c.ID)
-				batch := make([]AdmitRequest, len(tt.calls))
+				batch := make([]model.AdmitRequest, len(tt.calls))
 				for i, call := range tt.calls {
-					batch[i] = AdmitRequest{RequestID: ids.rid(call.rid), CampaignID: c.ID, UserID: call.user, Quantity: 1, IdempotencyKey: call.key, ClientIP: call.ip}
+					batch[i] = model.AdmitRequest{RequestID: ids.rid(call.rid), CampaignID: c.ID, UserID: call.user, Quantity: 1, IdempotencyKey: call.key, ClientIP: call.ip}
 				}
 				got, err := s.Admit(t.Context(), c.ID, batch, tt.limits)
 				if err != nil {
@@ -143,7 +143,7 @@ func TestAdmit(t *testing.T) {
 					if got[i].Code != call.want || got[i].RequestID != wantRID {
 						t.Errorf("request %d (%s): got code %d id %q, want code %d id %q", i, call.rid, got[i].Code, got[i].RequestID, call.want, wantRID)
 					}
-					limited := call.want == AdmitUserRateLimited || call.want == AdmitCampaignRateLimited || call.want == AdmitIPRateLimited
+					limited := call.want == model.AdmitUserRateLimited || call.want == model.AdmitCampaignRateLimited || call.want == model.AdmitIPRateLimited
 					if limited != (got[i].RetryAfter > 0) {
 						t.Errorf("request %d (%s): got retry after %v, want it set only when rate limited", i, call.rid, got[i].RetryAfter)
 					}
@@ -153,11 +153,11 @@ func TestAdmit(t *testing.T) {
 					t.Errorf("admitted/queued: got %d/%d, want %d/%d", st.Admitted, st.Queued(), tt.wantAdmitted, tt.wantAdmitted)
 				}
 				for i, call := range tt.calls {
-					if call.want == Admitted {
+					if call.want == model.Admitted {
 						if r := mustResult(t, s, batch[i].RequestID); r.Status != model.StatusQueued || r.UserID != call.user {
 							t.Errorf("Result(%s): got %s for %s, want queued for %s", call.rid, r.Status, r.UserID, call.user)
 						}
-					} else if call.want != AdmitExisting || call.rid != call.wantRID {
+					} else if call.want != model.AdmitExisting || call.rid != call.wantRID {
 						mustNoResult(t, s, batch[i].RequestID)
 					}
 				}
@@ -258,7 +258,7 @@ func TestAdmitAcrossCalls(t *testing.T) {
 				mustPreload(t, s, c)
 				ids := newLabels(c.ID)
 				for i, call := range tt.calls {
-					rid, existing := mustAdmit(t, s, AdmitRequest{
+					rid, existing := mustAdmit(t, s, model.AdmitRequest{
 						RequestID: ids.rid(call.rid), CampaignID: c.ID, UserID: call.user, Quantity: 2, IdempotencyKey: call.key,
 					})
 					if rid != ids.rid(call.wantRID) || existing != call.wantExisting {
@@ -295,9 +295,9 @@ func TestAdmitNotLoaded(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(10, 1) // never preloaded
 		rid := newRequestID(c.ID)
-		got, err := s.Admit(t.Context(), c.ID, []AdmitRequest{{RequestID: rid, CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: "k1"}}, RateLimits{})
-		if err != nil || len(got) != 1 || got[0] != (AdmitReply{Code: AdmitNotLoaded}) {
-			t.Fatalf("Admit: got (%+v, %v), want one %d answer", got, err, AdmitNotLoaded)
+		got, err := s.Admit(t.Context(), c.ID, []model.AdmitRequest{{RequestID: rid, CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: "k1"}}, model.RateLimits{})
+		if err != nil || len(got) != 1 || got[0] != (model.AdmitReply{Code: model.AdmitNotLoaded}) {
+			t.Fatalf("Admit: got (%+v, %v), want one %d answer", got, err, model.AdmitNotLoaded)
 		}
 		k := campaignKeys(c.ID)
 		n, err := s.rdb.Exists(t.Context(), k.results, k.idem, k.counters, k.stock, k.meta).Result()
@@ -326,11 +326,11 @@ func TestAdmitIdempotencyRace(t *testing.T) {
 	)
 	for range goroutines {
 		wg.Go(func() {
-			batch := make([]AdmitRequest, perBatch)
+			batch := make([]model.AdmitRequest, perBatch)
 			for i := range batch {
-				batch[i] = AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: "k1"}
+				batch[i] = model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: "k1"}
 			}
-			got, err := s.Admit(t.Context(), c.ID, batch, RateLimits{})
+			got, err := s.Admit(t.Context(), c.ID, batch, model.RateLimits{})
 			if err != nil {
 				t.Errorf("Admit: %v", err)
 				return
@@ -338,7 +338,7 @@ func TestAdmitIdempotencyRace(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			for i, a := range got {
-				if a.Code == Admitted {
+				if a.Code == model.Admitted {
 					admitted = append(admitted, batch[i].RequestID)
 				}
 				answers[a.RequestID]++
@@ -362,15 +362,15 @@ func TestWithdrawBatch(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(10, 1)
 		mustPreload(t, s, c)
-		var batch []AdmitRequest
+		var batch []model.AdmitRequest
 		for i := range 3 {
-			batch = append(batch, AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: fmt.Sprintf("u%d", i), Quantity: 1, IdempotencyKey: "k"})
+			batch = append(batch, model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: fmt.Sprintf("u%d", i), Quantity: 1, IdempotencyKey: "k"})
 		}
-		if _, err := s.Admit(t.Context(), c.ID, batch, RateLimits{}); err != nil {
+		if _, err := s.Admit(t.Context(), c.ID, batch, model.RateLimits{}); err != nil {
 			t.Fatalf("Admit: %v", err)
 		}
 		// A request a worker already decided keeps its result.
-		mustDeduct(t, s, c.ID, []Deduction{{RequestID: batch[0].RequestID, UserID: "u0", Quantity: 1, OrderID: "o1"}})
+		mustDeduct(t, s, c.ID, []model.Deduction{{RequestID: batch[0].RequestID, UserID: "u0", Quantity: 1, OrderID: "o1"}})
 		mustWithdraw(t, s, batch...)
 		if r := mustResult(t, s, batch[0].RequestID); r.Status != model.StatusSuccess {
 			t.Errorf("decided request: got %s, want %s", r.Status, model.StatusSuccess)
@@ -418,10 +418,10 @@ func TestWithdraw(t *testing.T) {
 			t.Run(tt.name, func(t *testing.T) {
 				c := newCampaign(10, 1)
 				mustPreload(t, s, c)
-				a := AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: tt.key}
+				a := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: tt.key}
 				mustAdmit(t, s, a)
 				if tt.decide {
-					r := mustDeduct(t, s, c.ID, []Deduction{{RequestID: a.RequestID, UserID: a.UserID, Quantity: a.Quantity, OrderID: "o1"}})
+					r := mustDeduct(t, s, c.ID, []model.Deduction{{RequestID: a.RequestID, UserID: a.UserID, Quantity: a.Quantity, OrderID: "o1"}})
 					if r.Results[0].Status != model.StatusSuccess {
 						t.Fatalf("Deduct: got %s, want %s", r.Results[0].Status, model.StatusSuccess)
 					}
@@ -446,7 +446,7 @@ func TestWithdraw(t *testing.T) {
 				if tt.key == "" {
 					return
 				}
-				retry := AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: a.UserID, Quantity: 1, IdempotencyKey: tt.key}
+				retry := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: a.UserID, Quantity: 1, IdempotencyKey: tt.key}
 				rid, existing := mustAdmit(t, s, retry)
 				want, wantExisting := retry.RequestID, false
 				if tt.wantKeyKept {

@@ -90,12 +90,12 @@ func mustPreload(t *testing.T, s *Store, c model.Campaign) {
 	if err != nil {
 		t.Fatalf("Preload(%s): %v", c.ID, err)
 	}
-	if got != PreloadLoaded {
-		t.Fatalf("Preload(%s) = %q, want %q", c.ID, got, PreloadLoaded)
+	if got != model.PreloadLoaded {
+		t.Fatalf("Preload(%s) = %q, want %q", c.ID, got, model.PreloadLoaded)
 	}
 }
 
-func mustDeduct(t *testing.T, s *Store, campaignID string, batch []Deduction) DeductReply {
+func mustDeduct(t *testing.T, s *Store, campaignID string, batch []model.Deduction) model.DeductReply {
 	t.Helper()
 	r, err := s.Deduct(t.Context(), campaignID, batch)
 	if err != nil {
@@ -111,30 +111,30 @@ func mustDeduct(t *testing.T, s *Store, campaignID string, batch []Deduction) De
 // with limits off and nothing else in flight. It returns the request id that
 // stands for r and whether it is an earlier request's (the Idempotency-Key
 // was seen before).
-func mustAdmit(t *testing.T, s *Store, r AdmitRequest) (string, bool) {
+func mustAdmit(t *testing.T, s *Store, r model.AdmitRequest) (string, bool) {
 	t.Helper()
-	got, err := s.Admit(t.Context(), r.CampaignID, []AdmitRequest{r}, RateLimits{})
+	got, err := s.Admit(t.Context(), r.CampaignID, []model.AdmitRequest{r}, model.RateLimits{})
 	if err != nil {
 		t.Fatalf("Admit(%+v): %v", r, err)
 	}
 	switch got[0].Code {
-	case Admitted:
+	case model.Admitted:
 		return got[0].RequestID, false
-	case AdmitExisting:
+	case model.AdmitExisting:
 		return got[0].RequestID, true
 	}
-	t.Fatalf("Admit(%+v): got code %d, want %d or %d", r, got[0].Code, Admitted, AdmitExisting)
+	t.Fatalf("Admit(%+v): got code %d, want %d or %d", r, got[0].Code, model.Admitted, model.AdmitExisting)
 	return "", false
 }
 
-func mustWithdraw(t *testing.T, s *Store, batch ...AdmitRequest) {
+func mustWithdraw(t *testing.T, s *Store, batch ...model.AdmitRequest) {
 	t.Helper()
 	if err := s.Withdraw(t.Context(), batch); err != nil {
 		t.Fatalf("Withdraw(%+v): %v", batch, err)
 	}
 }
 
-func mustStats(t *testing.T, s *Store, campaignID string) Stats {
+func mustStats(t *testing.T, s *Store, campaignID string) model.Stats {
 	t.Helper()
 	st, err := s.Stats(t.Context(), campaignID)
 	if err != nil {
@@ -192,7 +192,7 @@ func finished(counts map[model.Status]int64) map[model.Status]int64 {
 }
 
 // checkFinished compares Stats.FinishedByStatus with want (missing = 0).
-func checkFinished(t *testing.T, got Stats, want map[model.Status]int64) {
+func checkFinished(t *testing.T, got model.Stats, want map[model.Status]int64) {
 	t.Helper()
 	for _, s := range model.FinalStatuses {
 		if got.FinishedByStatus[s] != want[s] {

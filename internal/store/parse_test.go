@@ -10,7 +10,7 @@ import (
 )
 
 func TestParseDeductReply(t *testing.T) {
-	batch := []Deduction{
+	batch := []model.Deduction{
 		{RequestID: "c.1", UserID: "u1", Quantity: 1, OrderID: "o1"},
 		{RequestID: "c.2", UserID: "u2", Quantity: 2, OrderID: "o2"},
 	}
@@ -52,7 +52,7 @@ func TestParseDeductReply(t *testing.T) {
 			if err != nil {
 				t.Fatalf("got error %v, want nil", err)
 			}
-			want := DeductReply{SoldOutNow: true, Results: []model.Result{
+			want := model.DeductReply{SoldOutNow: true, Results: []model.Result{
 				{RequestID: "c.1", CampaignID: "c", UserID: "u1", Status: model.StatusSuccess, OrderID: "o1", Quantity: 1},
 				{RequestID: "c.2", CampaignID: "c", UserID: "u2", Status: model.StatusRejected, Reason: model.ReasonInsufficientStock, Quantity: 2},
 			}}
@@ -87,19 +87,19 @@ func TestParseDeductReplySoldOutFlag(t *testing.T) {
 }
 
 func TestParseAdmitReply(t *testing.T) {
-	batch := []AdmitRequest{{RequestID: "c.1"}}
+	batch := []model.AdmitRequest{{RequestID: "c.1"}}
 	tests := []struct {
 		name    string
 		reply   []any
-		want    AdmitReply
+		want    model.AdmitReply
 		wantErr string // "" = success
 	}{
-		{name: "new", reply: []any{int64(0), "c.1"}, want: AdmitReply{Code: Admitted, RequestID: "c.1"}},
-		{name: "existing", reply: []any{int64(1), "c.0"}, want: AdmitReply{Code: AdmitExisting, RequestID: "c.0"}},
-		{name: "not loaded", reply: []any{int64(-1), ""}, want: AdmitReply{Code: AdmitNotLoaded}},
-		{name: "user rate limited", reply: []any{int64(-2), "0.25"}, want: AdmitReply{Code: AdmitUserRateLimited, RetryAfter: 250 * time.Millisecond}},
-		{name: "campaign rate limited", reply: []any{int64(-3), "2"}, want: AdmitReply{Code: AdmitCampaignRateLimited, RetryAfter: 2 * time.Second}},
-		{name: "client IP rate limited", reply: []any{int64(-4), "0"}, want: AdmitReply{Code: AdmitIPRateLimited}},
+		{name: "new", reply: []any{int64(0), "c.1"}, want: model.AdmitReply{Code: model.Admitted, RequestID: "c.1"}},
+		{name: "existing", reply: []any{int64(1), "c.0"}, want: model.AdmitReply{Code: model.AdmitExisting, RequestID: "c.0"}},
+		{name: "not loaded", reply: []any{int64(-1), ""}, want: model.AdmitReply{Code: model.AdmitNotLoaded}},
+		{name: "user rate limited", reply: []any{int64(-2), "0.25"}, want: model.AdmitReply{Code: model.AdmitUserRateLimited, RetryAfter: 250 * time.Millisecond}},
+		{name: "campaign rate limited", reply: []any{int64(-3), "2"}, want: model.AdmitReply{Code: model.AdmitCampaignRateLimited, RetryAfter: 2 * time.Second}},
+		{name: "client IP rate limited", reply: []any{int64(-4), "0"}, want: model.AdmitReply{Code: model.AdmitIPRateLimited}},
 		{name: "empty", reply: nil, wantErr: "has 0 elements"},
 		{name: "too long", reply: []any{int64(0), "c.1", ""}, wantErr: "has 3 elements"},
 		{name: "code is a string", reply: []any{"0", "c.1"}, wantErr: "malformed"},

@@ -91,18 +91,9 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// PreloadOutcome says what Preload did.
-type PreloadOutcome string
-
-// Preload outcomes.
-const (
-	PreloadLoaded    PreloadOutcome = "loaded"
-	PreloadUnchanged PreloadOutcome = "unchanged"
-)
-
 // Preload loads c's stock, limit and window. It returns model.ErrSaleStarted
 // when c is loaded with other values, its sale has started and force is false.
-func (s *Store) Preload(ctx context.Context, c model.Campaign, now time.Time, force bool) (PreloadOutcome, error) {
+func (s *Store) Preload(ctx context.Context, c model.Campaign, now time.Time, force bool) (model.PreloadOutcome, error) {
 	k := campaignKeys(c.ID)
 	forceArg := "0"
 	if force {
@@ -117,36 +108,19 @@ func (s *Store) Preload(ctx context.Context, c model.Campaign, now time.Time, fo
 	}
 	switch code {
 	case 0:
-		return PreloadLoaded, nil
+		return model.PreloadLoaded, nil
 	case 1:
-		return PreloadUnchanged, nil
+		return model.PreloadUnchanged, nil
 	case -1:
 		return "", fmt.Errorf("preload %s: %w", c.ID, model.ErrSaleStarted)
 	}
 	return "", fmt.Errorf("preload %s: unexpected reply %d", c.ID, code)
 }
 
-// Deduction is one request of a Deduct batch.
-type Deduction struct {
-	RequestID string
-	UserID    string
-	Quantity  int64
-	// OrderID is used if the request succeeds now; a request that already
-	// succeeded keeps its stored order id.
-	OrderID string
-}
-
-// DeductReply is the outcome of a Deduct batch.
-type DeductReply struct {
-	Results []model.Result // one per Deduction, same order
-	// SoldOutNow is true when this batch took the stock to zero.
-	SoldOutNow bool
-}
-
 // Deduct decides a batch of one campaign's requests in one atomic script call.
-func (s *Store) Deduct(ctx context.Context, campaignID string, batch []Deduction) (DeductReply, error) {
+func (s *Store) Deduct(ctx context.Context, campaignID string, batch []model.Deduction) (model.DeductReply, error) {
 	if len(batch) == 0 {
-		return DeductReply{}, nil
+		return model.DeductReply{}, nil
 	}
 	k := campaignKeys(campaignID)
 	args := make([]any, 0, 1+4*len(batch))
@@ -157,37 +131,37 @@ func (s *Store) Deduct(ctx context.Context, campaignID string, batch []Deduction
 	reply, err := s.deduct.Run(ctx, s.rdb,
 		[]string{k.stock, k.users, k.results, k.soldout, k.counters, k.meta}, args...).Slice()
 	if err != nil {
-		return DeductReply{}, fmt.Errorf("deduct %s (%d requests): %w", campaignID, len(batch), err)
+		return model.DeductReply{}, fmt.Errorf("deduct %s (%d requests): %w", campaignID, len(batch), err)
 	}
 	out, err := parseDeductReply(campaignID, batch, reply)
 	if err != nil {
-		return DeductReply{}, fmt.Errorf("deduct %s: %w", campaignID, err)
+		return model.DeductReply{}, fmt.Errorf("deduct %s: %w", campaignID, err)
 	}
 	return out, nil
 }
 
 // parseDeductReply is the one place that reads deduct.lua's reply.
-func parseDeductReply(campaignID string, batch []Deduction, reply []any) (DeductReply, error) {
+func parseDeductReply(campaignID string, batch []model.Deduction, reply []any) (model.DeductReply, error) {
 	if len(reply) != 1+3*len(batch) {
-		return DeductReply{}, fmt.Errorf("reply has %d elements, want %d", len(reply), 1+3*len(batch))
+		return model.DeductReply{}, fmt.Errorf("reply has %d elements, want %d", len(reply), 1+3*len(batch))
 	}
 	flag, ok := reply[0].(int64)
 	if !ok {
-		return DeductReply{}, fmt.Errorf("reply[0] is %T, want integer", reply[0])
+		return model.DeductReply{}, fmt.Errorf("reply[0] is %T, want integer", reply[0])
 	}
-	out := DeductReply{SoldOutNow: flag == 1, Results: make([]model.Result, len(batch))}
+	out := model.DeductReply{SoldOutNow: flag == 1, Results: make([]model.Result, len(batch))}
 	for i, d := range batch {
 		var f [3]string
 		for j := range f {
 			v, ok := reply[1+3*i+j].(string)
 			if !ok {
-				return DeductReply{}, fmt.Errorf("reply[%d] is %T, want string", 1+3*i+j, reply[1+3*i+j])
+				return model.DeductReply{}, fmt.Errorf("reply[%d] is %T, want string", 1+3*i+j, reply[1+3*i+j])
 			}
 			f[j] = v
 		}
 		st := model.Status(f[0])
 		if !st.Final() {
-			return DeductReply{}, fmt.Errorf("request %s: status %q is not final", d.RequestID, f[0])
+			return model.DeductReply{}, fmt.Errorf("request %s: status %q is not final", d.RequestID, f[0])
 		}
 		out.Results[i] = model.Result{
 			RequestID: d.RequestID, CampaignID: campaignID, UserID: d.UserID,
@@ -246,28 +220,8 @@ func (s *Store) SoldOut(ctx context.Context, campaignID string) (bool, error) {
 	return n == 1, nil
 }
 
-// Stats is a campaign's live counters in Redis.
-type Stats struct {
-	Loaded           bool
-	Stock            int64
-	Remaining        int64
-	Sold             int64
-	SoldOut          bool
-	Admitted         int64
-	FinishedByStatus map[model.Status]int64
-}
-
-// Queued is the number of admitted requests without a final result yet.
-func (st Stats) Queued() int64 {
-	q := st.Admitted
-	for _, n := range st.FinishedByStatus {
-		q -= n
-	}
-	return max(q, 0)
-}
-
 // Stats reads a campaign's counters in one round trip.
-func (s *Store) Stats(ctx context.Context, campaignID string) (Stats, error) {
+func (s *Store) Stats(ctx context.Context, campaignID string) (model.Stats, error) {
 	k := campaignKeys(campaignID)
 	pipe := s.rdb.Pipeline()
 	meta := pipe.HGet(ctx, k.meta, "stock")
@@ -275,9 +229,9 @@ func (s *Store) Stats(ctx context.Context, campaignID string) (Stats, error) {
 	flag := pipe.Exists(ctx, k.soldout)
 	counters := pipe.HGetAll(ctx, k.counters)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return Stats{}, fmt.Errorf("stats %s: %w", campaignID, err)
+		return model.Stats{}, fmt.Errorf("stats %s: %w", campaignID, err)
 	}
-	st := Stats{FinishedByStatus: map[model.Status]int64{}}
+	st := model.Stats{FinishedByStatus: map[model.Status]int64{}}
 	for _, s := range model.FinalStatuses {
 		st.FinishedByStatus[s] = 0
 	}
@@ -286,17 +240,17 @@ func (s *Store) Stats(ctx context.Context, campaignID string) (Stats, error) {
 		return st, nil
 	}
 	if err != nil {
-		return Stats{}, fmt.Errorf("stats %s: stock: %w", campaignID, err)
+		return model.Stats{}, fmt.Errorf("stats %s: stock: %w", campaignID, err)
 	}
 	st.Loaded, st.Stock = true, stock
 	if st.Remaining, err = rem.Int64(); err != nil {
-		return Stats{}, fmt.Errorf("stats %s: remaining: %w", campaignID, err)
+		return model.Stats{}, fmt.Errorf("stats %s: remaining: %w", campaignID, err)
 	}
 	st.SoldOut = flag.Val() == 1
 	for f, v := range counters.Val() {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			return Stats{}, fmt.Errorf("stats %s: counter %s: %w", campaignID, f, err)
+			return model.Stats{}, fmt.Errorf("stats %s: counter %s: %w", campaignID, f, err)
 		}
 		switch {
 		case f == "admitted":
@@ -312,7 +266,7 @@ func (s *Store) Stats(ctx context.Context, campaignID string) (Stats, error) {
 
 // Reject gives a request a final rejected result with reason, unless it
 // already has a final result, and returns the result that stands.
-func (s *Store) Reject(ctx context.Context, d Deduction, campaignID, reason string) (model.Result, error) {
+func (s *Store) Reject(ctx context.Context, d model.Deduction, campaignID, reason string) (model.Result, error) {
 	k := campaignKeys(campaignID)
 	v := encodeStored(model.Result{Status: model.StatusRejected, Quantity: d.Quantity, Reason: reason, UserID: d.UserID})
 	stored, err := s.reject.Run(ctx, s.rdb, []string{k.results, k.counters}, d.RequestID, v).Text()

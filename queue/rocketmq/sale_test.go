@@ -55,7 +55,7 @@ func newSale(t *testing.T, stock int64, n int) *sale {
 		id := uuid.Must(uuid.NewV7())
 		rid := model.FormatRequestID(s.campaign.ID, fmt.Sprintf("%x", id[:]))
 		user := fmt.Sprintf("user%04d", i)
-		if got, err := s.st.Admit(ctx, s.campaign.ID, []store.AdmitRequest{{RequestID: rid, CampaignID: s.campaign.ID, UserID: user, Quantity: 1}}, store.RateLimits{}); err != nil || got[0].Code != store.Admitted {
+		if got, err := s.st.Admit(ctx, s.campaign.ID, []model.AdmitRequest{{RequestID: rid, CampaignID: s.campaign.ID, UserID: user, Quantity: 1}}, model.RateLimits{}); err != nil || got[0].Code != model.Admitted {
 			t.Fatalf("admit: got %+v, %v; want admitted", got, err)
 		}
 		body, err := model.EncodePurchaseRequest(model.PurchaseRequest{RequestID: rid, CampaignID: s.campaign.ID, UserID: user, Quantity: 1})
