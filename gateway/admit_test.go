@@ -96,12 +96,12 @@ type purchaseOutcome struct {
 func purchaseBehindGate(t *testing.T, svc *Service, pub *gatePublisher, first Purchase, ps []Purchase) []purchaseOutcome {
 	t.Helper()
 	var wg sync.WaitGroup
-	wg.Go(func() { _, _ = svc.Purchase(t.Context(), first) })
+	wg.Go(func() { _, _ = svc.Purchase(t.Context(), first, nil) })
 	<-pub.entered
 	out := make([]purchaseOutcome, len(ps))
 	for i, p := range ps {
 		wg.Go(func() {
-			adm, err := svc.Purchase(t.Context(), p)
+			adm, err := svc.Purchase(t.Context(), p, nil)
 			out[i] = purchaseOutcome{adm, err}
 		})
 	}
@@ -174,11 +174,11 @@ func TestAdmitLingers(t *testing.T) {
 	svc, _, c := newAdmitService(t, pub, Options{AdmitConcurrency: 2, AdmitLinger: 500 * time.Millisecond})
 	buy := func(user string) Purchase { return Purchase{UserID: user, CampaignID: c.ID, Quantity: 1} }
 	var wg sync.WaitGroup
-	wg.Go(func() { _, _ = svc.Purchase(t.Context(), buy("u0")) }) // in flight, held in Publish
+	wg.Go(func() { _, _ = svc.Purchase(t.Context(), buy("u0"), nil) }) // in flight, held in Publish
 	<-pub.entered
 	errs := make([]error, 10)
 	for i := range errs {
-		wg.Go(func() { _, errs[i] = svc.Purchase(t.Context(), buy(fmt.Sprintf("u%d", i+1))) })
+		wg.Go(func() { _, errs[i] = svc.Purchase(t.Context(), buy(fmt.Sprintf("u%d", i+1)), nil) })
 	}
 	<-pub.entered // the second loop's publish, after its linger
 	close(pub.held)
@@ -202,7 +202,7 @@ func TestAdmitNoLingerWhenIdle(t *testing.T) {
 	svc, _, c := newAdmitService(t, pub, Options{AdmitConcurrency: 2, AdmitLinger: time.Hour})
 	done := make(chan error, 1)
 	go func() {
-		_, err := svc.Purchase(t.Context(), Purchase{UserID: "u1", CampaignID: c.ID, Quantity: 1})
+		_, err := svc.Purchase(t.Context(), Purchase{UserID: "u1", CampaignID: c.ID, Quantity: 1}, nil)
 		done <- err
 	}()
 	select {
@@ -238,7 +238,7 @@ func TestAdmitPublishFailure(t *testing.T) {
 	pub.mu.Lock()
 	pub.fail = false
 	pub.mu.Unlock()
-	adm, err := svc.Purchase(t.Context(), ps[0])
+	adm, err := svc.Purchase(t.Context(), ps[0], nil)
 	if err != nil || adm.Existing {
 		t.Fatalf("retry after 503: got %+v, %v; want a new request", adm, err)
 	}
@@ -252,7 +252,7 @@ func TestAdmitNotLoaded(t *testing.T) {
 	if err := testenv.Redis(t).Del(t.Context(), "fs:{"+c.ID+"}:stock").Err(); err != nil {
 		t.Fatalf("unload: %v", err)
 	}
-	_, err := svc.Purchase(t.Context(), Purchase{UserID: "u1", CampaignID: c.ID, Quantity: 1})
+	_, err := svc.Purchase(t.Context(), Purchase{UserID: "u1", CampaignID: c.ID, Quantity: 1}, nil)
 	if !errors.Is(err, model.ErrNotLoaded) {
 		t.Fatalf("got %v, want %v", err, model.ErrNotLoaded)
 	}

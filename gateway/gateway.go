@@ -2,7 +2,9 @@
 // administration, and admitting purchases (auth, validation, sale window,
 // local sold-out flag, rate limits, idempotency) up to a publish to the
 // queue. It answers at once with a request id; the outcome arrives later
-// through the notifier.
+// through the notifier. One purchase reads top to bottom in purchase.go (the
+// route, its decoder, the service call and the answer) and then admit.go
+// (the Redis call and the publish it shares with concurrent purchases).
 package gateway
 
 import (
@@ -10,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -356,88 +357,6 @@ func (s *Service) Campaign(ctx context.Context, id string) (PublicCampaign, erro
 		return PublicCampaign{}, err
 	}
 	return PublicCampaign{Campaign: c, SoldOut: cc.soldOut.Load()}, nil
-}
-
-// SoldOutEarly refuses a purchase of a cached, open campaign whose sold-out
-// flag is set, before anything else is looked at; otherwise it returns nil
-// and Purchase decides. It never loads anything, so it costs a map lookup.
-func (s *Service) SoldOutEarly(campaignID, idempotencyKey string) error {
-	if idempotencyKey != "" {
-		return nil // Purchase looks the key up: the earlier request may have succeeded
-	}
-	s.mu.RLock()
-	cc := s.cache[campaignID]
-	s.mu.RUnlock()
-	if cc == nil || !cc.soldOut.Load() {
-		return nil
-	}
-	snap := cc.snap.Load()
-	now := s.opts.Now()
-	if !s.fresh(snap, now) || snap.err != nil || snap.campaign.Window(now) != nil {
-		return nil
-	}
-	return s.refuse("sold_out", model.ErrSoldOut)
-}
-
-// Purchase is a shopper's request to buy.
-type Purchase struct {
-	UserID         string
-	CampaignID     string
-	Quantity       int64
-	IdempotencyKey string
-	// ClientIP is the shopper's address as the HTTP layer determined it
-	// (trusted proxies only); "" skips the per-IP limit.
-	ClientIP string
-}
-
-var idempotencyKeyPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
-
-// Admitted is the answer to an admitted purchase.
-type Admitted struct {
-	RequestID string
-	// Existing is true when the idempotency key matched an earlier request.
-	Existing bool
-}
-
-// Purchase admits a request, cheapest checks first, and enqueues it.
-func (s *Service) Purchase(ctx context.Context, p Purchase) (Admitted, error) {
-	if !model.ValidCampaignID(p.CampaignID) {
-		return Admitted{}, s.refuse("not_found", model.ErrNotFound)
-	}
-	if p.Quantity < 1 || p.Quantity > model.MaxQuantity {
-		return Admitted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("must be between 1 and %d", model.MaxQuantity)))
-	}
-	if p.IdempotencyKey != "" && !idempotencyKeyPattern.MatchString(p.IdempotencyKey) {
-		return Admitted{}, s.refuse("invalid", model.Invalid("Idempotency-Key", "must match [A-Za-z0-9_.:-]{1,64}"))
-	}
-	cc, c, err := s.campaign(ctx, p.CampaignID)
-	if err != nil {
-		return Admitted{}, s.refuse("campaign", err)
-	}
-	if p.Quantity > c.PerUserLimit {
-		return Admitted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("exceeds the per-user limit of %d", c.PerUserLimit)))
-	}
-	if err := c.Window(s.opts.Now()); err != nil {
-		return Admitted{}, s.refuse("window", err)
-	}
-	if cc.soldOut.Load() {
-		// A shopper repeating a request whose answer it lost must get that
-		// request back, not "sold out": it may well have succeeded.
-		if p.IdempotencyKey != "" {
-			if rid, ok, err := s.stock.IdempotentRequest(ctx, p.CampaignID, p.UserID, p.IdempotencyKey); err != nil {
-				return Admitted{}, s.refuse("unavailable", err)
-			} else if ok {
-				return Admitted{RequestID: rid, Existing: true}, nil
-			}
-		}
-		return Admitted{}, s.refuse("sold_out", model.ErrSoldOut)
-	}
-	// While the queue is known to be down, refuse before writing anything
-	// to Redis: nothing to withdraw, and the shopper learns it at once.
-	if s.breaker.State() == gobreaker.StateOpen {
-		return Admitted{}, s.refuse("queue_down", fmt.Errorf("queue: %w: circuit open", model.ErrUnavailable))
-	}
-	return s.enqueue(ctx, p)
 }
 
 func (s *Service) refuse(reason string, err error) error {

@@ -32,7 +32,7 @@ func (h *Handlers) RegisterAdmin(r gin.IRouter, admin gin.HandlerFunc) {
 // check (httpapi.Shopper).
 func (h *Handlers) RegisterShopper(r gin.IRouter, shopper func(httpapi.ShopperHandler) gin.HandlerFunc) {
 	r.GET("/api/v1/campaigns/:id", h.publicCampaign)
-	r.POST("/api/v1/campaigns/:id/purchases", shopper(h.purchase))
+	r.POST(purchasePath, shopper(h.purchase))
 }
 
 type campaignRequest struct {
@@ -133,41 +133,4 @@ func (h *Handlers) publicCampaign(c *gin.Context) {
 	}
 	c.JSON(http.StatusOK, publicCampaignResponse{ID: pc.Campaign.ID, Name: pc.Campaign.Name,
 		PerUserLimit: pc.Campaign.PerUserLimit, StartAt: pc.Campaign.StartAt, EndAt: pc.Campaign.EndAt, SoldOut: pc.SoldOut})
-}
-
-type purchaseRequest struct {
-	Quantity *int64 `json:"quantity"`
-}
-
-type purchaseResponse struct {
-	RequestID string       `json:"request_id"`
-	Status    model.Status `json:"status"`
-	PollURL   string       `json:"poll_url"`
-	WSURL     string       `json:"ws_url"`
-}
-
-func (h *Handlers) purchase(c *gin.Context, userID string) {
-	// Most purchases of a flash sale end at the sold-out flag: answer them
-	// before the body is even read.
-	campaignID, idempotencyKey := c.Param("id"), c.GetHeader("Idempotency-Key")
-	if err := h.svc.SoldOutEarly(campaignID, idempotencyKey); err != nil {
-		httpapi.Abort(c, h.log, err)
-		return
-	}
-	qty, err := decodePurchaseBody(c)
-	if err != nil {
-		httpapi.Abort(c, h.log, err)
-		return
-	}
-	adm, err := h.svc.Purchase(c.Request.Context(), Purchase{UserID: userID, CampaignID: campaignID,
-		Quantity: qty, IdempotencyKey: idempotencyKey, ClientIP: c.ClientIP()})
-	if err != nil {
-		httpapi.Abort(c, h.log, err)
-		return
-	}
-	status := http.StatusAccepted
-	if adm.Existing {
-		status = http.StatusOK
-	}
-	writePurchaseAnswer(c, status, adm.RequestID)
 }
