@@ -36,9 +36,9 @@ func (campaignRow) TableName() string { return "campaigns" }
 
 // orderRow is the orders table. The unique index on request_id is what makes
 // persisting a redelivered success a no-op. Status has no index of its own:
-// nearly every row holds the same value, and maintaining the index cost 7 %
-// of the insert rate of a sale (BenchmarkInsertOrders); databases migrated
-// before keep theirs, which is harmless.
+// nearly every row holds the same value, so it would slow every insert and
+// speed up no query (docs/BENCHMARKS.md); databases migrated before keep
+// theirs, which is harmless.
 type orderRow struct {
 	ID         string `gorm:"primaryKey;size:64"`
 	RequestID  string `gorm:"size:120;not null;uniqueIndex"`
@@ -94,7 +94,7 @@ func Open(ctx context.Context, driver, dsn string) (*DB, error) {
 		// The driver writes the arguments into the statement itself (it
 		// escapes them, and refuses the character sets where that is
 		// unsafe), so a statement with arguments is one round trip instead
-		// of prepare, execute and close: +15-20 % on the order insert.
+		// of prepare, execute and close (docs/BENCHMARKS.md).
 		cfg.InterpolateParams = true
 		dial = mysql.Open(cfg.FormatDSN())
 	case DriverSQLite:
