@@ -44,7 +44,9 @@ type Campaigns interface {
 
 // Options tune how purchases are admitted.
 type Options struct {
-	Topic      string
+	Topic string
+	// RateLimits are applied per user, per campaign and per client IP by
+	// the same script call that admits; a zero rate is no limit.
 	RateLimits model.RateLimits
 	// CampaignCacheTTL bounds how stale a cached campaign (window) may be.
 	CampaignCacheTTL time.Duration // default 2s
