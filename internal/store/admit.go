@@ -34,7 +34,7 @@ func (s *Store) Admit(ctx context.Context, campaignID string, batch []model.Admi
 		return nil, nil
 	}
 	k := campaignKeys(campaignID)
-	keys := []string{k.results, k.idem, k.counters, k.stock, RateLimitKey(campaignID, "all"), k.userLimits, k.ipLimits}
+	keys := []string{k.results, k.idem, k.counters, k.stock, k.campaignLimit, k.userLimits, k.ipLimits}
 	args := make([]any, 0, 7+5*len(batch))
 	args = append(args, len(batch), limits.UserRate, limits.UserBurst, limits.CampaignRate, limits.CampaignBurst,
 		limits.IPRate, limits.IPBurst)

@@ -59,7 +59,10 @@ func New(rdb redis.UniversalClient) *Store {
 }
 
 // keys of one campaign; all share the hash tag {id}.
-type keys struct{ meta, stock, soldout, counters, users, results, idem, userLimits, ipLimits string }
+type keys struct {
+	meta, stock, soldout, counters, users, results, idem string
+	campaignLimit, userLimits, ipLimits                  string
+}
 
 func campaignKeys(id string) keys {
 	p := "fs:{" + id + "}:"
@@ -71,16 +74,11 @@ func campaignKeys(id string) keys {
 		users:    p + "users",
 		results:  p + "results",
 		idem:     p + "idem",
-		// Per-user rate-limit state (see admit.lua).
-		userLimits: p + "rl:users",
-		ipLimits:   p + "rl:ips",
+		// Rate-limit state (see admit.lua).
+		campaignLimit: p + "rl:all",
+		userLimits:    p + "rl:users",
+		ipLimits:      p + "rl:ips",
 	}
-}
-
-// RateLimitKey returns the rate-limit key for a campaign and subject, inside
-// the campaign's hash tag.
-func RateLimitKey(campaignID, subject string) string {
-	return "fs:{" + campaignID + "}:rl:" + subject
 }
 
 // Ping checks that Redis answers.
