@@ -4,7 +4,7 @@
 # MariaDB share the same cores). It measures, as requests per second and as a
 # ratio to the first:
 #   1. bare gin "hello" (.ci/benchhello): the ceiling
-#   2. the accept path: `flashsale gateway`, every purchase accepted (202)
+#   2. the admit path: `flashsale gateway`, every purchase admitted (202)
 #   3. the sold-out path: `flashsale serve`, every purchase refused (410)
 #   4. 100,000 shoppers vs 1,000 items end to end: `flashsale loadtest` against
 #      `flashsale serve` on the Redis-Streams queue, real Redis and MariaDB
@@ -13,7 +13,7 @@
 #
 # Not part of .ci/run. Tunables: BENCH_DURATION (10s), BENCH_CONNECTIONS (128),
 # BENCH_THREADS (1: wrk keeps at most one core), BENCH_SHOPPERS (100000),
-# BENCH_STOCK (1000), BENCH_STAGES (hello,accept,soldout,e2e: the stages to
+# BENCH_STOCK (1000), BENCH_STAGES (hello,admit,soldout,e2e: the stages to
 # run; ratios need hello). Settings of flashsale pass through the
 # environment, e.g. FLASHSALE_GATEWAY_ADMIT_LINGER=0 for an A/B. BENCH_PROFILE=DIR also writes a CPU profile of the server
 # during each stage to DIR/<stage>.pb.gz (`go tool pprof -top -cum FILE`):
@@ -29,7 +29,7 @@ CONNS=${BENCH_CONNECTIONS:-128}
 THREADS=${BENCH_THREADS:-1}
 SHOPPERS=${BENCH_SHOPPERS:-100000}
 STOCK=${BENCH_STOCK:-1000}
-STAGES=${BENCH_STAGES:-hello,accept,soldout,e2e}
+STAGES=${BENCH_STAGES:-hello,admit,soldout,e2e}
 want() { [[ ",$STAGES," == *",$1,"* ]]; }
 REDIS_ADDR=127.0.0.1:6379
 PORT=18080
@@ -207,23 +207,23 @@ if want hello; then
   kill "${PIDS[-1]}"
 fi
 
-# 2. The accept path: the gateway role alone, so no worker shares the cores;
+# 2. The admit path: the gateway role alone, so no worker shares the cores;
 # every request is admitted and published. Its own topic keeps the later
 # serve's workers from draining this backlog during stages 3 and 4.
 # Purchases per admit.lua call (the admission batch size) come from Redis's
 # command statistics, reset when the stage starts.
-if want accept; then
-  FLASHSALE_QUEUE_TOPIC=$TOPIC-accept "$WORK/flashsale" gateway --config "$CONFIG" >"$WORK/gateway.log" 2>&1 &
+if want admit; then
+  FLASHSALE_QUEUE_TOPIC=$TOPIC-admit "$WORK/flashsale" gateway --config "$CONFIG" >"$WORK/gateway.log" 2>&1 &
   PIDS+=($!)
   GW=${PIDS[-1]}
   wait_http "$BASE/healthz"
-  ACC=bench-$RUN_ID-accept
+  ACC=bench-$RUN_ID-admit
   campaign "$ACC" 10000000
   redis-cli -h 127.0.0.1 config resetstat >/dev/null
-  load accept "/api/v1/campaigns/$ACC/purchases" "$GW" "$PORT"
+  load admit "/api/v1/campaigns/$ACC/purchases" "$GW" "$PORT"
   CALLS=$(redis-cli -h 127.0.0.1 info commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')
-  BATCH=$(awk -v n="$(awk '/requests in/{print $1}' "$WORK/wrk-accept.txt")" -v c="${CALLS:-0}" 'BEGIN{if(c>0) printf "%.1f", n/c; else print "?"}')
-  CPU[accept]="${CPU[accept]}; $BATCH purchases per admit.lua call"
+  BATCH=$(awk -v n="$(awk '/requests in/{print $1}' "$WORK/wrk-admit.txt")" -v c="${CALLS:-0}" 'BEGIN{if(c>0) printf "%.1f", n/c; else print "?"}')
+  CPU[admit]="${CPU[admit]}; $BATCH purchases per admit.lua call"
   kill "$GW"
   wait "$GW" 2>/dev/null || true
 fi
@@ -271,22 +271,22 @@ echo
 echo "flashsale bench: $(nproc) cores, everything co-located; wrk -t$THREADS -c$CONNS -d$DURATION"
 printf '%-34s %10s %8s  %s\n' stage "req/s" "vs gin" "notes"
 want hello && printf '%-34s %10s %8s  %s\n' "bare gin hello (ceiling)" "${RPS[hello]}" "1.00" "${CPU[hello]}"
-want accept && printf '%-34s %10s %8s  %s\n' "accept path (202)" "${RPS[accept]}" "$(ratio "${RPS[accept]}")" "non-2xx ${NON2XX[accept]}; ${CPU[accept]}"
+want admit && printf '%-34s %10s %8s  %s\n' "admit path (202)" "${RPS[admit]}" "$(ratio "${RPS[admit]}")" "non-2xx ${NON2XX[admit]}; ${CPU[admit]}"
 want soldout && printf '%-34s %10s %8s  %s\n' "sold-out path (410)" "${RPS[soldout]}" "$(ratio "${RPS[soldout]}")" "${CPU[soldout]}"
 want e2e && printf '%-34s %10s %8s  %s\n' "e2e $SHOPPERS shoppers / $STOCK items" "${RPS[e2e]}" "$(ratio "${RPS[e2e]}")" "${CPU[e2e]}"
 if want e2e; then
   echo
   echo "end to end (loadtest --json, abridged):"
-  for k in fire_seconds all_answered_ms all_results_ms time_to_sell_out_ms accepted successes results_delivered ok; do
+  for k in fire_seconds all_answered_ms all_results_ms time_to_sell_out_ms admitted successes results_delivered ok; do
     printf '  %-22s %s\n' "$k" "$(json "$k")"
   done
-  sed -n '/"time_to_result_ms"/,/}/p;/"accept_latency_ms"/,/}/p' "$WORK/e2e.json" | tr -d ' \n' | sed 's/}/}\n/g' | sed 's/^,//;s/^/  /'
+  sed -n '/"time_to_result_ms"/,/}/p;/"admit_latency_ms"/,/}/p' "$WORK/e2e.json" | tr -d ' \n' | sed 's/}/}\n/g' | sed 's/^,//;s/^/  /'
 fi
 if [ -n "${BENCH_PROFILE:-}" ]; then
   for pid in "${PROFILE_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   echo
   echo "profiles in $BENCH_PROFILE: $(cd "$BENCH_PROFILE" && ls -- *.pb.gz 2>/dev/null | tr '\n' ' ')(go tool pprof -top -cum FILE)"
 fi
-! want accept || [ "${NON2XX[accept]}" = 0 ] || die "accept path: ${NON2XX[accept]} answers were not 2xx"
+! want admit || [ "${NON2XX[admit]}" = 0 ] || die "admit path: ${NON2XX[admit]} answers were not 2xx"
 ! want soldout || [ "${NON2XX[soldout]}" != 0 ] || die "sold-out path: no refusals, the campaign was not sold out"
 [ "$E2E_STATUS" = 0 ] || die "end to end: loadtest reported violated invariants (exit $E2E_STATUS); see above"

@@ -10,12 +10,11 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/flashsale/flashsale/internal/metrics"
-	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/model"
 	"github.com/flashsale/flashsale/queue"
 )
 
-// Admission coalesces the Redis and queue work of concurrent purchases: a
+// The admitter coalesces the Redis and queue work of concurrent purchases: a
 // purchase joins a pending list, and up to Options.AdmitConcurrency flush
 // loops each take everything pending (up to Options.AdmitBatch), run it as one
 // admit.lua call per campaign and one Publish, then answer every waiter.
@@ -26,9 +25,9 @@ import (
 // another batch is in flight first waits Options.AdmitLinger (a fraction of
 // a round trip) for more: bigger batches pay the round trips' system calls
 // and the script's fixed work less often per purchase (docs/BENCHMARKS.md).
-// Per request the outcome is what one-by-one admission would give:
+// Per request the outcome is what admitting one by one would give:
 // the script decides requests in order, idempotency included, and a failed
-// publish undoes exactly the requests it carried before they are told 503.
+// publish withdraws exactly the requests it carried before they are told 503.
 
 // admitter is the pending list and its flush loops. Loops start on demand
 // and end when nothing is pending, so it needs no lifecycle of its own.
@@ -41,19 +40,19 @@ type admitter struct {
 
 // pendingPurchase is one purchase waiting for its batch.
 type pendingPurchase struct {
-	acc  store.Acceptance
+	req  model.AdmitRequest
 	body []byte // the queue message, encoded by the request's own goroutine
 	done chan admitAnswer
 }
 
 type admitAnswer struct {
-	accepted Accepted
+	admitted Admitted
 	err      error
 }
 
-func (s *Service) enqueue(ctx context.Context, p Purchase) (Accepted, error) {
+func (s *Service) enqueue(ctx context.Context, p Purchase) (Admitted, error) {
 	id := uuid.Must(uuid.NewV7())
-	a := store.Acceptance{
+	a := model.AdmitRequest{
 		RequestID:      model.FormatRequestID(p.CampaignID, hex.EncodeToString(id[:])),
 		CampaignID:     p.CampaignID,
 		UserID:         p.UserID,
@@ -64,15 +63,15 @@ func (s *Service) enqueue(ctx context.Context, p Purchase) (Accepted, error) {
 	body, err := model.EncodePurchaseRequest(model.PurchaseRequest{RequestID: a.RequestID, CampaignID: p.CampaignID,
 		UserID: p.UserID, Quantity: p.Quantity, AdmittedAt: s.opts.Now().UTC()})
 	if err != nil {
-		return Accepted{}, fmt.Errorf("encode request: %w", err)
+		return Admitted{}, fmt.Errorf("encode request: %w", err)
 	}
-	pp := &pendingPurchase{acc: a, body: body, done: make(chan admitAnswer, 1)}
+	pp := &pendingPurchase{req: a, body: body, done: make(chan admitAnswer, 1)}
 	s.submit(pp)
 	// The batch runs detached from ctx and is bounded by PublishTimeout per
 	// step: once submitted, the outcome must be known before answering, or a
 	// published request could be reported as refused.
 	ans := <-pp.done
-	return ans.accepted, ans.err
+	return ans.admitted, ans.err
 }
 
 // submit adds p to the pending list and starts a flush loop if fewer than
@@ -150,7 +149,7 @@ func (s *Service) flush(batch []*pendingPurchase) {
 
 	msgs := make([]queue.Message, len(fresh))
 	for i, p := range fresh {
-		msgs[i] = queue.Message{ID: p.acc.RequestID, Key: p.acc.CampaignID, Body: p.body}
+		msgs[i] = queue.Message{ID: p.req.RequestID, Key: p.req.CampaignID, Body: p.body}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
 	defer cancel()
@@ -163,7 +162,7 @@ func (s *Service) flush(batch []*pendingPurchase) {
 	metrics.Since(s.m.PublishLatency, start)
 	if err == nil {
 		for _, p := range fresh {
-			p.done <- admitAnswer{accepted: Accepted{RequestID: p.acc.RequestID}}
+			p.done <- admitAnswer{admitted: Admitted{RequestID: p.req.RequestID}}
 		}
 		return
 	}
@@ -171,28 +170,28 @@ func (s *Service) flush(batch []*pendingPurchase) {
 	// Leave nothing behind: the shoppers are told 503 and may retry.
 	uctx, ucancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
 	defer ucancel()
-	accs := make([]store.Acceptance, len(fresh))
+	reqs := make([]model.AdmitRequest, len(fresh))
 	for i, p := range fresh {
-		accs[i] = p.acc
+		reqs[i] = p.req
 	}
-	if uerr := s.stock.UnacceptBatch(uctx, accs); uerr != nil {
-		s.log.Error("undo acceptances after failed publish", "count", len(accs), "campaign_id", accs[0].CampaignID, "err", uerr)
+	if werr := s.stock.Withdraw(uctx, reqs); werr != nil {
+		s.log.Error("withdraw after failed publish", "count", len(reqs), "campaign_id", reqs[0].CampaignID, "err", werr)
 	}
 	for _, p := range fresh {
-		p.done <- admitAnswer{err: s.refuse("unavailable", fmt.Errorf("publish %s: %w: %v", p.acc.RequestID, model.ErrUnavailable, err))}
+		p.done <- admitAnswer{err: s.refuse("unavailable", fmt.Errorf("publish %s: %w: %v", p.req.RequestID, model.ErrUnavailable, err))}
 	}
 }
 
 // admitGroup runs one campaign's share of a batch through admit.lua, answers
 // every request that is settled there and returns the new ones to publish.
 func (s *Service) admitGroup(group []*pendingPurchase) []*pendingPurchase {
-	accs := make([]store.Acceptance, len(group))
+	reqs := make([]model.AdmitRequest, len(group))
 	for i, p := range group {
-		accs[i] = p.acc
+		reqs[i] = p.req
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
 	defer cancel()
-	adms, err := s.stock.Admit(ctx, accs[0].CampaignID, accs, s.limits)
+	replies, err := s.stock.Admit(ctx, reqs[0].CampaignID, reqs, s.opts.RateLimits)
 	if err != nil {
 		for _, p := range group {
 			p.done <- admitAnswer{err: s.refuse("unavailable", fmt.Errorf("%w: %v", model.ErrUnavailable, err))}
@@ -201,20 +200,20 @@ func (s *Service) admitGroup(group []*pendingPurchase) []*pendingPurchase {
 	}
 	var fresh []*pendingPurchase
 	for i, p := range group {
-		switch a := adms[i]; a.Code {
-		case store.Admitted:
+		switch a := replies[i]; a.Code {
+		case model.Admitted:
 			fresh = append(fresh, p)
-		case store.AdmitExisting:
-			p.done <- admitAnswer{accepted: Accepted{RequestID: a.RequestID, Existing: true}}
-		case store.AdmitNotLoaded:
-			p.done <- admitAnswer{err: s.refuse("not_loaded", fmt.Errorf("admit %s: %w", p.acc.RequestID, model.ErrNotLoaded))}
-		case store.AdmitUserRateLimited, store.AdmitCampaignRateLimited, store.AdmitIPRateLimited:
-			reason := map[store.AdmitCode]string{store.AdmitUserRateLimited: "rate_user",
-				store.AdmitCampaignRateLimited: "rate_campaign", store.AdmitIPRateLimited: "rate_ip"}[a.Code]
+		case model.AdmitExisting:
+			p.done <- admitAnswer{admitted: Admitted{RequestID: a.RequestID, Existing: true}}
+		case model.AdmitNotLoaded:
+			p.done <- admitAnswer{err: s.refuse("not_loaded", fmt.Errorf("admit %s: %w", p.req.RequestID, model.ErrNotLoaded))}
+		case model.AdmitUserRateLimited, model.AdmitCampaignRateLimited, model.AdmitIPRateLimited:
+			reason := map[model.AdmitCode]string{model.AdmitUserRateLimited: "rate_user",
+				model.AdmitCampaignRateLimited: "rate_campaign", model.AdmitIPRateLimited: "rate_ip"}[a.Code]
 			retry := int((a.RetryAfter + time.Second - 1) / time.Second)
 			p.done <- admitAnswer{err: s.refuse(reason, &model.RateLimitError{RetryAfterSeconds: max(retry, 1)})}
 		default:
-			p.done <- admitAnswer{err: fmt.Errorf("admit %s: unknown outcome %d", p.acc.RequestID, a.Code)}
+			p.done <- admitAnswer{err: fmt.Errorf("admit %s: unknown outcome %d", p.req.RequestID, a.Code)}
 		}
 	}
 	return fresh
@@ -222,16 +221,16 @@ func (s *Service) admitGroup(group []*pendingPurchase) []*pendingPurchase {
 
 // groupByCampaign splits a batch by campaign, keeping arrival order.
 func groupByCampaign(batch []*pendingPurchase) [][]*pendingPurchase {
-	if first := batch[0].acc.CampaignID; allCampaign(batch, first) {
+	if first := batch[0].req.CampaignID; allCampaign(batch, first) {
 		return [][]*pendingPurchase{batch}
 	}
 	var groups [][]*pendingPurchase
 	index := map[string]int{}
 	for _, p := range batch {
-		i, ok := index[p.acc.CampaignID]
+		i, ok := index[p.req.CampaignID]
 		if !ok {
 			i = len(groups)
-			index[p.acc.CampaignID] = i
+			index[p.req.CampaignID] = i
 			groups = append(groups, nil)
 		}
 		groups[i] = append(groups[i], p)
@@ -241,7 +240,7 @@ func groupByCampaign(batch []*pendingPurchase) [][]*pendingPurchase {
 
 func allCampaign(batch []*pendingPurchase, id string) bool {
 	for _, p := range batch {
-		if p.acc.CampaignID != id {
+		if p.req.CampaignID != id {
 			return false
 		}
 	}

@@ -65,10 +65,10 @@ func (p *gatePublisher) sizes() []int {
 	return out
 }
 
-// newAdmissionService returns a Service with one flush in flight at a time
+// newAdmitService returns a Service with one flush in flight at a time
 // (unless opts asks for more) on the test Redis, and an open campaign
 // preloaded with stock 100.
-func newAdmissionService(t *testing.T, pub queue.Publisher, opts Options) (*Service, *store.Store, model.Campaign) {
+func newAdmitService(t *testing.T, pub queue.Publisher, opts Options) (*Service, *store.Store, model.Campaign) {
 	t.Helper()
 	st := store.New(testenv.Redis(t))
 	c := model.Campaign{ID: testenv.UniqueName("adm"), Name: "t", Stock: 100, PerUserLimit: 1,
@@ -85,7 +85,7 @@ func newAdmissionService(t *testing.T, pub queue.Publisher, opts Options) (*Serv
 }
 
 type purchaseOutcome struct {
-	acc Accepted
+	adm Admitted
 	err error
 }
 
@@ -96,13 +96,13 @@ type purchaseOutcome struct {
 func purchaseBehindGate(t *testing.T, svc *Service, pub *gatePublisher, first Purchase, ps []Purchase) []purchaseOutcome {
 	t.Helper()
 	var wg sync.WaitGroup
-	wg.Go(func() { _, _ = svc.Purchase(t.Context(), first) })
+	wg.Go(func() { _, _ = svc.Purchase(t.Context(), first, nil) })
 	<-pub.entered
 	out := make([]purchaseOutcome, len(ps))
 	for i, p := range ps {
 		wg.Go(func() {
-			acc, err := svc.Purchase(t.Context(), p)
-			out[i] = purchaseOutcome{acc, err}
+			adm, err := svc.Purchase(t.Context(), p, nil)
+			out[i] = purchaseOutcome{adm, err}
 		})
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -123,12 +123,12 @@ func pending(svc *Service) int {
 	return len(svc.admitter.pending)
 }
 
-// TestAdmissionCoalesces: purchases that arrive while a flush is in flight
+// TestAdmitCoalesces: purchases that arrive while a flush is in flight
 // share the next script call and publish, and each still gets its own
-// answer exactly as one-by-one admission would give it.
-func TestAdmissionCoalesces(t *testing.T) {
+// answer exactly as admitting one by one would give it.
+func TestAdmitCoalesces(t *testing.T) {
 	pub := newGatePublisher(true)
-	svc, st, c := newAdmissionService(t, pub, Options{UserRate: 1, UserBurst: 2})
+	svc, st, c := newAdmitService(t, pub, Options{RateLimits: model.RateLimits{UserRate: 1, UserBurst: 2}})
 	buy := func(user, key string) Purchase {
 		return Purchase{UserID: user, CampaignID: c.ID, Quantity: 1, IdempotencyKey: key}
 	}
@@ -144,41 +144,41 @@ func TestAdmissionCoalesces(t *testing.T) {
 	for i, o := range out {
 		var rl *model.RateLimitError
 		switch {
-		case o.err == nil && o.acc.Existing:
+		case o.err == nil && o.adm.Existing:
 			existing++
 		case o.err == nil:
 			fresh++
-			ids[o.acc.RequestID] = true
+			ids[o.adm.RequestID] = true
 		case errors.As(o.err, &rl) && rl.RetryAfterSeconds >= 1:
 			limited++
 		default:
-			t.Errorf("purchase %d: got %+v, %v; want accepted, existing or rate limited", i, o.acc, o.err)
+			t.Errorf("purchase %d: got %+v, %v; want admitted, existing or rate limited", i, o.adm, o.err)
 		}
 	}
 	if fresh != 4 || existing != 1 || limited != 1 || len(ids) != 4 {
 		t.Errorf("got %d new (%d ids), %d existing, %d rate limited; want 4 (4), 1, 1", fresh, len(ids), existing, limited)
 	}
-	if out[0].acc.RequestID != out[1].acc.RequestID {
-		t.Errorf("same key: got ids %s and %s, want the same", out[0].acc.RequestID, out[1].acc.RequestID)
+	if out[0].adm.RequestID != out[1].adm.RequestID {
+		t.Errorf("same key: got ids %s and %s, want the same", out[0].adm.RequestID, out[1].adm.RequestID)
 	}
-	if s, err := st.Stats(t.Context(), c.ID); err != nil || s.Accepted != 5 {
-		t.Errorf("accepted: got %d (%v), want 5 (u0's and the four new)", s.Accepted, err)
+	if s, err := st.Stats(t.Context(), c.ID); err != nil || s.Admitted != 5 {
+		t.Errorf("admitted: got %d (%v), want 5 (u0's and the four new)", s.Admitted, err)
 	}
 }
 
-// TestAdmissionLingers: purchases arriving while a batch is in flight wait
+// TestAdmitLingers: purchases arriving while a batch is in flight wait
 // AdmitLinger and go out together, instead of in whatever slices the free
 // loop happened to find.
-func TestAdmissionLingers(t *testing.T) {
+func TestAdmitLingers(t *testing.T) {
 	pub := newGatePublisher(true)
-	svc, _, c := newAdmissionService(t, pub, Options{AdmitConcurrency: 2, AdmitLinger: 500 * time.Millisecond})
+	svc, _, c := newAdmitService(t, pub, Options{AdmitConcurrency: 2, AdmitLinger: 500 * time.Millisecond})
 	buy := func(user string) Purchase { return Purchase{UserID: user, CampaignID: c.ID, Quantity: 1} }
 	var wg sync.WaitGroup
-	wg.Go(func() { _, _ = svc.Purchase(t.Context(), buy("u0")) }) // in flight, held in Publish
+	wg.Go(func() { _, _ = svc.Purchase(t.Context(), buy("u0"), nil) }) // in flight, held in Publish
 	<-pub.entered
 	errs := make([]error, 10)
 	for i := range errs {
-		wg.Go(func() { _, errs[i] = svc.Purchase(t.Context(), buy(fmt.Sprintf("u%d", i+1))) })
+		wg.Go(func() { _, errs[i] = svc.Purchase(t.Context(), buy(fmt.Sprintf("u%d", i+1)), nil) })
 	}
 	<-pub.entered // the second loop's publish, after its linger
 	close(pub.held)
@@ -195,14 +195,14 @@ func TestAdmissionLingers(t *testing.T) {
 	}
 }
 
-// TestAdmissionNoLingerWhenIdle: with no batch in flight a purchase goes out
+// TestAdmitNoLingerWhenIdle: with no batch in flight a purchase goes out
 // at once, whatever AdmitLinger says.
-func TestAdmissionNoLingerWhenIdle(t *testing.T) {
+func TestAdmitNoLingerWhenIdle(t *testing.T) {
 	pub := newGatePublisher(false)
-	svc, _, c := newAdmissionService(t, pub, Options{AdmitConcurrency: 2, AdmitLinger: time.Hour})
+	svc, _, c := newAdmitService(t, pub, Options{AdmitConcurrency: 2, AdmitLinger: time.Hour})
 	done := make(chan error, 1)
 	go func() {
-		_, err := svc.Purchase(t.Context(), Purchase{UserID: "u1", CampaignID: c.ID, Quantity: 1})
+		_, err := svc.Purchase(t.Context(), Purchase{UserID: "u1", CampaignID: c.ID, Quantity: 1}, nil)
 		done <- err
 	}()
 	select {
@@ -215,44 +215,44 @@ func TestAdmissionNoLingerWhenIdle(t *testing.T) {
 	}
 }
 
-// TestAdmissionPublishFailure: when the shared publish fails, every request
-// it carried is refused 503 and undone, and a retry with the same key is a
+// TestAdmitPublishFailure: when the shared publish fails, every request
+// it carried is refused 503 and withdrawn, and a retry with the same key is a
 // new request, not a dangling one.
-func TestAdmissionPublishFailure(t *testing.T) {
+func TestAdmitPublishFailure(t *testing.T) {
 	pub := newGatePublisher(true)
 	pub.fail = true
-	svc, st, c := newAdmissionService(t, pub, Options{})
+	svc, st, c := newAdmitService(t, pub, Options{})
 	var ps []Purchase
 	for i := range 4 {
 		ps = append(ps, Purchase{UserID: fmt.Sprintf("u%d", i), CampaignID: c.ID, Quantity: 1, IdempotencyKey: "k"})
 	}
 	for i, o := range purchaseBehindGate(t, svc, pub, Purchase{UserID: "first", CampaignID: c.ID, Quantity: 1}, ps) {
 		if !errors.Is(o.err, model.ErrUnavailable) {
-			t.Errorf("purchase %d: got %+v, %v; want %v", i, o.acc, o.err, model.ErrUnavailable)
+			t.Errorf("purchase %d: got %+v, %v; want %v", i, o.adm, o.err, model.ErrUnavailable)
 		}
 	}
 	s, err := st.Stats(t.Context(), c.ID)
-	if err != nil || s.Accepted != 0 || s.Queued() != 0 {
-		t.Fatalf("left behind: got accepted %d queued %d (%v), want 0 0", s.Accepted, s.Queued(), err)
+	if err != nil || s.Admitted != 0 || s.Queued() != 0 {
+		t.Fatalf("left behind: got admitted %d queued %d (%v), want 0 0", s.Admitted, s.Queued(), err)
 	}
 	pub.mu.Lock()
 	pub.fail = false
 	pub.mu.Unlock()
-	acc, err := svc.Purchase(t.Context(), ps[0])
-	if err != nil || acc.Existing {
-		t.Fatalf("retry after 503: got %+v, %v; want a new request", acc, err)
+	adm, err := svc.Purchase(t.Context(), ps[0], nil)
+	if err != nil || adm.Existing {
+		t.Fatalf("retry after 503: got %+v, %v; want a new request", adm, err)
 	}
 }
 
-// TestAdmissionNotLoaded: a campaign without stock in Redis is refused per
+// TestAdmitNotLoaded: a campaign without stock in Redis is refused per
 // request, and nothing is published.
-func TestAdmissionNotLoaded(t *testing.T) {
+func TestAdmitNotLoaded(t *testing.T) {
 	pub := newGatePublisher(false)
-	svc, st, c := newAdmissionService(t, pub, Options{})
-	if err := st.Client().Del(t.Context(), "fs:{"+c.ID+"}:stock").Err(); err != nil {
+	svc, _, c := newAdmitService(t, pub, Options{})
+	if err := testenv.Redis(t).Del(t.Context(), "fs:{"+c.ID+"}:stock").Err(); err != nil {
 		t.Fatalf("unload: %v", err)
 	}
-	_, err := svc.Purchase(t.Context(), Purchase{UserID: "u1", CampaignID: c.ID, Quantity: 1})
+	_, err := svc.Purchase(t.Context(), Purchase{UserID: "u1", CampaignID: c.ID, Quantity: 1}, nil)
 	if !errors.Is(err, model.ErrNotLoaded) {
 		t.Fatalf("got %v, want %v", err, model.ErrNotLoaded)
 	}

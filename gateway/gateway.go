@@ -1,8 +1,10 @@
 // Package gateway is the shopper- and admin-facing HTTP API: campaign
-// administration, and purchase admission (auth, validation, sale window,
-// local sold-out flag, rate limits, idempotency) ending in a publish to the
+// administration, and admitting purchases (auth, validation, sale window,
+// local sold-out flag, rate limits, idempotency) up to a publish to the
 // queue. It answers at once with a request id; the outcome arrives later
-// through the notifier.
+// through the notifier. One purchase reads top to bottom in purchase.go (the
+// route, its decoder, the service call and the answer) and then admit.go
+// (the Redis call and the publish it shares with concurrent purchases).
 package gateway
 
 import (
@@ -10,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,40 +19,35 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/flashsale/flashsale/internal/metrics"
-	"github.com/flashsale/flashsale/internal/sqlstore"
-	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/model"
 	"github.com/flashsale/flashsale/queue"
 )
 
 // Stock is what the gateway needs from the Redis store.
 type Stock interface {
-	Preload(ctx context.Context, c model.Campaign, now time.Time, force bool) (store.PreloadOutcome, error)
-	Admit(ctx context.Context, campaignID string, batch []store.Acceptance, limits store.RateLimits) ([]store.Admission, error)
-	UnacceptBatch(ctx context.Context, batch []store.Acceptance) error
+	Preload(ctx context.Context, c model.Campaign, now time.Time, force bool) (model.PreloadOutcome, error)
+	Admit(ctx context.Context, campaignID string, batch []model.AdmitRequest, limits model.RateLimits) ([]model.AdmitReply, error)
+	Withdraw(ctx context.Context, batch []model.AdmitRequest) error
 	IdempotentRequest(ctx context.Context, campaignID, userID, key string) (string, bool, error)
 	SoldOut(ctx context.Context, campaignID string) (bool, error)
-	Stats(ctx context.Context, campaignID string) (store.Stats, error)
-	PublishEvent(ctx context.Context, e store.Event) error
-	SubscribeEvents(ctx context.Context, ready func(), fn func(store.Event)) error
+	Stats(ctx context.Context, campaignID string) (model.Stats, error)
+	PublishEvent(ctx context.Context, e model.Event) error
+	SubscribeEvents(ctx context.Context, ready func(), fn func(model.Event)) error
 }
 
 // Campaigns is what the gateway needs from the relational store.
 type Campaigns interface {
 	CreateCampaign(ctx context.Context, c model.Campaign) (model.Campaign, error)
 	Campaign(ctx context.Context, id string) (model.Campaign, error)
-	CampaignOrderStats(ctx context.Context, campaignID string) (sqlstore.OrderStats, error)
+	CampaignOrderStats(ctx context.Context, campaignID string) (model.OrderStats, error)
 }
 
-// Options tune admission.
+// Options tune how purchases are admitted.
 type Options struct {
 	Topic string
-	// UserRate and CampaignRate are per second; 0 disables the limit.
-	UserRate, UserBurst         int
-	CampaignRate, CampaignBurst int
-	// IPRate limits each client IP per campaign, so one address cannot
-	// drive many accounts at full speed.
-	IPRate, IPBurst int
+	// RateLimits are applied per user, per campaign and per client IP by
+	// the same script call that admits; a zero rate is no limit.
+	RateLimits model.RateLimits
 	// CampaignCacheTTL bounds how stale a cached campaign (window) may be.
 	CampaignCacheTTL time.Duration // default 2s
 	// SoldOutRecheck is how often cached sold-out flags are re-read from
@@ -116,7 +112,6 @@ type Service struct {
 	pub       queue.Publisher
 	m         *metrics.Metrics
 	opts      Options
-	limits    store.RateLimits
 	admitter  admitter
 	breaker   *gobreaker.CircuitBreaker[struct{}]
 
@@ -124,7 +119,7 @@ type Service struct {
 	cache map[string]*cachedCampaign
 }
 
-// cachedCampaign keeps what admission needs of a campaign in memory, so the
+// cachedCampaign keeps what admitting needs of a campaign in memory, so the
 // hot path touches neither MySQL nor (once sold out) Redis. Readers take an
 // immutable snapshot without locking: every purchase reads it.
 type cachedCampaign struct {
@@ -143,8 +138,6 @@ type campaignSnapshot struct {
 func New(log *slog.Logger, stock Stock, campaigns Campaigns, pub queue.Publisher, m *metrics.Metrics, opts Options) *Service {
 	opts = opts.withDefaults()
 	return &Service{log: log, stock: stock, campaigns: campaigns, pub: pub, m: m, opts: opts,
-		limits: store.RateLimits{UserRate: opts.UserRate, UserBurst: opts.UserBurst,
-			CampaignRate: opts.CampaignRate, CampaignBurst: opts.CampaignBurst, IPRate: opts.IPRate, IPBurst: opts.IPBurst},
 		breaker: gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 			Name:    "queue-publish",
 			Timeout: opts.BreakerOpenFor,
@@ -187,7 +180,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 }
 
-func (s *Service) applyEvent(e store.Event) {
+func (s *Service) applyEvent(e model.Event) {
 	s.mu.RLock()
 	cc := s.cache[e.CampaignID]
 	s.mu.RUnlock()
@@ -195,9 +188,9 @@ func (s *Service) applyEvent(e store.Event) {
 		return
 	}
 	switch e.Type {
-	case store.EventSoldOut:
+	case model.EventSoldOut:
 		cc.soldOut.Store(true)
-	case store.EventReset:
+	case model.EventReset:
 		cc.soldOut.Store(false)
 		cc.refreshMu.Lock()
 		cc.snap.Store(nil) // reload the campaign on next use
@@ -264,7 +257,7 @@ func (s *Service) campaign(ctx context.Context, id string) (*cachedCampaign, mod
 	case errors.Is(err, model.ErrNotFound):
 		next.err = model.ErrNotFound
 	case err != nil:
-		// Serve the last good copy rather than fail admission on a DB blip.
+		// Serve the last good copy rather than refuse purchases on a DB blip.
 		if old != nil && old.err == nil {
 			return cc, old.campaign, nil
 		}
@@ -303,7 +296,7 @@ func (s *Service) CreateCampaign(ctx context.Context, c model.Campaign) (model.C
 }
 
 // Preload loads a campaign's stock into Redis and tells every gateway.
-func (s *Service) Preload(ctx context.Context, id string, force bool) (store.PreloadOutcome, error) {
+func (s *Service) Preload(ctx context.Context, id string, force bool) (model.PreloadOutcome, error) {
 	if !model.ValidCampaignID(id) {
 		return "", model.ErrNotFound
 	}
@@ -315,9 +308,9 @@ func (s *Service) Preload(ctx context.Context, id string, force bool) (store.Pre
 	if err != nil {
 		return "", err
 	}
-	if out == store.PreloadLoaded {
-		s.applyEvent(store.Event{Type: store.EventReset, CampaignID: id})
-		if err := s.stock.PublishEvent(ctx, store.Event{Type: store.EventReset, CampaignID: id}); err != nil {
+	if out == model.PreloadLoaded {
+		s.applyEvent(model.Event{Type: model.EventReset, CampaignID: id})
+		if err := s.stock.PublishEvent(ctx, model.Event{Type: model.EventReset, CampaignID: id}); err != nil {
 			s.log.Warn("publish reset event", "campaign_id", id, "err", err)
 		}
 	}
@@ -326,7 +319,7 @@ func (s *Service) Preload(ctx context.Context, id string, force bool) (store.Pre
 
 // CampaignStats combines Redis counters and MySQL orders.
 type CampaignStats struct {
-	Store      store.Stats
+	Store      model.Stats
 	OrdersInDB int64
 	UnitsInDB  int64
 }
@@ -366,88 +359,6 @@ func (s *Service) Campaign(ctx context.Context, id string) (PublicCampaign, erro
 		return PublicCampaign{}, err
 	}
 	return PublicCampaign{Campaign: c, SoldOut: cc.soldOut.Load()}, nil
-}
-
-// SoldOutEarly refuses a purchase of a cached, open campaign whose sold-out
-// flag is set, before anything else is looked at; otherwise it returns nil
-// and Purchase decides. It never loads anything, so it costs a map lookup.
-func (s *Service) SoldOutEarly(campaignID, idempotencyKey string) error {
-	if idempotencyKey != "" {
-		return nil // Purchase looks the key up: the earlier request may have succeeded
-	}
-	s.mu.RLock()
-	cc := s.cache[campaignID]
-	s.mu.RUnlock()
-	if cc == nil || !cc.soldOut.Load() {
-		return nil
-	}
-	snap := cc.snap.Load()
-	now := s.opts.Now()
-	if !s.fresh(snap, now) || snap.err != nil || snap.campaign.Window(now) != nil {
-		return nil
-	}
-	return s.refuse("sold_out", model.ErrSoldOut)
-}
-
-// Purchase is a shopper's request to buy.
-type Purchase struct {
-	UserID         string
-	CampaignID     string
-	Quantity       int64
-	IdempotencyKey string
-	// ClientIP is the shopper's address as the HTTP layer determined it
-	// (trusted proxies only); "" skips the per-IP limit.
-	ClientIP string
-}
-
-var idempotencyKeyPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
-
-// Accepted is the answer to an admitted purchase.
-type Accepted struct {
-	RequestID string
-	// Existing is true when the idempotency key matched an earlier request.
-	Existing bool
-}
-
-// Purchase admits a request, cheapest checks first, and enqueues it.
-func (s *Service) Purchase(ctx context.Context, p Purchase) (Accepted, error) {
-	if !model.ValidCampaignID(p.CampaignID) {
-		return Accepted{}, s.refuse("not_found", model.ErrNotFound)
-	}
-	if p.Quantity < 1 || p.Quantity > model.MaxQuantity {
-		return Accepted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("must be between 1 and %d", model.MaxQuantity)))
-	}
-	if p.IdempotencyKey != "" && !idempotencyKeyPattern.MatchString(p.IdempotencyKey) {
-		return Accepted{}, s.refuse("invalid", model.Invalid("Idempotency-Key", "must match [A-Za-z0-9_.:-]{1,64}"))
-	}
-	cc, c, err := s.campaign(ctx, p.CampaignID)
-	if err != nil {
-		return Accepted{}, s.refuse("campaign", err)
-	}
-	if p.Quantity > c.PerUserLimit {
-		return Accepted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("exceeds the per-user limit of %d", c.PerUserLimit)))
-	}
-	if err := c.Window(s.opts.Now()); err != nil {
-		return Accepted{}, s.refuse("window", err)
-	}
-	if cc.soldOut.Load() {
-		// A shopper repeating a request whose answer it lost must get that
-		// request back, not "sold out": it may well have succeeded.
-		if p.IdempotencyKey != "" {
-			if rid, ok, err := s.stock.IdempotentRequest(ctx, p.CampaignID, p.UserID, p.IdempotencyKey); err != nil {
-				return Accepted{}, s.refuse("unavailable", err)
-			} else if ok {
-				return Accepted{RequestID: rid, Existing: true}, nil
-			}
-		}
-		return Accepted{}, s.refuse("sold_out", model.ErrSoldOut)
-	}
-	// While the queue is known to be down, refuse before writing anything
-	// to Redis: nothing to undo, and the shopper learns it at once.
-	if s.breaker.State() == gobreaker.StateOpen {
-		return Accepted{}, s.refuse("queue_down", fmt.Errorf("queue: %w: circuit open", model.ErrUnavailable))
-	}
-	return s.enqueue(ctx, p)
 }
 
 func (s *Service) refuse(reason string, err error) error {

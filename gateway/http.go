@@ -32,7 +32,7 @@ func (h *Handlers) RegisterAdmin(r gin.IRouter, admin gin.HandlerFunc) {
 // check (httpapi.Shopper).
 func (h *Handlers) RegisterShopper(r gin.IRouter, shopper func(httpapi.ShopperHandler) gin.HandlerFunc) {
 	r.GET("/api/v1/campaigns/:id", h.publicCampaign)
-	r.POST("/api/v1/campaigns/:id/purchases", shopper(h.purchase))
+	r.POST(purchasePath, shopper(h.purchase))
 }
 
 type campaignRequest struct {
@@ -98,7 +98,7 @@ type statsResponse struct {
 	Sold             int64                  `json:"sold"`
 	SoldOut          bool                   `json:"sold_out"`
 	Preloaded        bool                   `json:"preloaded"`
-	Accepted         int64                  `json:"accepted"`
+	Admitted         int64                  `json:"admitted"`
 	Queued           int64                  `json:"queued"`
 	FinishedByStatus map[model.Status]int64 `json:"finished_by_status"`
 	OrdersInDB       int64                  `json:"orders_in_db"`
@@ -112,7 +112,7 @@ func (h *Handlers) stats(c *gin.Context) {
 		return
 	}
 	c.JSON(http.StatusOK, statsResponse{Stock: st.Store.Stock, Remaining: st.Store.Remaining, Sold: st.Store.Sold,
-		SoldOut: st.Store.SoldOut, Preloaded: st.Store.Loaded, Accepted: st.Store.Accepted, Queued: st.Store.Queued(),
+		SoldOut: st.Store.SoldOut, Preloaded: st.Store.Loaded, Admitted: st.Store.Admitted, Queued: st.Store.Queued(),
 		FinishedByStatus: st.Store.FinishedByStatus, OrdersInDB: st.OrdersInDB, UnitsInDB: st.UnitsInDB})
 }
 
@@ -133,41 +133,4 @@ func (h *Handlers) publicCampaign(c *gin.Context) {
 	}
 	c.JSON(http.StatusOK, publicCampaignResponse{ID: pc.Campaign.ID, Name: pc.Campaign.Name,
 		PerUserLimit: pc.Campaign.PerUserLimit, StartAt: pc.Campaign.StartAt, EndAt: pc.Campaign.EndAt, SoldOut: pc.SoldOut})
-}
-
-type purchaseRequest struct {
-	Quantity *int64 `json:"quantity"`
-}
-
-type purchaseResponse struct {
-	RequestID string       `json:"request_id"`
-	Status    model.Status `json:"status"`
-	PollURL   string       `json:"poll_url"`
-	WSURL     string       `json:"ws_url"`
-}
-
-func (h *Handlers) purchase(c *gin.Context, userID string) {
-	// Most purchases of a flash sale end at the sold-out flag: answer them
-	// before the body is even read.
-	campaignID, idempotencyKey := c.Param("id"), c.GetHeader("Idempotency-Key")
-	if err := h.svc.SoldOutEarly(campaignID, idempotencyKey); err != nil {
-		httpapi.Abort(c, h.log, err)
-		return
-	}
-	qty, err := decodePurchaseBody(c)
-	if err != nil {
-		httpapi.Abort(c, h.log, err)
-		return
-	}
-	acc, err := h.svc.Purchase(c.Request.Context(), Purchase{UserID: userID, CampaignID: campaignID,
-		Quantity: qty, IdempotencyKey: idempotencyKey, ClientIP: c.ClientIP()})
-	if err != nil {
-		httpapi.Abort(c, h.log, err)
-		return
-	}
-	status := http.StatusAccepted
-	if acc.Existing {
-		status = http.StatusOK
-	}
-	writePurchaseAnswer(c, status, acc.RequestID)
 }

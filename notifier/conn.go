@@ -21,7 +21,7 @@ import (
 //	client: {"type":"subscribe","request_ids":["<id>", ...]}
 //	server: {"type":"error","code":"not_found"|"too_many_subscriptions"|"unavailable","request_id":"<id>","message":"..."}
 //	        one per refused id, then
-//	        {"type":"subscribed","request_ids":[<accepted ids, in request order>]}
+//	        {"type":"subscribed","request_ids":[<subscribed ids, in request order>]}
 //	server: {"type":"result","result":{"request_id":...,"campaign_id":...,"status":...,"quantity":...,"order_id"?,"reason"?}}
 //	        once per subscription, when its request is final; the subscription ends
 //	server: {"type":"error","code":"invalid_request","message":"..."} for a bad frame;
@@ -303,9 +303,9 @@ func (n *Notifier) subscribe(ctx context.Context, c *conn, ids []string) {
 	for _, id := range over {
 		refused[id] = idError(codeTooMany, id, fmt.Sprintf("at most %d subscriptions per connection", n.opts.MaxSubscriptionsPerConn))
 	}
-	accepted := map[string]bool{}
+	subscribed := map[string]bool{}
 	for _, id := range existing {
-		accepted[id] = true
+		subscribed[id] = true
 	}
 	type checked struct {
 		s *subscription
@@ -323,7 +323,7 @@ func (n *Notifier) subscribe(ctx context.Context, c *conn, ids []string) {
 		switch {
 		case err == nil:
 			verified = append(verified, checked{s, r})
-			accepted[s.requestID] = true
+			subscribed[s.requestID] = true
 		case errors.Is(err, model.ErrNotFound):
 			n.hub.cancel(s)
 			refused[s.requestID] = idError(codeNotFound, s.requestID, msgNotFound)
@@ -341,7 +341,7 @@ func (n *Notifier) subscribe(ctx context.Context, c *conn, ids []string) {
 	for _, id := range ids {
 		if f, ok := refused[id]; ok {
 			n.push(c, outMsg{data: f}, n.opts.WriteTimeout)
-		} else if accepted[id] {
+		} else if subscribed[id] {
 			ack.RequestIDs = append(ack.RequestIDs, id)
 		}
 	}

@@ -187,14 +187,14 @@ func redisEnv(t *testing.T) env {
 		src: st, campaign: campaign,
 		queue: func(t *testing.T, id, user string) {
 			t.Helper()
-			_, _, err := st.Accept(mustContext(t), store.Acceptance{RequestID: id, CampaignID: campaign, UserID: user, Quantity: 1})
-			if err != nil {
-				t.Fatalf("accept %s: %v", id, err)
+			got, err := st.Admit(mustContext(t), campaign, []model.AdmitRequest{{RequestID: id, CampaignID: campaign, UserID: user, Quantity: 1}}, model.RateLimits{})
+			if err != nil || got[0].Code != model.Admitted {
+				t.Fatalf("admit %s: got %+v, %v; want admitted", id, got, err)
 			}
 		},
 		decide: func(t *testing.T, id, user string) model.Result {
 			t.Helper()
-			reply, err := st.Deduct(mustContext(t), campaign, []store.Deduction{{RequestID: id, UserID: user, Quantity: 1, OrderID: "o-" + id[len(id)-8:]}})
+			reply, err := st.Deduct(mustContext(t), campaign, []model.Deduction{{RequestID: id, UserID: user, Quantity: 1, OrderID: "o-" + id[len(id)-8:]}})
 			if err != nil {
 				t.Fatalf("deduct %s: %v", id, err)
 			}

@@ -101,9 +101,9 @@ func mustRead(t *testing.T, ws *websocket.Conn) wsFrame {
 	return f
 }
 
-// mustSubscribe subscribes to ids and returns the accepted ids and the error
+// mustSubscribe subscribes to ids and returns the subscribed ids and the error
 // frames that came before the acknowledgement.
-func mustSubscribe(t *testing.T, ws *websocket.Conn, ids ...string) (accepted []string, errs []wsFrame) {
+func mustSubscribe(t *testing.T, ws *websocket.Conn, ids ...string) (subscribed []string, errs []wsFrame) {
 	t.Helper()
 	mustSend(t, ws, websocket.TextMessage, subscribeFrame(ids...))
 	for {
@@ -188,9 +188,9 @@ func TestWSDelivery(t *testing.T) {
 					tabs := make([]*websocket.Conn, tt.tabs)
 					for i := range tabs {
 						tabs[i] = mustDial(t, h, "alice")
-						accepted, errs := mustSubscribe(t, tabs[i], id)
-						if !slices.Equal(accepted, []string{id}) || len(errs) != 0 {
-							t.Fatalf("got accepted %v and errors %+v, want [%s] and none", accepted, errs, id)
+						subscribed, errs := mustSubscribe(t, tabs[i], id)
+						if !slices.Equal(subscribed, []string{id}) || len(errs) != 0 {
+							t.Fatalf("got subscribed %v and errors %+v, want [%s] and none", subscribed, errs, id)
 						}
 					}
 					if tt.decideAfter {
@@ -248,8 +248,8 @@ func TestWSResultDuringCheck(t *testing.T) {
 				})
 			})
 			ws := mustDial(t, h, "alice")
-			if accepted, _ := mustSubscribe(t, ws, id); !slices.Equal(accepted, []string{id}) {
-				t.Fatalf("got accepted %v, want [%s]", accepted, id)
+			if subscribed, _ := mustSubscribe(t, ws, id); !slices.Equal(subscribed, []string{id}) {
+				t.Fatalf("got subscribed %v, want [%s]", subscribed, id)
 			}
 			checkResult(t, mustReadResult(t, ws), final)
 			f.announce(final)
@@ -322,9 +322,9 @@ func TestWSRefusals(t *testing.T) {
 			for _, tt := range tests {
 				t.Run(tt.name, func(t *testing.T) {
 					ws := mustDial(t, h, "alice")
-					accepted, errs := mustSubscribe(t, ws, tt.requestID)
-					if len(accepted) != 0 {
-						t.Errorf("got accepted %v, want none", accepted)
+					subscribed, errs := mustSubscribe(t, ws, tt.requestID)
+					if len(subscribed) != 0 {
+						t.Errorf("got subscribed %v, want none", subscribed)
 					}
 					if len(errs) != 1 || errs[0].Code != "not_found" || errs[0].RequestID != tt.requestID {
 						t.Errorf("got errors %+v, want one not_found for %s", errs, tt.requestID)
@@ -334,8 +334,8 @@ func TestWSRefusals(t *testing.T) {
 			t.Run("other user's result is not pushed", func(t *testing.T) {
 				ws := mustDial(t, h, "alice")
 				own := e.newRequest(t, "alice")
-				if accepted, _ := mustSubscribe(t, ws, bobs, own); !slices.Equal(accepted, []string{own}) {
-					t.Fatalf("got accepted %v, want [%s]", accepted, own)
+				if subscribed, _ := mustSubscribe(t, ws, bobs, own); !slices.Equal(subscribed, []string{own}) {
+					t.Fatalf("got subscribed %v, want [%s]", subscribed, own)
 				}
 				e.publish(t, e.decide(t, bobs, "bob"))
 				r := e.decide(t, own, "alice")
@@ -354,15 +354,15 @@ func TestWSSubscriptionCap(t *testing.T) {
 	a, b, c, d := e.newRequest(t, "alice"), e.newRequest(t, "alice"), e.newRequest(t, "alice"), e.newRequest(t, "alice")
 	ws := mustDial(t, h, "alice")
 	steps := []struct {
-		name         string
-		publish      string // request id made final and published first
-		subscribe    []string
-		wantAccepted []string
-		wantRefused  []string // too_many_subscriptions
+		name           string
+		publish        string // request id made final and published first
+		subscribe      []string
+		wantSubscribed []string
+		wantRefused    []string // too_many_subscriptions
 	}{
-		{name: "over the cap in one frame", subscribe: []string{a, b, c}, wantAccepted: []string{a, b}, wantRefused: []string{c}},
-		{name: "existing id counts once", subscribe: []string{a, d}, wantAccepted: []string{a}, wantRefused: []string{d}},
-		{name: "delivery frees a slot", publish: a, subscribe: []string{d}, wantAccepted: []string{d}},
+		{name: "over the cap in one frame", subscribe: []string{a, b, c}, wantSubscribed: []string{a, b}, wantRefused: []string{c}},
+		{name: "existing id counts once", subscribe: []string{a, d}, wantSubscribed: []string{a}, wantRefused: []string{d}},
+		{name: "delivery frees a slot", publish: a, subscribe: []string{d}, wantSubscribed: []string{d}},
 	}
 	for _, st := range steps {
 		t.Run(st.name, func(t *testing.T) {
@@ -371,9 +371,9 @@ func TestWSSubscriptionCap(t *testing.T) {
 				e.publish(t, r)
 				checkResult(t, mustReadResult(t, ws), r)
 			}
-			accepted, errs := mustSubscribe(t, ws, st.subscribe...)
-			if !slices.Equal(accepted, st.wantAccepted) {
-				t.Errorf("got accepted %v, want %v", accepted, st.wantAccepted)
+			subscribed, errs := mustSubscribe(t, ws, st.subscribe...)
+			if !slices.Equal(subscribed, st.wantSubscribed) {
+				t.Errorf("got subscribed %v, want %v", subscribed, st.wantSubscribed)
 			}
 			var refused []string
 			for _, f := range errs {
@@ -472,8 +472,8 @@ func TestWSInvalidFrames(t *testing.T) {
 			}
 			// The connection stays usable.
 			id := e.newRequest(t, "alice")
-			if accepted, _ := mustSubscribe(t, ws, id); !slices.Equal(accepted, []string{id}) {
-				t.Errorf("got accepted %v, want [%s]", accepted, id)
+			if subscribed, _ := mustSubscribe(t, ws, id); !slices.Equal(subscribed, []string{id}) {
+				t.Errorf("got subscribed %v, want [%s]", subscribed, id)
 			}
 		})
 	}
@@ -543,13 +543,13 @@ func TestWSSlowClientDropped(t *testing.T) {
 	if err != nil {
 		t.Fatalf("dial slow client: %v", err)
 	}
-	if accepted, _ := mustSubscribe(t, slow, slowIDs...); len(accepted) != n {
-		t.Fatalf("got %d accepted, want %d", len(accepted), n)
+	if subscribed, _ := mustSubscribe(t, slow, slowIDs...); len(subscribed) != n {
+		t.Fatalf("got %d subscribed, want %d", len(subscribed), n)
 	}
 	fastID := e.newRequest(t, "fay")
 	fast := mustDial(t, h, "fay")
-	if accepted, _ := mustSubscribe(t, fast, fastID); !slices.Equal(accepted, []string{fastID}) {
-		t.Fatalf("got accepted %v, want [%s]", accepted, fastID)
+	if subscribed, _ := mustSubscribe(t, fast, fastID); !slices.Equal(subscribed, []string{fastID}) {
+		t.Fatalf("got subscribed %v, want [%s]", subscribed, fastID)
 	}
 
 	// The slow client stops reading; its results are big.

@@ -26,20 +26,19 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/flashsale/flashsale/internal/metrics"
-	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/model"
 	"github.com/flashsale/flashsale/queue"
 )
 
-// Stock is what the worker needs from the Redis store.
+// Stock is what the worker needs from the Redis model.
 type Stock interface {
-	Deduct(ctx context.Context, campaignID string, batch []store.Deduction) (store.DeductReply, error)
-	Reject(ctx context.Context, d store.Deduction, campaignID, reason string) (model.Result, error)
+	Deduct(ctx context.Context, campaignID string, batch []model.Deduction) (model.DeductReply, error)
+	Reject(ctx context.Context, d model.Deduction, campaignID, reason string) (model.Result, error)
 	PublishResults(ctx context.Context, results []model.Result) error
-	PublishEvent(ctx context.Context, e store.Event) error
+	PublishEvent(ctx context.Context, e model.Event) error
 }
 
-// Orders is what the worker needs from the relational store.
+// Orders is what the worker needs from the relational model.
 type Orders interface {
 	InsertOrders(ctx context.Context, orders []model.Order) error
 }
@@ -98,12 +97,6 @@ type campaignBatch struct {
 	campaignID string
 	requests   []model.PurchaseRequest
 	attempts   []int
-}
-
-// Handle is the queue.Handler, both steps in one call: nil acknowledges the
-// whole batch.
-func (w *Worker) Handle(ctx context.Context, msgs []queue.Message) error {
-	return queue.Serial(w.Decide)(ctx, msgs)
 }
 
 // Decide is the queue.PipelineHandler: it decides the batch in Redis and
@@ -221,11 +214,11 @@ func (w *Worker) group(msgs []queue.Message) []*campaignBatch {
 }
 
 func (w *Worker) decide(ctx context.Context, b *campaignBatch) ([]model.Result, error) {
-	deductions := make([]store.Deduction, len(b.requests))
+	deductions := make([]model.Deduction, len(b.requests))
 	orderIDs := newOrderIDs(len(b.requests))
 	exhausted := false
 	for i, r := range b.requests {
-		deductions[i] = store.Deduction{RequestID: r.RequestID, UserID: r.UserID, Quantity: r.Quantity, OrderID: orderIDs[i]}
+		deductions[i] = model.Deduction{RequestID: r.RequestID, UserID: r.UserID, Quantity: r.Quantity, OrderID: orderIDs[i]}
 		exhausted = exhausted || b.attempts[i] > w.opts.MaxAttempts
 	}
 	w.m.WorkerBatchSize.Observe(float64(len(deductions)))
@@ -238,7 +231,7 @@ func (w *Worker) decide(ctx context.Context, b *campaignBatch) ([]model.Result, 
 	}
 	if reply.SoldOutNow {
 		// Best effort: gateways also re-check the flag periodically.
-		if err := w.stock.PublishEvent(ctx, store.Event{Type: store.EventSoldOut, CampaignID: b.campaignID}); err != nil {
+		if err := w.stock.PublishEvent(ctx, model.Event{Type: model.EventSoldOut, CampaignID: b.campaignID}); err != nil {
 			w.log.Warn("publish sold-out event", "campaign_id", b.campaignID, "err", err)
 		}
 	}
@@ -253,10 +246,10 @@ func (w *Worker) decide(ctx context.Context, b *campaignBatch) ([]model.Result, 
 // giveUp decides each request of a batch that keeps failing on its own, so
 // one poison request cannot block its campaign: a request that still fails
 // alone gets a final rejected result.
-func (w *Worker) giveUp(ctx context.Context, campaignID string, ds []store.Deduction, cause error) ([]model.Result, error) {
+func (w *Worker) giveUp(ctx context.Context, campaignID string, ds []model.Deduction, cause error) ([]model.Result, error) {
 	out := make([]model.Result, 0, len(ds))
 	for _, d := range ds {
-		reply, err := w.stock.Deduct(ctx, campaignID, []store.Deduction{d})
+		reply, err := w.stock.Deduct(ctx, campaignID, []model.Deduction{d})
 		if err == nil {
 			out = append(out, reply.Results...)
 			continue

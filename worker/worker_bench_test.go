@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/flashsale/flashsale/internal/metrics"
 	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/store"
@@ -28,7 +30,8 @@ var benchCases = []struct {
 	{"flash_sale", 1000},
 }
 
-// BenchmarkHandle measures the worker's whole handler on real Redis and
+// BenchmarkHandle measures the worker's whole handler, both steps in one
+// call (queue.Serial of Decide), on real Redis and
 // MariaDB: decode, one deduct.lua call, the batched order INSERT and the
 // results publication, per delivered batch, one batch after the other.
 // deductions/s is what one partition (one campaign) can decide; the queue's
@@ -38,15 +41,15 @@ func BenchmarkHandle(b *testing.B) {
 		for _, size := range []int{128, 512} {
 			b.Run(fmt.Sprintf("%s/batch=%d", tc.name, size), func(b *testing.B) {
 				st, db, c := benchSetup(b, tc.stock)
-				w := New(discard(), st, db, metrics.New(), Options{})
+				handle := queue.Serial(New(discard(), st, db, metrics.New(), Options{}).Decide)
 				n := 0
 				for b.Loop() {
 					b.StopTimer()
 					msgs := benchMessages(c, n, size)
 					n += size
 					b.StartTimer()
-					if err := w.Handle(b.Context(), msgs); err != nil {
-						b.Fatalf("Handle: %v", err)
+					if err := handle(b.Context(), msgs); err != nil {
+						b.Fatalf("handle: %v", err)
 					}
 				}
 				b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "deductions/s")
@@ -87,7 +90,8 @@ func BenchmarkRun(b *testing.B) {
 					pub, cons := d.new(b)
 					topic := testenv.Topic(b)
 					if d.name == "redisstream" {
-						b.Cleanup(func() { deleteKeys(st, "fsq:{"+topic+"*") })
+						rdb := testenv.Redis(b)
+						b.Cleanup(func() { deleteKeys(rdb, "fsq:{"+topic+"*") })
 					}
 					w := New(discard(), st, db, metrics.New(), Options{})
 
@@ -158,7 +162,8 @@ func BenchmarkRun(b *testing.B) {
 // benchSetup creates and preloads a campaign of stock units (one per user)
 // on real Redis and MariaDB.
 func benchSetup(b *testing.B, stock int64) (*store.Store, *sqlstore.DB, model.Campaign) {
-	st := store.New(testenv.Redis(b))
+	rdb := testenv.Redis(b)
+	st := store.New(rdb)
 	db, err := sqlstore.Open(b.Context(), sqlstore.DriverMySQL, testenv.MySQLDSN(b))
 	if err != nil {
 		b.Fatalf("open db: %v", err)
@@ -172,18 +177,18 @@ func benchSetup(b *testing.B, stock int64) (*store.Store, *sqlstore.DB, model.Ca
 	if _, err := st.Preload(b.Context(), c, time.Now(), false); err != nil {
 		b.Fatalf("preload: %v", err)
 	}
-	b.Cleanup(func() { deleteKeys(st, "fs:{"+c.ID+"}*") })
+	b.Cleanup(func() { deleteKeys(rdb, "fs:{"+c.ID+"}*") })
 	return st, db, c
 }
 
 // deleteKeys deletes the benchmark's keys matching pattern, one by one (they
 // may live in different slots).
-func deleteKeys(st *store.Store, pattern string) {
+func deleteKeys(rdb *redis.Client, pattern string) {
 	// b.Context is already cancelled when cleanups run.
 	ctx := context.Background()
-	keys, _ := st.Client().Keys(ctx, pattern).Result()
+	keys, _ := rdb.Keys(ctx, pattern).Result()
 	for _, k := range keys {
-		_ = st.Client().Del(ctx, k).Err()
+		_ = rdb.Del(ctx, k).Err()
 	}
 }
 

@@ -47,17 +47,18 @@ func newFixture(t *testing.T, stock, limit int64) *fixture {
 	return &fixture{st: st, db: db, campaign: c}
 }
 
-// accept stores n queued requests from n users (user i%users) and returns
-// their messages.
-func (f *fixture) accept(t *testing.T, n, users int) []queue.Message {
+// admit admits n requests from n users (user i%users) with the rate limits
+// off and returns their messages.
+func (f *fixture) admit(t *testing.T, n, users int) []queue.Message {
 	t.Helper()
 	msgs := make([]queue.Message, n)
 	for i := range n {
 		id := uuid.Must(uuid.NewV7())
 		rid := model.FormatRequestID(f.campaign.ID, fmt.Sprintf("%x", id[:]))
 		user := fmt.Sprintf("user%d", i%users)
-		if _, _, err := f.st.Accept(t.Context(), store.Acceptance{RequestID: rid, CampaignID: f.campaign.ID, UserID: user, Quantity: 1}); err != nil {
-			t.Fatalf("accept: %v", err)
+		got, err := f.st.Admit(t.Context(), f.campaign.ID, []model.AdmitRequest{{RequestID: rid, CampaignID: f.campaign.ID, UserID: user, Quantity: 1}}, model.RateLimits{})
+		if err != nil || got[0].Code != model.Admitted {
+			t.Fatalf("admit: got %+v, %v; want admitted", got, err)
 		}
 		body, _ := model.EncodePurchaseRequest(model.PurchaseRequest{RequestID: rid, CampaignID: f.campaign.ID, UserID: user, Quantity: 1})
 		msgs[i] = queue.Message{ID: rid, Key: f.campaign.ID, Body: body, Attempt: 1}
@@ -133,7 +134,7 @@ func TestRedeliveryAfterCrash(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, 20, 1)
-			msgs := f.accept(t, 60, 40) // 40 users, 20 of them twice; stock 20
+			msgs := f.admit(t, 60, 40) // 40 users, 20 of them twice; stock 20
 
 			// Reference outcome: a crash-free run on an identical campaign is not
 			// comparable (order ids differ), so compare a crashing run with its
@@ -164,7 +165,7 @@ func TestRedeliveryAfterCrash(t *testing.T) {
 			}
 
 			// One more full redelivery of everything: nothing may change.
-			if err := w.Handle(t.Context(), msgs); err != nil {
+			if err := queue.Serial(w.Decide)(t.Context(), msgs); err != nil {
 				t.Fatalf("late redelivery: %v", err)
 			}
 			again := f.snapshot(t, msgs)
@@ -246,7 +247,7 @@ func checkSoldOut(t *testing.T, s snapshot, stock int) {
 	}
 }
 
-func waitSettled(t *testing.T, f *fixture, accepted int) {
+func waitSettled(t *testing.T, f *fixture, admitted int) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -254,7 +255,7 @@ func waitSettled(t *testing.T, f *fixture, accepted int) {
 		if err != nil {
 			t.Fatalf("stats: %v", err)
 		}
-		if st.Queued() == 0 && st.Accepted == int64(accepted) {
+		if st.Queued() == 0 && st.Admitted == int64(admitted) {
 			os, err := f.db.CampaignOrderStats(t.Context(), f.campaign.ID)
 			if err == nil && os.Units == st.Sold {
 				return
@@ -274,10 +275,10 @@ type failingStock struct {
 	poisoned string
 }
 
-func (f failingStock) Deduct(ctx context.Context, campaignID string, batch []store.Deduction) (store.DeductReply, error) {
+func (f failingStock) Deduct(ctx context.Context, campaignID string, batch []model.Deduction) (model.DeductReply, error) {
 	for _, d := range batch {
 		if d.RequestID == f.poisoned {
-			return store.DeductReply{}, errors.New("script error")
+			return model.DeductReply{}, errors.New("script error")
 		}
 	}
 	return f.Stock.Deduct(ctx, campaignID, batch)
@@ -288,21 +289,21 @@ func (f failingStock) Deduct(ctx context.Context, campaignID string, batch []sto
 // normally, so one bad request cannot block a campaign.
 func TestPoisonMessageGetsFinalResult(t *testing.T) {
 	f := newFixture(t, 10, 1)
-	msgs := f.accept(t, 4, 4)
+	msgs := f.admit(t, 4, 4)
 	m := metrics.New()
 	w := New(discard(), failingStock{Stock: f.st, poisoned: msgs[1].ID}, f.db, m, Options{MaxAttempts: 3})
 	for attempt := 1; attempt <= 3; attempt++ {
 		for i := range msgs {
 			msgs[i].Attempt = attempt
 		}
-		if err := w.Handle(t.Context(), msgs); err == nil {
+		if err := queue.Serial(w.Decide)(t.Context(), msgs); err == nil {
 			t.Fatalf("attempt %d: got nil, want an error (redelivery) before MaxAttempts", attempt)
 		}
 	}
 	for i := range msgs {
 		msgs[i].Attempt = 4
 	}
-	if err := w.Handle(t.Context(), msgs); err != nil {
+	if err := queue.Serial(w.Decide)(t.Context(), msgs); err != nil {
 		t.Fatalf("after MaxAttempts: got %v, want nil (acknowledge)", err)
 	}
 	s := f.snapshot(t, msgs)
@@ -325,10 +326,10 @@ func TestPoisonMessageGetsFinalResult(t *testing.T) {
 // can never succeed) and does not block the valid messages around it.
 func TestUndecodableMessageIsDropped(t *testing.T) {
 	f := newFixture(t, 10, 1)
-	msgs := f.accept(t, 2, 2)
+	msgs := f.admit(t, 2, 2)
 	batch := []queue.Message{msgs[0], {ID: "junk", Key: f.campaign.ID, Body: []byte("{not json"), Attempt: 1}, msgs[1]}
 	w := New(discard(), f.st, f.db, metrics.New(), Options{})
-	if err := w.Handle(t.Context(), batch); err != nil {
+	if err := queue.Serial(w.Decide)(t.Context(), batch); err != nil {
 		t.Fatalf("handle: %v", err)
 	}
 	s := f.snapshot(t, msgs)
@@ -439,7 +440,7 @@ func TestPipelinedRun(t *testing.T) {
 	for _, failures := range []int32{0, 1} {
 		t.Run(fmt.Sprintf("insert_failures=%d", failures), func(t *testing.T) {
 			f := newFixture(t, 30, 1)
-			msgs := f.accept(t, 64, 48) // 48 users, 16 of them twice; stock 30
+			msgs := f.admit(t, 64, 48) // 48 users, 16 of them twice; stock 30
 			orders := &stallingOrders{Orders: f.db, laterDeducted: make(chan struct{})}
 			orders.fail.Store(failures)
 			checkReplay := replayChecker(t)

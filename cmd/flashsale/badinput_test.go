@@ -107,7 +107,7 @@ func TestBadInput(t *testing.T) {
 		})
 	}
 	after := c.stats(open)
-	if after.Remaining != before.Remaining || after.Accepted != before.Accepted || after.OrdersInDB != 0 || after.Remaining != 10 {
+	if after.Remaining != before.Remaining || after.Admitted != before.Admitted || after.OrdersInDB != 0 || after.Remaining != 10 {
 		t.Fatalf("bad input changed state: before %+v, after %+v", before, after)
 	}
 	// Resetting a started sale would hand its stock out twice.

@@ -33,8 +33,8 @@ func TestIdempotencyKey(t *testing.T) {
 		t.Fatalf("another user, same key: got %d %s, want 202 and a new id", code, other.RequestID)
 	}
 	st := c.settle(campaign, 10*time.Second)
-	if st.Accepted != 2 || st.Sold != 2 || st.OrdersInDB != 2 {
-		t.Fatalf("got accepted %d sold %d orders %d, want 2 2 2", st.Accepted, st.Sold, st.OrdersInDB)
+	if st.Admitted != 2 || st.Sold != 2 || st.OrdersInDB != 2 {
+		t.Fatalf("got admitted %d sold %d orders %d, want 2 2 2", st.Admitted, st.Sold, st.OrdersInDB)
 	}
 	if code, r := c.poll("ben", first.RequestID); code != http.StatusNotFound {
 		t.Fatalf("another user's poll: got %d %+v, want 404", code, r)
@@ -59,7 +59,7 @@ func (p *switchablePublisher) Publish(ctx context.Context, topic string, msgs ..
 // TestQueueOutage: the queue stops answering for 5 s mid-sale. Shoppers get
 // 503 unavailable within the publish timeout, then at once while the circuit
 // breaker is open; nothing is left behind (no queued marker, no counter), and
-// admission recovers by itself when the queue is back.
+// admitting recovers by itself when the queue is back.
 func TestQueueOutage(t *testing.T) {
 	cfg := realConfig(t, "redisstream")
 	cfg.Gateway.PublishTimeout = 500 * time.Millisecond
@@ -71,7 +71,7 @@ func TestQueueOutage(t *testing.T) {
 	c.openCampaign(campaign, stock, limit)
 
 	var mu sync.Mutex
-	accepted := map[string]string{}
+	admitted := map[string]string{}
 	var slowest503, afterOpen503 time.Duration
 	var fast503, outageRequests, recovered int
 	buy := func(user string) (int, time.Duration) {
@@ -81,7 +81,7 @@ func TestQueueOutage(t *testing.T) {
 		took := time.Since(start)
 		if code == http.StatusAccepted {
 			mu.Lock()
-			accepted[p.RequestID] = user
+			admitted[p.RequestID] = user
 			mu.Unlock()
 		} else if code != http.StatusServiceUnavailable || p.Code != "unavailable" {
 			t.Errorf("%s: got %d %q, want 202 or 503 unavailable", user, code, p.Code)
@@ -112,7 +112,7 @@ func TestQueueOutage(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for i := 0; recovered < 20; i++ {
 		if time.Now().After(deadline) {
-			t.Fatalf("admission did not recover within 5 s of the queue coming back (%d accepted)", recovered)
+			t.Fatalf("admitting did not recover within 5 s of the queue coming back (%d admitted)", recovered)
 		}
 		if code, _ := buy(fmt.Sprintf("after%d", i)); code == http.StatusAccepted {
 			recovered++
@@ -126,8 +126,8 @@ func TestQueueOutage(t *testing.T) {
 		t.Errorf("only %d of %d refusals after the breaker opened were fast (<100ms; slowest %s)", fast503, outageRequests-3, afterOpen503)
 	}
 	st := c.settle(campaign, 20*time.Second)
-	verifySettled(t, c, campaign, stock, limit, accepted, st)
-	t.Logf("outage: %d requests refused, slowest %s, %d under 100ms; %d accepted in all", outageRequests, slowest503, fast503, len(accepted))
+	verifySettled(t, c, campaign, stock, limit, admitted, st)
+	t.Logf("outage: %d requests refused, slowest %s, %d under 100ms; %d admitted in all", outageRequests, slowest503, fast503, len(admitted))
 }
 
 // TestSoldOutFlagAtGateway: once stock is gone, later purchases are refused
@@ -161,7 +161,7 @@ func TestSoldOutFlagAtGateway(t *testing.T) {
 }
 
 // TestIdempotencyKeyAfterSoldOut: a shopper who lost the answer to an
-// accepted purchase and repeats it with the same Idempotency-Key after the
+// admitted purchase and repeats it with the same Idempotency-Key after the
 // campaign sold out gets its request back (it succeeded), not 410.
 func TestIdempotencyKeyAfterSoldOut(t *testing.T) {
 	c := startSystem(t, realConfig(t, "redisstream"))

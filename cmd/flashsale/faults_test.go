@@ -21,12 +21,12 @@ import (
 
 // shopPaced sends n purchases from n distinct users, spread over workers
 // goroutines with a pause between requests, so that a fault injected while it
-// runs hits a sale in progress. It returns the accepted request ids (with
+// runs hits a sale in progress. It returns the admitted request ids (with
 // their users) and the count of each status code.
 func shopPaced(t *testing.T, c *client, campaign string, n, workers int, gap time.Duration) (map[string]string, map[int]int) {
 	t.Helper()
 	var mu sync.Mutex
-	accepted, codes := map[string]string{}, map[int]int{}
+	admitted, codes := map[string]string{}, map[int]int{}
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
@@ -39,7 +39,7 @@ func shopPaced(t *testing.T, c *client, campaign string, n, workers int, gap tim
 				mu.Lock()
 				codes[code]++
 				if code == http.StatusAccepted {
-					accepted[p.RequestID] = user
+					admitted[p.RequestID] = user
 				}
 				mu.Unlock()
 				time.Sleep(gap)
@@ -47,7 +47,7 @@ func shopPaced(t *testing.T, c *client, campaign string, n, workers int, gap tim
 		}()
 	}
 	wg.Wait()
-	return accepted, codes
+	return admitted, codes
 }
 
 // proxy forwards TCP to a backend and can cut it off: while down it resets
@@ -147,16 +147,16 @@ func TestMySQLOutage(t *testing.T) {
 		readyDown <- sawDown
 		px.setDown(false)
 	}()
-	accepted, codes := shopPaced(t, c, campaign, 600*soak, 20, 100*time.Millisecond)
+	admitted, codes := shopPaced(t, c, campaign, 600*soak, 20, 100*time.Millisecond)
 	<-outage
 	if !<-readyDown {
 		t.Errorf("/readyz never reported mysql down during the outage")
 	}
 	// c reads orders through the proxy, now up again: the recovered path.
 	st := c.settle(campaign, 60*time.Second)
-	byStatus := verifySettled(t, c, campaign, stock, limit, accepted, st)
+	byStatus := verifySettled(t, c, campaign, stock, limit, admitted, st)
 	if st.Sold != stock {
-		t.Errorf("sold %d, want %d: demand (%d accepted) exceeded stock, so nothing may be undersold", st.Sold, stock, len(accepted))
+		t.Errorf("sold %d, want %d: demand (%d admitted) exceeded stock, so nothing may be undersold", st.Sold, stock, len(admitted))
 	}
 	t.Logf("codes %v, results %v", codes, byStatus)
 }
@@ -241,7 +241,7 @@ func TestRedisRestartWithAOF(t *testing.T) {
 		time.Sleep(time.Second)
 		rs.start()
 	}()
-	accepted, codes := shopPaced(t, c, campaign, 500, 10, 100*time.Millisecond)
+	admitted, codes := shopPaced(t, c, campaign, 500, 10, 100*time.Millisecond)
 	<-restarted
 	if remainingAtKill == 0 || remainingAtKill == stock {
 		t.Errorf("Redis was killed with %d of %d left: want mid-sale", remainingAtKill, stock)
@@ -252,7 +252,7 @@ func TestRedisRestartWithAOF(t *testing.T) {
 		}
 	}
 	st := c.settle(campaign, 60*time.Second)
-	byStatus := verifySettled(t, c, campaign, stock, limit, accepted, st)
+	byStatus := verifySettled(t, c, campaign, stock, limit, admitted, st)
 	if st.Sold != stock {
 		t.Errorf("sold %d, want %d: demand exceeded stock, so nothing may be undersold", st.Sold, stock)
 	}

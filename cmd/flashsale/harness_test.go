@@ -200,7 +200,7 @@ type statsBody struct {
 	Remaining        int64            `json:"remaining"`
 	Sold             int64            `json:"sold"`
 	SoldOut          bool             `json:"sold_out"`
-	Accepted         int64            `json:"accepted"`
+	Admitted         int64            `json:"admitted"`
 	Queued           int64            `json:"queued"`
 	FinishedByStatus map[string]int64 `json:"finished_by_status"`
 	OrdersInDB       int64            `json:"orders_in_db"`
@@ -216,7 +216,7 @@ func (c *client) stats(id string) statsBody {
 	return st
 }
 
-// settle waits until no accepted request of the campaign is still queued and
+// settle waits until no admitted request of the campaign is still queued and
 // MySQL holds every unit sold: a result is final (and visible to shoppers) as
 // soon as the Lua call decides it, a moment before the worker's INSERT lands.
 func (c *client) settle(id string, timeout time.Duration) statsBody {

@@ -163,7 +163,7 @@ func TestHostileWebSocket(t *testing.T) {
 	})
 
 	after := c.stats(campaign)
-	if after.Remaining != before.Remaining || after.Accepted != before.Accepted || after.OrdersInDB != before.OrdersInDB {
+	if after.Remaining != before.Remaining || after.Admitted != before.Admitted || after.OrdersInDB != before.OrdersInDB {
 		t.Fatalf("hostile clients changed state: before %+v, after %+v", before, after)
 	}
 	if code, r := c.poll("alice", alicePurchase.RequestID); code != http.StatusOK || r.Status != "success" {

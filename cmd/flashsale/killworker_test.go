@@ -156,12 +156,12 @@ func TestWorkerKilled(t *testing.T) {
 	}()
 	// About 100 purchases a second: the sale outlasts five kill-and-restart
 	// rounds.
-	accepted, codes := shopPaced(t, c, campaign, 1000*soak, 10, 100*time.Millisecond)
+	admitted, codes := shopPaced(t, c, campaign, 1000*soak, 10, 100*time.Millisecond)
 	if kills := <-killed; kills != 5*soak {
 		t.Errorf("only %d kills happened mid-sale, want %d (the sale ended too early)", kills, 5*soak)
 	}
 	st := c.settle(campaign, 60*time.Second)
-	byStatus := verifySettled(t, c, campaign, stock, limit, accepted, st)
+	byStatus := verifySettled(t, c, campaign, stock, limit, admitted, st)
 	if st.Sold != stock {
 		t.Errorf("sold %d, want %d: demand exceeded stock, so nothing may be undersold", st.Sold, stock)
 	}

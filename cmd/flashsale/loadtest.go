@@ -81,7 +81,7 @@ const loadtestUsage = `Usage: flashsale loadtest [flags]
 Runs a flash sale against a gateway and checks that it sold every item exactly
 once: creates and preloads a campaign through the admin API, mints tokens for
 --shoppers users, fires their purchases (closed loop with --concurrency, or open
-loop with --rate), waits for every accepted request's result over WebSocket or
+loop with --rate), waits for every admitted request's result over WebSocket or
 polling, prints a report and exits non-zero if an invariant broke.
 
 Without --url it starts the embedded serve in this process (or the roles of
@@ -105,7 +105,7 @@ func parseLoadtestFlags(args []string, stdout io.Writer, env map[string]string) 
 	fs.Float64Var(&o.rate, "rate", 0, "open loop: shoppers started per second, whatever the server's speed (0 = closed loop)")
 	fs.Float64Var(&o.repeat, "repeat", 0.1, "share of shoppers who buy a second time after their first answer")
 	fs.Float64Var(&o.idempotentShare, "idempotent-share", 0.1, "share of shoppers who resend their purchase with the same Idempotency-Key")
-	fs.StringVar(&o.results, "results", "ws", "how accepted shoppers wait for results: ws or poll")
+	fs.StringVar(&o.results, "results", "ws", "how admitted shoppers wait for results: ws or poll")
 	fs.Var(secondsOrDuration{&o.settle}, "settle", "time after the last purchase by which every result must have arrived (seconds or a duration)")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "timeout of one HTTP request")
 	fs.BoolVar(&o.json, "json", false, "write the report as JSON")

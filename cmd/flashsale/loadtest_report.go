@@ -24,14 +24,14 @@ type recorder struct {
 	t0, firedAt  time.Time
 	lastAnswerAt time.Time
 	requests     int
-	acceptedN    int // 202
+	admittedN    int // 202
 	replayedN    int // 200: an Idempotency-Key matched
 	refused      map[string]int
 	transport    map[string]int // transport errors, by a short message
-	acceptLat    *hdrhistogram.Histogram
+	admitLat     *hdrhistogram.Histogram
 	resultLat    *hdrhistogram.Histogram
-	owner        map[string]string // accepted request id -> user
-	acceptedBy   map[string]int64  // user -> accepted requests
+	owner        map[string]string // admitted request id -> user
+	admittedBy   map[string]int64  // user -> admitted requests
 	results      map[string]finalResult
 	byChannel    map[string]int
 	byStatus     map[string]int
@@ -54,8 +54,8 @@ const maxLatencyMicros = int64(10 * time.Minute / time.Microsecond)
 func newRecorder(o loadtestOptions, httpConns, wsCap int) *recorder {
 	return &recorder{o: o, httpConns: httpConns, wsCap: wsCap,
 		refused: map[string]int{}, transport: map[string]int{},
-		acceptLat: hdrhistogram.New(1, maxLatencyMicros, 3), resultLat: hdrhistogram.New(1, maxLatencyMicros, 3),
-		owner: map[string]string{}, acceptedBy: map[string]int64{}, results: map[string]finalResult{},
+		admitLat: hdrhistogram.New(1, maxLatencyMicros, 3), resultLat: hdrhistogram.New(1, maxLatencyMicros, 3),
+		owner: map[string]string{}, admittedBy: map[string]int64{}, results: map[string]finalResult{},
 		byChannel: map[string]int{"ws": 0, "poll": 0}, byStatus: map[string]int{}, wsFailures: map[string]int{},
 		units: map[string]int64{}}
 }
@@ -88,10 +88,10 @@ func (r *recorder) answer(a purchaseAnswer, latency time.Duration, err error) {
 		r.transport[msg]++
 		return
 	}
-	_ = r.acceptLat.RecordValue(micros(latency))
+	_ = r.admitLat.RecordValue(micros(latency))
 	switch a.status {
 	case http.StatusAccepted:
-		r.acceptedN++
+		r.admittedN++
 	case http.StatusOK:
 		r.replayedN++
 	default:
@@ -102,15 +102,15 @@ func (r *recorder) answer(a purchaseAnswer, latency time.Duration, err error) {
 	}
 }
 
-func (r *recorder) accepted(user, rid string) {
+func (r *recorder) admitted(user, rid string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.owner[rid] = user
-	r.acceptedBy[user]++
+	r.admittedBy[user]++
 }
 
 // replayed checks a resent purchase: it must name the first request, or be
-// refused before admission (sold out, rate limited), never start another.
+// refused before it is admitted (sold out, rate limited), never start another.
 func (r *recorder) replayed(first string, again purchaseAnswer) {
 	if again.requestID == "" || again.requestID == first && again.status == http.StatusOK {
 		return
@@ -182,15 +182,15 @@ type report struct {
 	Requests          int            `json:"requests"`
 	FireSeconds       float64        `json:"fire_seconds"`
 	RequestsPerSec    float64        `json:"requests_per_second"`
-	Accepted          int            `json:"accepted"`
-	AcceptedPerSec    float64        `json:"accepted_per_second"`
+	Admitted          int            `json:"admitted"`
+	AdmittedPerSec    float64        `json:"admitted_per_second"`
 	Replayed          int            `json:"replayed"`
 	Refused           map[string]int `json:"refused"`
 	TransportErrors   map[string]int `json:"transport_errors"`
 	SellOutMillis     *float64       `json:"time_to_sell_out_ms"`
 	AllAnsweredMs     float64        `json:"all_answered_ms"`
 	AllResultsMs      *float64       `json:"all_results_ms"`
-	AcceptLatency     percentiles    `json:"accept_latency_ms"`
+	AdmitLatency      percentiles    `json:"admit_latency_ms"`
 	ResultLatency     percentiles    `json:"time_to_result_ms"`
 	Delivered         int            `json:"results_delivered"`
 	ByChannel         map[string]int `json:"results_by_channel"`
@@ -236,16 +236,16 @@ func (r *recorder) report(st serverStats) *report {
 	fire := r.firedAt.Sub(r.t0)
 	rep := &report{URL: r.o.url, Campaign: r.o.campaign, Stock: r.o.stock, PerUserLimit: r.o.perUserLimit,
 		Shoppers: r.o.shoppers, Results: r.o.results, Sockets: socketBudget{HTTPConns: r.httpConns, WebSockets: r.wsCap},
-		Requests: r.requests, FireSeconds: fire.Seconds(), Accepted: r.acceptedN, Replayed: r.replayedN,
+		Requests: r.requests, FireSeconds: fire.Seconds(), Admitted: r.admittedN, Replayed: r.replayedN,
 		Refused: r.refused, TransportErrors: r.transport, AllAnsweredMs: ms(r.lastAnswerAt.Sub(r.t0)),
-		AcceptLatency: percentilesOf(r.acceptLat), ResultLatency: percentilesOf(r.resultLat),
+		AdmitLatency: percentilesOf(r.admitLat), ResultLatency: percentilesOf(r.resultLat),
 		Delivered: len(r.results), ByChannel: r.byChannel, ByStatus: r.byStatus, Successes: r.successes, Server: st}
 	rep.Mode = fmt.Sprintf("closed loop, concurrency %d", r.o.concurrency)
 	if r.o.rate > 0 {
 		rep.Mode = fmt.Sprintf("open loop, %.0f shoppers/s", r.o.rate)
 	}
 	if secs := fire.Seconds(); secs > 0 {
-		rep.RequestsPerSec, rep.AcceptedPerSec = float64(r.requests)/secs, float64(r.acceptedN)/secs
+		rep.RequestsPerSec, rep.AdmittedPerSec = float64(r.requests)/secs, float64(r.admittedN)/secs
 	}
 	if r.successes == r.o.stock && !r.soldOutAt.IsZero() {
 		v := ms(r.soldOutAt.Sub(r.t0))
@@ -282,24 +282,24 @@ func (r *recorder) invariants(st serverStats) []invariant {
 	out = append(out, check("no oversell", r.successes <= r.o.stock,
 		"successes %d, stock %d", r.successes, r.o.stock))
 
-	// Demand: what the accepted requests could buy within the user limit.
+	// Demand: what the admitted requests could buy within the user limit.
 	var demand int64
-	for _, n := range r.acceptedBy {
+	for _, n := range r.admittedBy {
 		demand += min(n, r.o.perUserLimit)
 	}
 	mustSellOut := demand >= r.o.stock || r.soldOutSeen
 	out = append(out, check("no undersell", !mustSellOut || r.successes == r.o.stock,
 		"successes %d, stock %d, demand %d, sold out announced %v", r.successes, r.o.stock, demand, r.soldOutSeen))
 
-	missing := len(r.owner) - countAccepted(r.owner, r.results)
+	missing := len(r.owner) - countSettled(r.owner, r.results)
 	var finished int64
 	for _, n := range st.FinishedByStatus {
 		finished += n
 	}
-	out = append(out, check("one final result per accepted request within --settle",
-		missing == 0 && r.duplicates == 0 && st.Queued == 0 && finished == st.Accepted,
-		"accepted %d, results %d, missing %d%s, duplicates %d; server: accepted %d, finished %d, queued %d",
-		len(r.owner), len(r.results), missing, firstMissing(r.missingOne), r.duplicates, st.Accepted, finished, st.Queued))
+	out = append(out, check("one final result per admitted request within --settle",
+		missing == 0 && r.duplicates == 0 && st.Queued == 0 && finished == st.Admitted,
+		"admitted %d, results %d, missing %d%s, duplicates %d; server: admitted %d, finished %d, queued %d",
+		len(r.owner), len(r.results), missing, firstMissing(r.missingOne), r.duplicates, st.Admitted, finished, st.Queued))
 
 	var over []string
 	for user, n := range r.units {
@@ -313,14 +313,14 @@ func (r *recorder) invariants(st serverStats) []invariant {
 
 	out = append(out, check("orders in the database = successes", st.OrdersInDB == r.successes && st.UnitsInDB == st.Sold,
 		"orders_in_db %d, successes %d, units_in_db %d, sold %d", st.OrdersInDB, r.successes, st.UnitsInDB, st.Sold))
-	out = append(out, check("server counters agree with the shoppers", st.Sold == r.successes && st.Accepted == int64(len(r.owner)),
-		"server sold %d accepted %d; shoppers saw %d successes, %d accepted", st.Sold, st.Accepted, r.successes, len(r.owner)))
+	out = append(out, check("server counters agree with the shoppers", st.Sold == r.successes && st.Admitted == int64(len(r.owner)),
+		"server sold %d admitted %d; shoppers saw %d successes, %d admitted", st.Sold, st.Admitted, r.successes, len(r.owner)))
 	out = append(out, check("a replayed Idempotency-Key never starts a second request", r.idemBroken == 0,
 		"%d broken%s", r.idemBroken, listed(r.idemExamples)))
 	return out
 }
 
-func countAccepted(owner map[string]string, results map[string]finalResult) int {
+func countSettled(owner map[string]string, results map[string]finalResult) int {
 	n := 0
 	for rid := range owner {
 		if _, ok := results[rid]; ok {
@@ -375,24 +375,24 @@ func (rep *report) writeText(w io.Writer) {
 	}
 	p("flashsale loadtest: %s, campaign %s", rep.URL, rep.Campaign)
 	p("  sale            %d units, limit %d per user, %d shoppers, %s", rep.Stock, rep.PerUserLimit, rep.Shoppers, rep.Mode)
-	p("  requests        %d in %.2f s: %.0f req/s, accepted %d (%.0f/s), replays answered %d", rep.Requests,
-		rep.FireSeconds, rep.RequestsPerSec, rep.Accepted, rep.AcceptedPerSec, rep.Replayed)
+	p("  requests        %d in %.2f s: %.0f req/s, admitted %d (%.0f/s), replays answered %d", rep.Requests,
+		rep.FireSeconds, rep.RequestsPerSec, rep.Admitted, rep.AdmittedPerSec, rep.Replayed)
 	p("  refused         %s", countsText(rep.Refused))
 	if len(rep.TransportErrors) > 0 {
 		p("  transport errs  %s", countsText(rep.TransportErrors))
 	}
 	p("  sold out after  %s; every shopper answered after %.0f ms; every result after %s",
 		opt(rep.SellOutMillis), rep.AllAnsweredMs, opt(rep.AllResultsMs))
-	p("  accept latency  %s", lat(rep.AcceptLatency))
+	p("  admit latency   %s", lat(rep.AdmitLatency))
 	p("  time to result  %s", lat(rep.ResultLatency))
-	p("  results         %d delivered of %d accepted: %s; by %s", rep.Delivered, rep.Accepted,
+	p("  results         %d delivered of %d admitted: %s; by %s", rep.Delivered, rep.Admitted,
 		countsText(rep.ByStatus), countsText(rep.ByChannel))
 	if len(rep.WSFallbacks) > 0 {
 		p("  polled instead  %s", countsText(rep.WSFallbacks))
 	}
 	p("  sockets         up to %d HTTP connections, %d WebSockets", rep.Sockets.HTTPConns, rep.Sockets.WebSockets)
-	p("  successes       %d of %d units; server: sold %d, remaining %d, accepted %d, orders in DB %d",
-		rep.Successes, rep.Stock, rep.Server.Sold, rep.Server.Remaining, rep.Server.Accepted, rep.Server.OrdersInDB)
+	p("  successes       %d of %d units; server: sold %d, remaining %d, admitted %d, orders in DB %d",
+		rep.Successes, rep.Stock, rep.Server.Sold, rep.Server.Remaining, rep.Server.Admitted, rep.Server.OrdersInDB)
 	p("invariants:")
 	for _, inv := range rep.Invariants {
 		mark := "ok  "

@@ -43,7 +43,7 @@ func (lt *loadtest) shop(ctx context.Context, s *shopper, due time.Time, waiters
 		if a.status != http.StatusAccepted {
 			return
 		}
-		lt.rec.accepted(s.user, a.requestID)
+		lt.rec.admitted(s.user, a.requestID)
 		mine.Go(func() { lt.awaitResult(ctx, s, a.requestID, sent) })
 	}
 
@@ -56,7 +56,7 @@ func (lt *loadtest) shop(ctx context.Context, s *shopper, due time.Time, waiters
 	if s.replay && first.status == http.StatusAccepted {
 		again := lt.purchase(ctx, s, key, time.Now())
 		lt.rec.replayed(first.requestID, again)
-		await(again, time.Now()) // only a broken gateway accepts the replay anew
+		await(again, time.Now()) // only a broken gateway admits the replay anew
 	}
 	if s.repeat && first.status != 0 {
 		sent := time.Now()
@@ -351,7 +351,7 @@ type serverStats struct {
 	Remaining        int64            `json:"remaining"`
 	Sold             int64            `json:"sold"`
 	SoldOut          bool             `json:"sold_out"`
-	Accepted         int64            `json:"accepted"`
+	Admitted         int64            `json:"admitted"`
 	Queued           int64            `json:"queued"`
 	FinishedByStatus map[string]int64 `json:"finished_by_status"`
 	OrdersInDB       int64            `json:"orders_in_db"`

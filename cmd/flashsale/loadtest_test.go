@@ -61,8 +61,8 @@ func TestLoadtestEmbedded(t *testing.T) {
 			if rep.Successes != 60 || rep.Server.OrdersInDB != 60 {
 				t.Errorf("successes: got %d (orders in DB %d), want 60 (stock)", rep.Successes, rep.Server.OrdersInDB)
 			}
-			if rep.Delivered != rep.Accepted || rep.ByChannel["ws"]+rep.ByChannel["poll"] != rep.Delivered {
-				t.Errorf("results: got %d delivered (%v) for %d accepted, want one each", rep.Delivered, rep.ByChannel, rep.Accepted)
+			if rep.Delivered != rep.Admitted || rep.ByChannel["ws"]+rep.ByChannel["poll"] != rep.Delivered {
+				t.Errorf("results: got %d delivered (%v) for %d admitted, want one each", rep.Delivered, rep.ByChannel, rep.Admitted)
 			}
 			if got := rep.ByChannel["ws"] > 0; got != tt.wantWS {
 				t.Errorf("results by channel %v: got some over ws %v, want %v", rep.ByChannel, got, tt.wantWS)
@@ -70,9 +70,9 @@ func TestLoadtestEmbedded(t *testing.T) {
 			if got := rep.ByChannel["poll"] > 0; got != tt.wantPoll {
 				t.Errorf("results by channel %v: got some polled %v, want %v", rep.ByChannel, got, tt.wantPoll)
 			}
-			if rep.Requests < 400 || rep.AcceptLatency.Max <= 0 || rep.ResultLatency.P50 <= 0 {
-				t.Errorf("measurements: got %d requests, accept max %v ms, result p50 %v ms; want >= 400 and positive latencies",
-					rep.Requests, rep.AcceptLatency.Max, rep.ResultLatency.P50)
+			if rep.Requests < 400 || rep.AdmitLatency.Max <= 0 || rep.ResultLatency.P50 <= 0 {
+				t.Errorf("measurements: got %d requests, admit max %v ms, result p50 %v ms; want >= 400 and positive latencies",
+					rep.Requests, rep.AdmitLatency.Max, rep.ResultLatency.P50)
 			}
 		})
 	}
@@ -83,12 +83,12 @@ func TestLoadtestEmbedded(t *testing.T) {
 type fakeGateway struct {
 	stock    int64
 	oversell bool // every request succeeds, whatever the stock
-	loseOne  bool // one accepted request never gets a final result
+	loseOne  bool // one admitted request never gets a final result
 	noOrders bool // the database never holds the orders
 
 	mu       sync.Mutex
 	next     atomic.Int64
-	accepted int64
+	admitted int64
 	sold     int64
 	results  map[string]string // request id -> status
 }
@@ -113,8 +113,8 @@ func (f *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if f.noOrders {
 			orders = 0
 		}
-		reply(http.StatusOK, serverStats{Stock: f.stock, Sold: f.sold, Accepted: f.accepted, OrdersInDB: orders,
-			UnitsInDB: f.sold, FinishedByStatus: map[string]int64{"success": f.sold, "sold_out": f.accepted - f.sold}})
+		reply(http.StatusOK, serverStats{Stock: f.stock, Sold: f.sold, Admitted: f.admitted, OrdersInDB: orders,
+			UnitsInDB: f.sold, FinishedByStatus: map[string]int64{"success": f.sold, "sold_out": f.admitted - f.sold}})
 	case strings.HasSuffix(r.URL.Path, "/purchases"):
 		n := f.next.Add(1)
 		rid := fmt.Sprintf("c.%032x", n)
@@ -126,7 +126,7 @@ func (f *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if f.loseOne && n == 1 {
 			status = "queued"
 		}
-		f.accepted++
+		f.admitted++
 		f.results[rid] = status
 		reply(http.StatusAccepted, map[string]string{"request_id": rid, "status": "queued"})
 	case strings.HasPrefix(r.URL.Path, "/api/v1/purchases/"):
@@ -146,7 +146,7 @@ func TestLoadtestCatchesBrokenGateway(t *testing.T) {
 		want    string
 	}{
 		{"oversells", &fakeGateway{oversell: true}, "no oversell"},
-		{"loses a result", &fakeGateway{loseOne: true}, "one final result per accepted request"},
+		{"loses a result", &fakeGateway{loseOne: true}, "one final result per admitted request"},
 		{"orders missing from the database", &fakeGateway{noOrders: true}, "orders in the database = successes"},
 	}
 	for _, tt := range tests {

@@ -70,7 +70,7 @@ Usage:
 
 Commands:
   serve      run gateway, worker and notifier in one process (embedded default: no services needed)
-  gateway    run the HTTP gateway only (admin + purchase admission)
+  gateway    run the HTTP gateway only (admin + admitting purchases)
   worker     run the queue worker only (Lua deduction + MySQL persistence)
   notifier   run the WebSocket/poll notifier only
   token      mint a shopper JWT for a user id, for trying the API

@@ -51,21 +51,21 @@ func TestGatewayRestartWhileClientsWait(t *testing.T) {
 
 	// No worker yet: every request stays queued while its shopper waits.
 	users := []string{"s1", "s2", "s3", "s4", "s5", "s6"}
-	accepted := map[string]string{}
+	admitted := map[string]string{}
 	for _, u := range users {
 		var p purchaseBody
 		if code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", c.token(u), `{"quantity":1}`, nil, &p); code != http.StatusAccepted {
 			t.Fatalf("purchase %s: got %d", u, code)
 		}
-		accepted[p.RequestID] = u
+		admitted[p.RequestID] = u
 	}
 	type waited struct {
 		rid string
 		r   resultBody
 		err error
 	}
-	firstTry := make(chan waited, len(accepted))
-	for rid, u := range accepted {
+	firstTry := make(chan waited, len(admitted))
+	for rid, u := range admitted {
 		go func() {
 			r, err := c.wsResult(u, rid, 20*time.Second)
 			firstTry <- waited{rid, r, err}
@@ -73,7 +73,7 @@ func TestGatewayRestartWhileClientsWait(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond) // let every client subscribe
 	stopFront()
-	for range accepted {
+	for range admitted {
 		if w := <-firstTry; w.err == nil {
 			t.Errorf("%s: got a result %+v from a gateway with no worker, want the connection closed", w.rid, w.r)
 		}
@@ -84,12 +84,12 @@ func TestGatewayRestartWhileClientsWait(t *testing.T) {
 	startRoles(t, cfg, roleSet{worker: true})
 	c2 := newClient(t, "http://"+addr, cfg.Auth)
 	c2.db = cfg.Database
-	for rid, u := range accepted {
+	for rid, u := range admitted {
 		r, err := c2.wsResult(u, rid, 20*time.Second)
 		if err != nil || r.Status != "success" {
 			t.Errorf("%s after reconnect: got %+v (%v), want success", rid, r, err)
 		}
 	}
 	st := c2.settle(campaign, 10*time.Second)
-	verifySettled(t, c2, campaign, 20, 1, accepted, st)
+	verifySettled(t, c2, campaign, 20, 1, admitted, st)
 }

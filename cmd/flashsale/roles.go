@@ -260,12 +260,7 @@ func (s *system) mountGateway(jwt *auth.JWT) {
 func gatewayOptions(cfg config.Config) gateway.Options {
 	return gateway.Options{
 		Topic:            cfg.Queue.Topic,
-		UserRate:         cfg.Gateway.UserRate,
-		UserBurst:        cfg.Gateway.UserBurst,
-		CampaignRate:     cfg.Gateway.CampaignRate,
-		CampaignBurst:    cfg.Gateway.CampaignBurst,
-		IPRate:           cfg.Gateway.IPRate,
-		IPBurst:          cfg.Gateway.IPBurst,
+		RateLimits:       cfg.Gateway.RateLimits,
 		CampaignCacheTTL: cfg.Gateway.CampaignCacheTTL,
 		SoldOutRecheck:   cfg.Gateway.SoldOutRecheck,
 		PublishTimeout:   cfg.Gateway.PublishTimeout,

@@ -89,15 +89,15 @@ func runSale(t *testing.T, c *client, campaign string, stock, limit int64) {
 
 	st := c.settle(campaign, 60*time.Second)
 
-	accepted := map[string]string{} // request id -> user
+	admitted := map[string]string{} // request id -> user
 	soldOutRefusals := 0
 	for _, o := range outcomes {
 		switch o.status {
 		case http.StatusAccepted:
-			if _, dup := accepted[o.requestID]; dup {
+			if _, dup := admitted[o.requestID]; dup {
 				t.Errorf("request id %s handed out twice", o.requestID)
 			}
-			accepted[o.requestID] = o.user
+			admitted[o.requestID] = o.user
 		case http.StatusGone:
 			if o.code != "sold_out" {
 				t.Errorf("410 with code %q, want sold_out", o.code)
@@ -108,7 +108,7 @@ func runSale(t *testing.T, c *client, campaign string, stock, limit int64) {
 		}
 	}
 
-	byStatus := verifySettled(t, c, campaign, stock, limit, accepted, st)
+	byStatus := verifySettled(t, c, campaign, stock, limit, admitted, st)
 	if st.Sold != stock {
 		t.Errorf("sold %d, want exactly %d (demand exceeded stock: no undersell)", st.Sold, stock)
 	}
@@ -132,19 +132,19 @@ func runSale(t *testing.T, c *client, campaign string, stock, limit int64) {
 	if wsChecked == 0 {
 		t.Errorf("no WebSocket sample was taken")
 	}
-	t.Logf("accepted %d, refused sold_out at gateway %d, results %v, ws sample %d", len(accepted), soldOutRefusals, byStatus, wsChecked)
+	t.Logf("admitted %d, refused sold_out at gateway %d, results %v, ws sample %d", len(admitted), soldOutRefusals, byStatus, wsChecked)
 }
 
-// verifySettled checks every guarantee for a settled campaign: each accepted
+// verifySettled checks every guarantee for a settled campaign: each admitted
 // request has exactly one final result, no oversell, no user over the limit,
 // and MySQL holds exactly the successes shoppers were told about. It returns
 // the count of results by status.
-func verifySettled(t *testing.T, c *client, campaign string, stock, limit int64, accepted map[string]string, st statsBody) map[string]int {
+func verifySettled(t *testing.T, c *client, campaign string, stock, limit int64, admitted map[string]string, st statsBody) map[string]int {
 	t.Helper()
 	successes := map[string]string{} // request id -> order id
 	perUser := map[string]int64{}
 	byStatus := map[string]int{}
-	for rid, user := range accepted {
+	for rid, user := range admitted {
 		code, r := c.poll(user, rid)
 		if code != http.StatusOK {
 			t.Errorf("poll %s: got %d, want 200", rid, code)
@@ -174,15 +174,15 @@ func verifySettled(t *testing.T, c *client, campaign string, stock, limit int64,
 	if st.Remaining+st.Sold != stock || st.SoldOut != (st.Remaining == 0) {
 		t.Errorf("redis: remaining %d + sold %d != stock %d, or sold_out %v wrong", st.Remaining, st.Sold, stock, st.SoldOut)
 	}
-	if st.Accepted != int64(len(accepted)) {
-		t.Errorf("accepted counter %d, want %d", st.Accepted, len(accepted))
+	if st.Admitted != int64(len(admitted)) {
+		t.Errorf("admitted counter %d, want %d", st.Admitted, len(admitted))
 	}
 	var finished int64
 	for _, n := range st.FinishedByStatus {
 		finished += n
 	}
-	if finished != int64(len(accepted)) {
-		t.Errorf("finished %d results, want exactly one per accepted request (%d)", finished, len(accepted))
+	if finished != int64(len(admitted)) {
+		t.Errorf("finished %d results, want exactly one per admitted request (%d)", finished, len(admitted))
 	}
 
 	// MySQL: exactly the successes, once each.

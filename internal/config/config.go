@@ -16,6 +16,8 @@ import (
 
 	"github.com/caarlos0/env/v11"
 	"gopkg.in/yaml.v3"
+
+	"github.com/flashsale/flashsale/model"
 )
 
 // Config is the whole configuration. yaml tags name file keys; env tags name
@@ -100,14 +102,11 @@ type RocketMQ struct {
 	LogLevel          string        `yaml:"log_level" env:"LOG_LEVEL"`
 }
 
-// Gateway tunes admission.
+// Gateway tunes how purchases are admitted. The rate limits' keys
+// (user_rate, user_burst, campaign_rate, campaign_burst, ip_rate, ip_burst)
+// sit directly under gateway; model.RateLimits declares them.
 type Gateway struct {
-	UserRate         int           `yaml:"user_rate" env:"USER_RATE"`
-	UserBurst        int           `yaml:"user_burst" env:"USER_BURST"`
-	CampaignRate     int           `yaml:"campaign_rate" env:"CAMPAIGN_RATE"`
-	CampaignBurst    int           `yaml:"campaign_burst" env:"CAMPAIGN_BURST"`
-	IPRate           int           `yaml:"ip_rate" env:"IP_RATE"`
-	IPBurst          int           `yaml:"ip_burst" env:"IP_BURST"`
+	model.RateLimits `yaml:",inline"`
 	PublishTimeout   time.Duration `yaml:"publish_timeout" env:"PUBLISH_TIMEOUT"`
 	CampaignCacheTTL time.Duration `yaml:"campaign_cache_ttl" env:"CAMPAIGN_CACHE_TTL"`
 	SoldOutRecheck   time.Duration `yaml:"soldout_recheck" env:"SOLDOUT_RECHECK"`
@@ -156,7 +155,7 @@ func Default() Config {
 		Queue: Queue{Driver: "redisstream", Topic: "flashsale-purchases", Partitions: 8, BatchSize: 128, Group: "workers", LeaseTTL: 10 * time.Second,
 			RocketMQ: RocketMQ{NameServers: []string{"127.0.0.1:9876"}, ProducerGroup: "flashsale-gateway",
 				Retries: 2, MaxReconsumeTimes: 16, SuspendTime: time.Second, LogLevel: "warn"}},
-		Gateway: Gateway{UserRate: 5, UserBurst: 10, PublishTimeout: 2 * time.Second,
+		Gateway: Gateway{RateLimits: model.RateLimits{UserRate: 5, UserBurst: 10}, PublishTimeout: 2 * time.Second,
 			CampaignCacheTTL: 2 * time.Second, SoldOutRecheck: time.Second, AdmitBatch: 256, AdmitConcurrency: 2, AdmitLinger: 500 * time.Microsecond,
 			BreakerFailures: 3, BreakerOpenFor: 2 * time.Second},
 		Worker:   Worker{MaxAttempts: 10},

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/flashsale/flashsale/model"
 )
 
 func TestEmbeddedYAMLMatchesDefaults(t *testing.T) {
@@ -86,6 +88,39 @@ func TestEnvOverrides(t *testing.T) {
 		if !reflect.DeepEqual(c.got, c.want) {
 			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
 		}
+	}
+}
+
+// TestRateLimitKeys: the six rate limits are declared once (model.RateLimits)
+// and keep their keys directly under gateway, in the file and in the
+// environment.
+func TestRateLimitKeys(t *testing.T) {
+	want := model.RateLimits{UserRate: 1, UserBurst: 2, CampaignRate: 3, CampaignBurst: 4, IPRate: 5, IPBurst: 6}
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	yaml := "gateway:\n  user_rate: 1\n  user_burst: 2\n  campaign_rate: 3\n  campaign_burst: 4\n  ip_rate: 5\n  ip_burst: 6\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fromFile, err := Load(path, map[string]string{})
+	if err != nil {
+		t.Fatalf("load yaml: %v", err)
+	}
+	if fromFile.Gateway.RateLimits != want {
+		t.Errorf("from the file: got %+v, want %+v", fromFile.Gateway.RateLimits, want)
+	}
+	fromEnv, err := Load("", map[string]string{
+		"FLASHSALE_GATEWAY_USER_RATE": "1", "FLASHSALE_GATEWAY_USER_BURST": "2",
+		"FLASHSALE_GATEWAY_CAMPAIGN_RATE": "3", "FLASHSALE_GATEWAY_CAMPAIGN_BURST": "4",
+		"FLASHSALE_GATEWAY_IP_RATE": "5", "FLASHSALE_GATEWAY_IP_BURST": "6",
+	})
+	if err != nil {
+		t.Fatalf("load env: %v", err)
+	}
+	if fromEnv.Gateway.RateLimits != want {
+		t.Errorf("from the environment: got %+v, want %+v", fromEnv.Gateway.RateLimits, want)
+	}
+	if _, err := Load("", map[string]string{"FLASHSALE_GATEWAY_IP_BURST": "-1"}); err == nil || !strings.Contains(err.Error(), "gateway.*_rate") {
+		t.Errorf("negative burst: got %v, want an error naming gateway.*_rate", err)
 	}
 }
 

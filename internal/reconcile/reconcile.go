@@ -12,13 +12,12 @@ import (
 	"sort"
 	"time"
 
-	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/model"
 )
 
 // Redis is what reconciliation reads and writes in Redis.
 type Redis interface {
-	Snapshot(ctx context.Context, campaignID string) (store.Snapshot, error)
+	Snapshot(ctx context.Context, campaignID string) (model.Snapshot, error)
 	Rebuild(ctx context.Context, campaignID string, stock int64, orders []model.Order) error
 }
 
@@ -76,7 +75,7 @@ func New(r Redis, o Orders) *Reconciler { return &Reconciler{redis: r, orders: o
 
 type state struct {
 	campaign model.Campaign
-	snap     store.Snapshot
+	snap     model.Snapshot
 	orders   []model.Order
 }
 

@@ -52,11 +52,11 @@ func newFixture(t *testing.T) *fixture {
 	if _, err := f.st.Preload(t.Context(), f.campaign, start.Add(-time.Minute), false); err != nil {
 		t.Fatalf("preload: %v", err)
 	}
-	var batch []store.Deduction
+	var batch []model.Deduction
 	for i := range 6 {
 		rid := model.FormatRequestID(f.campaign.ID, fmt.Sprintf("%032x", i+1))
 		f.rids = append(f.rids, rid)
-		batch = append(batch, store.Deduction{RequestID: rid, UserID: fmt.Sprintf("u%d", i), Quantity: 1, OrderID: fmt.Sprintf("o%d", i)})
+		batch = append(batch, model.Deduction{RequestID: rid, UserID: fmt.Sprintf("u%d", i), Quantity: 1, OrderID: fmt.Sprintf("o%d", i)})
 	}
 	reply, err := f.st.Deduct(t.Context(), f.campaign.ID, batch)
 	if err != nil {

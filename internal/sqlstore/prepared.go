@@ -12,15 +12,15 @@ import (
 // Prepared INSERTs of the order batch sizes a worker repeats.
 //
 // A multi-row INSERT sent as text (interpolated arguments) is parsed by the
-// server every time: at 512 rows that parse costs MariaDB about as much as
-// one of the table's three indexes (BenchmarkInsertOrders, text vs
-// prepared). A prepared statement is parsed once per connection and runs
-// with the binary protocol, still one round trip. A statement has a fixed
-// row count, so one is kept per size; under load a worker's batches are
-// nearly all its full size, so a few sizes carry nearly every row. The
-// cache keeps the largest sizes it has seen (a larger one evicts the
-// smallest), so it holds the full size however many odd sizes come first,
-// and it settles: a size only enters by being larger than one it replaces.
+// server every time, and at a worker's batch sizes that parse is a large
+// part of MariaDB's work (docs/BENCHMARKS.md). A prepared statement is
+// parsed once per connection and runs with the binary protocol, still one
+// round trip. A statement has a fixed row count, so one is kept per size;
+// under load a worker's batches are nearly all its full size, so a few sizes
+// carry nearly every row. The cache keeps the largest sizes it has seen (a
+// larger one evicts the smallest), so it holds the full size however many
+// odd sizes come first, and it settles: a size only enters by being larger
+// than one it replaces.
 const (
 	// minPreparedRows: below this, parsing is cheap and the sizes many.
 	minPreparedRows = 32

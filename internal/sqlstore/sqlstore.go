@@ -36,9 +36,9 @@ func (campaignRow) TableName() string { return "campaigns" }
 
 // orderRow is the orders table. The unique index on request_id is what makes
 // persisting a redelivered success a no-op. Status has no index of its own:
-// nearly every row holds the same value, and maintaining the index cost 7 %
-// of the insert rate of a sale (BenchmarkInsertOrders); databases migrated
-// before keep theirs, which is harmless.
+// nearly every row holds the same value, so it would slow every insert and
+// speed up no query (docs/BENCHMARKS.md); databases migrated before keep
+// theirs, which is harmless.
 type orderRow struct {
 	ID         string `gorm:"primaryKey;size:64"`
 	RequestID  string `gorm:"size:120;not null;uniqueIndex"`
@@ -94,7 +94,7 @@ func Open(ctx context.Context, driver, dsn string) (*DB, error) {
 		// The driver writes the arguments into the statement itself (it
 		// escapes them, and refuses the character sets where that is
 		// unsafe), so a statement with arguments is one round trip instead
-		// of prepare, execute and close: +15-20 % on the order insert.
+		// of prepare, execute and close (docs/BENCHMARKS.md).
 		cfg.InterpolateParams = true
 		dial = mysql.Open(cfg.FormatDSN())
 	case DriverSQLite:
@@ -264,14 +264,8 @@ func orderArgs(orders []model.Order, at time.Time) []any {
 	return args
 }
 
-// OrderStats counts a campaign's orders and units.
-type OrderStats struct {
-	Orders int64
-	Units  int64
-}
-
 // CampaignOrderStats counts a campaign's stored orders.
-func (db *DB) CampaignOrderStats(ctx context.Context, campaignID string) (OrderStats, error) {
+func (db *DB) CampaignOrderStats(ctx context.Context, campaignID string) (model.OrderStats, error) {
 	var out struct {
 		Orders int64
 		Units  int64
@@ -279,9 +273,9 @@ func (db *DB) CampaignOrderStats(ctx context.Context, campaignID string) (OrderS
 	err := db.gdb.WithContext(ctx).Model(&orderRow{}).Where("campaign_id = ?", campaignID).
 		Select("COUNT(*) AS orders, COALESCE(SUM(quantity), 0) AS units").Scan(&out).Error
 	if err != nil {
-		return OrderStats{}, fmt.Errorf("order stats %s: %w", campaignID, err)
+		return model.OrderStats{}, fmt.Errorf("order stats %s: %w", campaignID, err)
 	}
-	return OrderStats{Orders: out.Orders, Units: out.Units}, nil
+	return model.OrderStats{Orders: out.Orders, Units: out.Units}, nil
 }
 
 // CampaignOrders lists a campaign's orders (for reconciliation and tests).

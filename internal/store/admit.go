@@ -17,51 +17,24 @@ import (
 //go:embed admit.lua
 var admitSource string
 
-// RateLimits are the per-second limits Admit applies; a zero rate turns a
-// limit off. A burst below 1 counts as 1.
-type RateLimits struct {
-	UserRate, UserBurst         int
-	CampaignRate, CampaignBurst int
-	// IPRate limits each client IP (Acceptance.ClientIP) per campaign.
-	IPRate, IPBurst int
+// idemField is a shopper's field in the idem hash, "" when there is no key.
+func idemField(userID, idempotencyKey string) string {
+	if idempotencyKey == "" {
+		return ""
+	}
+	return userID + "|" + idempotencyKey
 }
 
-// AdmitCode is what Admit did with one request.
-type AdmitCode int
-
-// Admit outcomes, one per request.
-const (
-	// Admitted: stored as queued; the caller must publish it (or Unaccept it).
-	Admitted AdmitCode = iota
-	// AdmitExisting: the shopper's Idempotency-Key names an earlier request.
-	AdmitExisting
-	// AdmitNotLoaded: the campaign has no stock in Redis.
-	AdmitNotLoaded
-	// AdmitUserRateLimited and AdmitCampaignRateLimited: refused by a limit.
-	AdmitUserRateLimited
-	AdmitCampaignRateLimited
-	// AdmitIPRateLimited: refused by the per-client-IP limit.
-	AdmitIPRateLimited
-)
-
-// Admission is Admit's answer for one request.
-type Admission struct {
-	Code AdmitCode
-	// RequestID is the request's own id, or the earlier one for AdmitExisting.
-	RequestID string
-	// RetryAfter is set for the rate-limited codes.
-	RetryAfter time.Duration
-}
-
-// Admit applies the rate limits to a batch of one campaign's acceptances and
-// stores the admitted ones as queued, in one atomic script call: what Accept
-// does for one request, for many, plus the limiter. Answers are in batch order.
-func (s *Store) Admit(ctx context.Context, campaignID string, batch []Acceptance, limits RateLimits) ([]Admission, error) {
+// Admit applies the rate limits to a batch of one campaign's requests and
+// stores the admitted ones as queued, in one atomic script call. When a
+// shopper's Idempotency-Key was seen before, the request changes nothing and
+// its answer names the earlier request. Answers are in batch order.
+func (s *Store) Admit(ctx context.Context, campaignID string, batch []model.AdmitRequest, limits model.RateLimits) ([]model.AdmitReply, error) {
 	if len(batch) == 0 {
 		return nil, nil
 	}
 	k := campaignKeys(campaignID)
-	keys := []string{k.results, k.idem, k.counters, k.stock, RateLimitKey(campaignID, "all"), k.userLimits, k.ipLimits}
+	keys := []string{k.results, k.idem, k.counters, k.stock, k.campaignLimit, k.userLimits, k.ipLimits}
 	args := make([]any, 0, 7+5*len(batch))
 	args = append(args, len(batch), limits.UserRate, limits.UserBurst, limits.CampaignRate, limits.CampaignBurst,
 		limits.IPRate, limits.IPBurst)
@@ -70,7 +43,7 @@ func (s *Store) Admit(ctx context.Context, campaignID string, batch []Acceptance
 			return nil, fmt.Errorf("admit %s: request %s belongs to campaign %s", campaignID, a.RequestID, a.CampaignID)
 		}
 		queued := encodeStored(model.Result{Status: model.StatusQueued, Quantity: a.Quantity, UserID: a.UserID})
-		args = append(args, a.RequestID, queued, a.idemField(), a.UserID, a.ClientIP)
+		args = append(args, a.RequestID, queued, idemField(a.UserID, a.IdempotencyKey), a.UserID, a.ClientIP)
 	}
 	reply, err := s.admit.Run(ctx, s.rdb, keys, args...).Slice()
 	if err != nil {
@@ -84,11 +57,11 @@ func (s *Store) Admit(ctx context.Context, campaignID string, batch []Acceptance
 }
 
 // parseAdmitReply is the one place that reads admit.lua's reply.
-func parseAdmitReply(batch []Acceptance, reply []any) ([]Admission, error) {
+func parseAdmitReply(batch []model.AdmitRequest, reply []any) ([]model.AdmitReply, error) {
 	if len(reply) != 2*len(batch) {
 		return nil, fmt.Errorf("reply has %d elements, want %d", len(reply), 2*len(batch))
 	}
-	out := make([]Admission, len(batch))
+	out := make([]model.AdmitReply, len(batch))
 	for i, a := range batch {
 		code, ok1 := reply[2*i].(int64)
 		value, ok2 := reply[2*i+1].(string)
@@ -100,27 +73,27 @@ func parseAdmitReply(batch []Acceptance, reply []any) ([]Admission, error) {
 			if value != a.RequestID {
 				return nil, fmt.Errorf("reply for %s names %q", a.RequestID, value)
 			}
-			out[i] = Admission{Code: Admitted, RequestID: value}
+			out[i] = model.AdmitReply{Code: model.Admitted, RequestID: value}
 		case 1:
 			if value == "" {
 				return nil, fmt.Errorf("reply for %s: existing request without id", a.RequestID)
 			}
-			out[i] = Admission{Code: AdmitExisting, RequestID: value}
+			out[i] = model.AdmitReply{Code: model.AdmitExisting, RequestID: value}
 		case -1:
-			out[i] = Admission{Code: AdmitNotLoaded}
+			out[i] = model.AdmitReply{Code: model.AdmitNotLoaded}
 		case -2, -3, -4:
 			secs, err := strconv.ParseFloat(value, 64)
 			if err != nil || secs < 0 || math.IsNaN(secs) || math.IsInf(secs, 0) {
 				return nil, fmt.Errorf("reply for %s: retry after %q", a.RequestID, value)
 			}
-			c := AdmitUserRateLimited
+			c := model.AdmitUserRateLimited
 			switch code {
 			case -3:
-				c = AdmitCampaignRateLimited
+				c = model.AdmitCampaignRateLimited
 			case -4:
-				c = AdmitIPRateLimited
+				c = model.AdmitIPRateLimited
 			}
-			out[i] = Admission{Code: c, RetryAfter: time.Duration(secs * float64(time.Second))}
+			out[i] = model.AdmitReply{Code: c, RetryAfter: time.Duration(secs * float64(time.Second))}
 		default:
 			return nil, fmt.Errorf("reply for %s: unknown code %d", a.RequestID, code)
 		}
@@ -128,10 +101,11 @@ func parseAdmitReply(batch []Acceptance, reply []any) ([]Admission, error) {
 	return out, nil
 }
 
-// UnacceptBatch undoes the acceptances of requests whose publish failed, in
-// one pipelined round trip; like Unaccept, it keeps any result a worker
-// already decided. It returns the errors of the requests it could not undo.
-func (s *Store) UnacceptBatch(ctx context.Context, batch []Acceptance) error {
+// Withdraw takes back the admitted requests whose publish failed, in one
+// pipelined round trip: their queued results, their count and their
+// Idempotency-Keys go, so a retry is a new request. A result a worker already
+// decided stands. It returns the errors of the requests it could not withdraw.
+func (s *Store) Withdraw(ctx context.Context, batch []model.AdmitRequest) error {
 	if len(batch) == 0 {
 		return nil
 	}
@@ -141,7 +115,7 @@ func (s *Store) UnacceptBatch(ctx context.Context, batch []Acceptance) error {
 	cmds, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, a := range batch {
 			k := campaignKeys(a.CampaignID)
-			s.unaccept.Eval(ctx, p, []string{k.results, k.idem, k.counters}, a.RequestID, a.idemField())
+			s.withdraw.Eval(ctx, p, []string{k.results, k.idem, k.counters}, a.RequestID, idemField(a.UserID, a.IdempotencyKey))
 		}
 		return nil
 	})
@@ -151,11 +125,11 @@ func (s *Store) UnacceptBatch(ctx context.Context, batch []Acceptance) error {
 	var errs []error
 	for i, c := range cmds {
 		if c.Err() != nil {
-			errs = append(errs, fmt.Errorf("unaccept %s: %w", batch[i].RequestID, c.Err()))
+			errs = append(errs, fmt.Errorf("withdraw %s: %w", batch[i].RequestID, c.Err()))
 		}
 	}
 	if len(errs) == 0 {
-		errs = append(errs, fmt.Errorf("unaccept %d requests: %w", len(batch), err))
+		errs = append(errs, fmt.Errorf("withdraw %d requests: %w", len(batch), err))
 	}
 	return errors.Join(errs...)
 }

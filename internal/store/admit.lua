@@ -4,14 +4,15 @@
 -- the writes of the ones before it, exactly as if they had been admitted one
 -- by one.
 --
--- Per request: the per-user, then the per-campaign rate limit (GCRA, the
--- algorithm of go-redis/redis_rate: a refusal changes nothing, an admission
--- moves the key's theoretical arrival time), then accept.lua's logic: the
--- Idempotency-Key dedupe and the "queued" marker.
+-- Per request: the per-client-IP, the per-user, then the per-campaign rate
+-- limit (GCRA, the algorithm of go-redis/redis_rate: a refusal changes
+-- nothing, a request let through moves the key's theoretical arrival time),
+-- then the Idempotency-Key dedupe and the "queued" result that marks the
+-- request admitted until a worker decides it.
 --
 -- KEYS[1] results   hash request id -> "status|qty|order_id|reason|user"
 -- KEYS[2] idem      hash "<user>|<idempotency key>" -> request id
--- KEYS[3] counters  hash: accepted
+-- KEYS[3] counters  hash: admitted
 -- KEYS[4] stock     only checked for existence (campaign preloaded)
 -- KEYS[5] campaign rate limit: its theoretical arrival time (TAT), with a TTL
 -- KEYS[6] user rate limits: hash user id -> TAT. One hash instead of a key per
@@ -27,7 +28,7 @@
 --                            client IP ("" when unknown: not limited)
 --
 -- Reply: { code_1, value_1, ..., code_n, value_n }
---    0, request id    accepted as new (or this request id again: a retry counts once)
+--    0, request id    admitted as new (or this request id again: a retry counts once)
 --    1, request id    an earlier request with the same key; nothing changed
 --   -1, ""            campaign not preloaded; nothing changed
 --   -2, retry after   per-user rate limit (seconds, as a string); nothing changed
@@ -127,7 +128,7 @@ if loaded then
 end
 
 local reply = {}
-local new_results, new_idem, accepted = {}, {}, 0
+local new_results, new_idem, admitted = {}, {}, 0
 for i = 1, n do
   local rid, idem = rids[i], idems[i]
   local code, value = 0, rid
@@ -168,7 +169,7 @@ for i = 1, n do
           stored[rid] = true
           new_results[#new_results + 1] = rid
           new_results[#new_results + 1] = ARGV[9 + 5 * (i - 1)]
-          accepted = accepted + 1
+          admitted = admitted + 1
         end
       end
     end
@@ -184,8 +185,8 @@ end
 for j = 1, #new_results, 4000 do
   redis.call('HSET', KEYS[1], unpack(new_results, j, math.min(j + 3999, #new_results)))
 end
-if accepted > 0 then
-  redis.call('HINCRBY', KEYS[3], 'accepted', accepted)
+if admitted > 0 then
+  redis.call('HINCRBY', KEYS[3], 'admitted', admitted)
 end
 -- Number arguments keep full precision (tostring would round to 14 digits).
 local user_tats = {}

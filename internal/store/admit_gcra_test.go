@@ -8,11 +8,13 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/flashsale/flashsale/model"
 )
 
 // TestAdmitLimiterMatchesRedisRate: admit.lua's rate limits are a port of
 // go-redis/redis_rate's GCRA into the batch script (the library needs a round
-// trip per key per request, which coalesced admission cannot afford). This
+// trip per key per request, which a coalesced admit batch cannot afford). This
 // test holds the port to the library: the same requests at the same instants
 // — miniredis's clock drives both scripts' TIME — must get the same
 // allow/deny decisions and the same retry-after.
@@ -36,7 +38,7 @@ func TestAdmitLimiterMatchesRedisRate(t *testing.T) {
 			lib := redis_rate.NewLimiter(rdb)
 			c := newCampaign(1_000_000, 1_000_000)
 			mustPreload(t, s, c)
-			limits := RateLimits{UserRate: tc.rate, UserBurst: tc.burst}
+			limits := model.RateLimits{UserRate: tc.rate, UserBurst: tc.burst}
 			libLimit := redis_rate.Limit{Rate: tc.rate, Burst: tc.burst, Period: time.Second}
 
 			rng := rand.New(rand.NewPCG(1, uint64(tc.rate)))
@@ -49,7 +51,7 @@ func TestAdmitLimiterMatchesRedisRate(t *testing.T) {
 					m.SetTime(clock)
 				}
 				user := users[rng.IntN(len(users))]
-				got, err := s.Admit(t.Context(), c.ID, []Acceptance{{RequestID: newRequestID(c.ID), CampaignID: c.ID,
+				got, err := s.Admit(t.Context(), c.ID, []model.AdmitRequest{{RequestID: newRequestID(c.ID), CampaignID: c.ID,
 					UserID: user, Quantity: 1}}, limits)
 				if err != nil {
 					t.Fatalf("step %d: admit: %v", step, err)
@@ -58,7 +60,7 @@ func TestAdmitLimiterMatchesRedisRate(t *testing.T) {
 				if err != nil {
 					t.Fatalf("step %d: redis_rate: %v", step, err)
 				}
-				gotAllowed := got[0].Code == Admitted
+				gotAllowed := got[0].Code == model.Admitted
 				decisions[gotAllowed]++
 				if gotAllowed != (want.Allowed == 1) {
 					t.Fatalf("step %d (%s at %s): admit.lua allowed=%v, redis_rate allowed=%v", step, user, clock.Format("15:04:05.000"), gotAllowed, want.Allowed == 1)

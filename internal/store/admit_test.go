@@ -12,7 +12,7 @@ import (
 // admitCall is one request of an Admit batch in a table; rid is a label.
 type admitCall struct {
 	rid, user, key, ip string
-	want               AdmitCode
+	want               model.AdmitCode
 	wantRID            string // label of the request id Admit must return; "" = none
 }
 
@@ -20,103 +20,103 @@ func TestAdmit(t *testing.T) {
 	tests := []struct {
 		name         string
 		notLoaded    bool
-		limits       RateLimits
+		limits       model.RateLimits
 		calls        []admitCall
-		wantAccepted int64
+		wantAdmitted int64
 	}{
 		{
 			name: "new requests are queued",
 			calls: []admitCall{
-				{rid: "r1", user: "u1", key: "k1", want: Admitted, wantRID: "r1"},
-				{rid: "r2", user: "u2", want: Admitted, wantRID: "r2"},
+				{rid: "r1", user: "u1", key: "k1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u2", want: model.Admitted, wantRID: "r2"},
 			},
-			wantAccepted: 2,
+			wantAdmitted: 2,
 		},
 		{
 			name: "same key same user in one batch returns the first request",
 			calls: []admitCall{
-				{rid: "r1", user: "u1", key: "k1", want: Admitted, wantRID: "r1"},
-				{rid: "r2", user: "u1", key: "k1", want: AdmitExisting, wantRID: "r1"},
-				{rid: "r3", user: "u2", key: "k1", want: Admitted, wantRID: "r3"},
+				{rid: "r1", user: "u1", key: "k1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u1", key: "k1", want: model.AdmitExisting, wantRID: "r1"},
+				{rid: "r3", user: "u2", key: "k1", want: model.Admitted, wantRID: "r3"},
 			},
-			wantAccepted: 2,
+			wantAdmitted: 2,
 		},
 		{
 			name: "same request id twice counts once",
 			calls: []admitCall{
-				{rid: "r1", user: "u1", key: "k1", want: Admitted, wantRID: "r1"},
-				{rid: "r1", user: "u1", key: "k1", want: Admitted, wantRID: "r1"},
+				{rid: "r1", user: "u1", key: "k1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r1", user: "u1", key: "k1", want: model.Admitted, wantRID: "r1"},
 			},
-			wantAccepted: 1,
+			wantAdmitted: 1,
 		},
 		{
 			name:      "campaign not loaded",
 			notLoaded: true,
-			calls:     []admitCall{{rid: "r1", user: "u1", key: "k1", want: AdmitNotLoaded}},
+			calls:     []admitCall{{rid: "r1", user: "u1", key: "k1", want: model.AdmitNotLoaded}},
 		},
 		{
 			name:   "user over its burst is refused, others are not",
-			limits: RateLimits{UserRate: 1, UserBurst: 2},
+			limits: model.RateLimits{UserRate: 1, UserBurst: 2},
 			calls: []admitCall{
-				{rid: "r1", user: "u1", want: Admitted, wantRID: "r1"},
-				{rid: "r2", user: "u1", want: Admitted, wantRID: "r2"},
-				{rid: "r3", user: "u1", want: AdmitUserRateLimited},
-				{rid: "r4", user: "u2", want: Admitted, wantRID: "r4"},
+				{rid: "r1", user: "u1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u1", want: model.Admitted, wantRID: "r2"},
+				{rid: "r3", user: "u1", want: model.AdmitUserRateLimited},
+				{rid: "r4", user: "u2", want: model.Admitted, wantRID: "r4"},
 			},
-			wantAccepted: 3,
+			wantAdmitted: 3,
 		},
 		{
 			name:   "campaign over its burst is refused",
-			limits: RateLimits{CampaignRate: 1, CampaignBurst: 2},
+			limits: model.RateLimits{CampaignRate: 1, CampaignBurst: 2},
 			calls: []admitCall{
-				{rid: "r1", user: "u1", want: Admitted, wantRID: "r1"},
-				{rid: "r2", user: "u2", want: Admitted, wantRID: "r2"},
-				{rid: "r3", user: "u3", want: AdmitCampaignRateLimited},
+				{rid: "r1", user: "u1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u2", want: model.Admitted, wantRID: "r2"},
+				{rid: "r3", user: "u3", want: model.AdmitCampaignRateLimited},
 			},
-			wantAccepted: 2,
+			wantAdmitted: 2,
 		},
 		{
 			name:   "client IP over its burst is refused across users",
-			limits: RateLimits{IPRate: 1, IPBurst: 2, UserRate: 100, UserBurst: 100},
+			limits: model.RateLimits{IPRate: 1, IPBurst: 2, UserRate: 100, UserBurst: 100},
 			calls: []admitCall{
-				{rid: "r1", user: "u1", ip: "10.0.0.1", want: Admitted, wantRID: "r1"},
-				{rid: "r2", user: "u2", ip: "10.0.0.1", want: Admitted, wantRID: "r2"},
-				{rid: "r3", user: "u3", ip: "10.0.0.1", want: AdmitIPRateLimited},
-				{rid: "r4", user: "u3", ip: "10.0.0.2", want: Admitted, wantRID: "r4"},
-				{rid: "r5", user: "u4", want: Admitted, wantRID: "r5"}, // unknown IP: not limited
+				{rid: "r1", user: "u1", ip: "10.0.0.1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u2", ip: "10.0.0.1", want: model.Admitted, wantRID: "r2"},
+				{rid: "r3", user: "u3", ip: "10.0.0.1", want: model.AdmitIPRateLimited},
+				{rid: "r4", user: "u3", ip: "10.0.0.2", want: model.Admitted, wantRID: "r4"},
+				{rid: "r5", user: "u4", want: model.Admitted, wantRID: "r5"}, // unknown IP: not limited
 			},
-			wantAccepted: 4,
+			wantAdmitted: 4,
 		},
 		{
 			name:   "IP limit on, no request with a known IP",
-			limits: RateLimits{IPRate: 1, IPBurst: 1},
+			limits: model.RateLimits{IPRate: 1, IPBurst: 1},
 			calls: []admitCall{
-				{rid: "r1", user: "u1", want: Admitted, wantRID: "r1"},
-				{rid: "r2", user: "u2", want: Admitted, wantRID: "r2"},
+				{rid: "r1", user: "u1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u2", want: model.Admitted, wantRID: "r2"},
 			},
-			wantAccepted: 2,
+			wantAdmitted: 2,
 		},
 		{
 			// An IP refusal must not use up the user's own allowance.
 			name:   "IP refusal leaves the user limit alone",
-			limits: RateLimits{IPRate: 1, IPBurst: 1, UserRate: 1, UserBurst: 1},
+			limits: model.RateLimits{IPRate: 1, IPBurst: 1, UserRate: 1, UserBurst: 1},
 			calls: []admitCall{
-				{rid: "r1", user: "u1", ip: "10.0.0.1", want: Admitted, wantRID: "r1"},
-				{rid: "r2", user: "u2", ip: "10.0.0.1", want: AdmitIPRateLimited},
-				{rid: "r3", user: "u2", ip: "10.0.0.2", want: Admitted, wantRID: "r3"},
+				{rid: "r1", user: "u1", ip: "10.0.0.1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u2", ip: "10.0.0.1", want: model.AdmitIPRateLimited},
+				{rid: "r3", user: "u2", ip: "10.0.0.2", want: model.Admitted, wantRID: "r3"},
 			},
-			wantAccepted: 2,
+			wantAdmitted: 2,
 		},
 		{
 			// A user refused by its own limit must not use up the campaign's.
 			name:   "user refusal leaves the campaign limit alone",
-			limits: RateLimits{UserRate: 1, UserBurst: 1, CampaignRate: 1, CampaignBurst: 2},
+			limits: model.RateLimits{UserRate: 1, UserBurst: 1, CampaignRate: 1, CampaignBurst: 2},
 			calls: []admitCall{
-				{rid: "r1", user: "u1", want: Admitted, wantRID: "r1"},
-				{rid: "r2", user: "u1", want: AdmitUserRateLimited},
-				{rid: "r3", user: "u2", want: Admitted, wantRID: "r3"},
+				{rid: "r1", user: "u1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u1", want: model.AdmitUserRateLimited},
+				{rid: "r3", user: "u2", want: model.Admitted, wantRID: "r3"},
 			},
-			wantAccepted: 2,
+			wantAdmitted: 2,
 		},
 	}
 	forEachBackend(t, func(t *testing.T, s *Store) {
@@ -127,9 +127,9 @@ func TestAdmit(t *testing.T) {
 					mustPreload(t, s, c)
 				}
 				ids := newLabels(c.ID)
-				batch := make([]Acceptance, len(tt.calls))
+				batch := make([]model.AdmitRequest, len(tt.calls))
 				for i, call := range tt.calls {
-					batch[i] = Acceptance{RequestID: ids.rid(call.rid), CampaignID: c.ID, UserID: call.user, Quantity: 1, IdempotencyKey: call.key, ClientIP: call.ip}
+					batch[i] = model.AdmitRequest{RequestID: ids.rid(call.rid), CampaignID: c.ID, UserID: call.user, Quantity: 1, IdempotencyKey: call.key, ClientIP: call.ip}
 				}
 				got, err := s.Admit(t.Context(), c.ID, batch, tt.limits)
 				if err != nil {
@@ -143,26 +143,171 @@ func TestAdmit(t *testing.T) {
 					if got[i].Code != call.want || got[i].RequestID != wantRID {
 						t.Errorf("request %d (%s): got code %d id %q, want code %d id %q", i, call.rid, got[i].Code, got[i].RequestID, call.want, wantRID)
 					}
-					limited := call.want == AdmitUserRateLimited || call.want == AdmitCampaignRateLimited || call.want == AdmitIPRateLimited
+					limited := call.want == model.AdmitUserRateLimited || call.want == model.AdmitCampaignRateLimited || call.want == model.AdmitIPRateLimited
 					if limited != (got[i].RetryAfter > 0) {
 						t.Errorf("request %d (%s): got retry after %v, want it set only when rate limited", i, call.rid, got[i].RetryAfter)
 					}
 				}
 				st := mustStats(t, s, c.ID)
-				if st.Accepted != tt.wantAccepted || st.Queued() != tt.wantAccepted {
-					t.Errorf("accepted/queued: got %d/%d, want %d/%d", st.Accepted, st.Queued(), tt.wantAccepted, tt.wantAccepted)
+				if st.Admitted != tt.wantAdmitted || st.Queued() != tt.wantAdmitted {
+					t.Errorf("admitted/queued: got %d/%d, want %d/%d", st.Admitted, st.Queued(), tt.wantAdmitted, tt.wantAdmitted)
 				}
 				for i, call := range tt.calls {
-					if call.want == Admitted {
+					if call.want == model.Admitted {
 						if r := mustResult(t, s, batch[i].RequestID); r.Status != model.StatusQueued || r.UserID != call.user {
 							t.Errorf("Result(%s): got %s for %s, want queued for %s", call.rid, r.Status, r.UserID, call.user)
 						}
-					} else if call.want != AdmitExisting || call.rid != call.wantRID {
+					} else if call.want != model.AdmitExisting || call.rid != call.wantRID {
 						mustNoResult(t, s, batch[i].RequestID)
 					}
 				}
 			})
 		}
+	})
+}
+
+// callAlone is one request admitted in a call of its own; rid is a label.
+type callAlone struct {
+	rid, user, key string
+	wantRID        string // label of the request id Admit must return
+	wantExisting   bool
+}
+
+// TestAdmitAcrossCalls: what one call stores, the next call sees — the
+// Idempotency-Key dedupe and a retried request id, one request per call.
+func TestAdmitAcrossCalls(t *testing.T) {
+	tests := []struct {
+		name         string
+		calls        []callAlone
+		wantAdmitted int64
+		wantQueued   []string // labels with a queued result
+		wantMissing  []string // labels without any result
+	}{
+		{
+			name:         "new request is queued",
+			calls:        []callAlone{{rid: "r1", user: "u1", key: "k1", wantRID: "r1"}},
+			wantAdmitted: 1,
+			wantQueued:   []string{"r1"},
+		},
+		{
+			name: "same key same user returns the first request",
+			calls: []callAlone{
+				{rid: "r1", user: "u1", key: "k1", wantRID: "r1"},
+				{rid: "r2", user: "u1", key: "k1", wantRID: "r1", wantExisting: true},
+			},
+			wantAdmitted: 1,
+			wantQueued:   []string{"r1"},
+			wantMissing:  []string{"r2"},
+		},
+		{
+			name: "same key different user is a new request",
+			calls: []callAlone{
+				{rid: "r1", user: "u1", key: "k1", wantRID: "r1"},
+				{rid: "r2", user: "u2", key: "k1", wantRID: "r2"},
+			},
+			wantAdmitted: 2,
+			wantQueued:   []string{"r1", "r2"},
+		},
+		{
+			name: "different keys same user are new requests",
+			calls: []callAlone{
+				{rid: "r1", user: "u1", key: "k1", wantRID: "r1"},
+				{rid: "r2", user: "u1", key: "k2", wantRID: "r2"},
+			},
+			wantAdmitted: 2,
+			wantQueued:   []string{"r1", "r2"},
+		},
+		{
+			name: "no key is never deduplicated",
+			calls: []callAlone{
+				{rid: "r1", user: "u1", wantRID: "r1"},
+				{rid: "r2", user: "u1", wantRID: "r2"},
+			},
+			wantAdmitted: 2,
+			wantQueued:   []string{"r1", "r2"},
+		},
+		{
+			// go-redis retries a script whose reply was lost; the retry must not
+			// count the request twice, or Queued never drains.
+			name: "same request id admitted twice counts once",
+			calls: []callAlone{
+				{rid: "r1", user: "u1", wantRID: "r1"},
+				{rid: "r1", user: "u1", wantRID: "r1"},
+			},
+			wantAdmitted: 1,
+			wantQueued:   []string{"r1"},
+		},
+		{
+			// The key already points at this very request: it is a retry, not a
+			// duplicate, so the caller must still go on and publish it.
+			name: "same request id and key admitted twice is not existing",
+			calls: []callAlone{
+				{rid: "r1", user: "u1", key: "k1", wantRID: "r1"},
+				{rid: "r1", user: "u1", key: "k1", wantRID: "r1"},
+				{rid: "r2", user: "u1", key: "k1", wantRID: "r1", wantExisting: true},
+			},
+			wantAdmitted: 1,
+			wantQueued:   []string{"r1"},
+			wantMissing:  []string{"r2"},
+		},
+	}
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				c := newCampaign(10, 2)
+				mustPreload(t, s, c)
+				ids := newLabels(c.ID)
+				for i, call := range tt.calls {
+					rid, existing := mustAdmit(t, s, model.AdmitRequest{
+						RequestID: ids.rid(call.rid), CampaignID: c.ID, UserID: call.user, Quantity: 2, IdempotencyKey: call.key,
+					})
+					if rid != ids.rid(call.wantRID) || existing != call.wantExisting {
+						t.Errorf("call %d: got (%s, %v), want (%s, %v)", i, rid, existing, ids.rid(call.wantRID), call.wantExisting)
+					}
+				}
+				st := mustStats(t, s, c.ID)
+				if st.Admitted != tt.wantAdmitted || st.Queued() != tt.wantAdmitted {
+					t.Errorf("admitted/queued: got %d/%d, want %d/%d", st.Admitted, st.Queued(), tt.wantAdmitted, tt.wantAdmitted)
+				}
+				users := map[string]string{}
+				for _, call := range tt.calls {
+					if _, ok := users[call.rid]; !ok {
+						users[call.rid] = call.user
+					}
+				}
+				for _, l := range tt.wantQueued {
+					want := model.Result{RequestID: ids.rid(l), CampaignID: c.ID, UserID: users[l], Status: model.StatusQueued, Quantity: 2}
+					if got := mustResult(t, s, ids.rid(l)); got != want {
+						t.Errorf("Result(%s): got %+v, want %+v", l, got, want)
+					}
+				}
+				for _, l := range tt.wantMissing {
+					mustNoResult(t, s, ids.rid(l))
+				}
+			})
+		}
+	})
+}
+
+// TestAdmitNotLoaded: a campaign that was never preloaded is refused per
+// request, and the refusal writes nothing.
+func TestAdmitNotLoaded(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		c := newCampaign(10, 1) // never preloaded
+		rid := newRequestID(c.ID)
+		got, err := s.Admit(t.Context(), c.ID, []model.AdmitRequest{{RequestID: rid, CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: "k1"}}, model.RateLimits{})
+		if err != nil || len(got) != 1 || got[0] != (model.AdmitReply{Code: model.AdmitNotLoaded}) {
+			t.Fatalf("Admit: got (%+v, %v), want one %d answer", got, err, model.AdmitNotLoaded)
+		}
+		k := campaignKeys(c.ID)
+		n, err := s.rdb.Exists(t.Context(), k.results, k.idem, k.counters, k.stock, k.meta).Result()
+		if err != nil {
+			t.Fatalf("EXISTS: %v", err)
+		}
+		if n != 0 {
+			t.Errorf("keys written by a refused Admit: got %d, want 0", n)
+		}
+		mustNoResult(t, s, rid)
 	})
 }
 
@@ -181,11 +326,11 @@ func TestAdmitIdempotencyRace(t *testing.T) {
 	)
 	for range goroutines {
 		wg.Go(func() {
-			batch := make([]Acceptance, perBatch)
+			batch := make([]model.AdmitRequest, perBatch)
 			for i := range batch {
-				batch[i] = Acceptance{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: "k1"}
+				batch[i] = model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: "k1"}
 			}
-			got, err := s.Admit(t.Context(), c.ID, batch, RateLimits{})
+			got, err := s.Admit(t.Context(), c.ID, batch, model.RateLimits{})
 			if err != nil {
 				t.Errorf("Admit: %v", err)
 				return
@@ -193,7 +338,7 @@ func TestAdmitIdempotencyRace(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			for i, a := range got {
-				if a.Code == Admitted {
+				if a.Code == model.Admitted {
 					admitted = append(admitted, batch[i].RequestID)
 				}
 				answers[a.RequestID]++
@@ -207,35 +352,110 @@ func TestAdmitIdempotencyRace(t *testing.T) {
 	if len(answers) != 1 || answers[admitted[0]] != goroutines*perBatch {
 		t.Errorf("answers: got %v, want every one of %d to name %s", answers, goroutines*perBatch, admitted[0])
 	}
-	if st := mustStats(t, s, c.ID); st.Accepted != 1 {
-		t.Errorf("accepted: got %d, want 1", st.Accepted)
+	if st := mustStats(t, s, c.ID); st.Admitted != 1 {
+		t.Errorf("admitted: got %d, want 1", st.Admitted)
 	}
 }
 
-func TestUnacceptBatch(t *testing.T) {
+// TestWithdrawBatch: one Withdraw call for a whole failed publish.
+func TestWithdrawBatch(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(10, 1)
 		mustPreload(t, s, c)
-		var batch []Acceptance
+		var batch []model.AdmitRequest
 		for i := range 3 {
-			batch = append(batch, Acceptance{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: fmt.Sprintf("u%d", i), Quantity: 1, IdempotencyKey: "k"})
+			batch = append(batch, model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: fmt.Sprintf("u%d", i), Quantity: 1, IdempotencyKey: "k"})
 		}
-		if _, err := s.Admit(t.Context(), c.ID, batch, RateLimits{}); err != nil {
+		if _, err := s.Admit(t.Context(), c.ID, batch, model.RateLimits{}); err != nil {
 			t.Fatalf("Admit: %v", err)
 		}
 		// A request a worker already decided keeps its result.
-		mustDeduct(t, s, c.ID, []Deduction{{RequestID: batch[0].RequestID, UserID: "u0", Quantity: 1, OrderID: "o1"}})
-		if err := s.UnacceptBatch(t.Context(), batch); err != nil {
-			t.Fatalf("UnacceptBatch: %v", err)
-		}
+		mustDeduct(t, s, c.ID, []model.Deduction{{RequestID: batch[0].RequestID, UserID: "u0", Quantity: 1, OrderID: "o1"}})
+		mustWithdraw(t, s, batch...)
 		if r := mustResult(t, s, batch[0].RequestID); r.Status != model.StatusSuccess {
 			t.Errorf("decided request: got %s, want %s", r.Status, model.StatusSuccess)
 		}
 		for _, a := range batch[1:] {
 			mustNoResult(t, s, a.RequestID)
 		}
-		if st := mustStats(t, s, c.ID); st.Accepted != 1 || st.Queued() != 0 {
-			t.Errorf("accepted/queued: got %d/%d, want 1/0", st.Accepted, st.Queued())
+		if st := mustStats(t, s, c.ID); st.Admitted != 1 || st.Queued() != 0 {
+			t.Errorf("admitted/queued: got %d/%d, want 1/0", st.Admitted, st.Queued())
+		}
+	})
+}
+
+// TestWithdraw: withdrawing one request, as the gateway does after a failed
+// publish.
+func TestWithdraw(t *testing.T) {
+	tests := []struct {
+		name string
+		key  string
+		// decide runs Deduct on the request before Withdraw.
+		decide bool
+		// other withdraws a different request id with the same key instead.
+		other        bool
+		times        int
+		wantStatus   model.Status // "" = no result left
+		wantAdmitted int64
+		wantQueued   int64
+		// wantKeyKept: a new request with the same key gets the first one.
+		wantKeyKept bool
+	}{
+		{name: "queued with key is removed", key: "k1", times: 1},
+		{name: "queued without key is removed", times: 1},
+		{name: "twice decrements once", key: "k1", times: 2},
+		{
+			name: "final result is kept", key: "k1", decide: true, times: 1,
+			wantStatus: model.StatusSuccess, wantAdmitted: 1, wantKeyKept: true,
+		},
+		{
+			name: "another request's key entry is kept", key: "k1", other: true, times: 1,
+			wantStatus: model.StatusQueued, wantAdmitted: 1, wantQueued: 1, wantKeyKept: true,
+		},
+	}
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				c := newCampaign(10, 1)
+				mustPreload(t, s, c)
+				a := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: tt.key}
+				mustAdmit(t, s, a)
+				if tt.decide {
+					r := mustDeduct(t, s, c.ID, []model.Deduction{{RequestID: a.RequestID, UserID: a.UserID, Quantity: a.Quantity, OrderID: "o1"}})
+					if r.Results[0].Status != model.StatusSuccess {
+						t.Fatalf("Deduct: got %s, want %s", r.Results[0].Status, model.StatusSuccess)
+					}
+				}
+				withdrawn := a
+				if tt.other {
+					withdrawn.RequestID = newRequestID(c.ID)
+				}
+				for range tt.times {
+					mustWithdraw(t, s, withdrawn)
+				}
+
+				if tt.wantStatus == "" {
+					mustNoResult(t, s, a.RequestID)
+				} else if got := mustResult(t, s, a.RequestID); got.Status != tt.wantStatus {
+					t.Errorf("Result status: got %s, want %s", got.Status, tt.wantStatus)
+				}
+				st := mustStats(t, s, c.ID)
+				if st.Admitted != tt.wantAdmitted || st.Queued() != tt.wantQueued {
+					t.Errorf("admitted/queued: got %d/%d, want %d/%d", st.Admitted, st.Queued(), tt.wantAdmitted, tt.wantQueued)
+				}
+				if tt.key == "" {
+					return
+				}
+				retry := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: a.UserID, Quantity: 1, IdempotencyKey: tt.key}
+				rid, existing := mustAdmit(t, s, retry)
+				want, wantExisting := retry.RequestID, false
+				if tt.wantKeyKept {
+					want, wantExisting = a.RequestID, true
+				}
+				if rid != want || existing != wantExisting {
+					t.Errorf("Admit with the same key after Withdraw: got (%s, %v), want (%s, %v)", rid, existing, want, wantExisting)
+				}
+			})
 		}
 	})
 }

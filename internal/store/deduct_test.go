@@ -189,9 +189,9 @@ func TestDeduct(t *testing.T) {
 				ids := newLabels(c.ID)
 				last := map[string]model.Result{} // latest reply per request id
 				for i, b := range tt.batches {
-					batch := make([]Deduction, len(b))
+					batch := make([]model.Deduction, len(b))
 					for j, d := range b {
-						batch[j] = Deduction{RequestID: ids.rid(d.rid), UserID: d.user, Quantity: d.qty, OrderID: d.order}
+						batch[j] = model.Deduction{RequestID: ids.rid(d.rid), UserID: d.user, Quantity: d.qty, OrderID: d.order}
 					}
 					got := mustDeduct(t, s, c.ID, batch)
 					if got.SoldOutNow != tt.wantSoldOut[i] {
@@ -254,12 +254,12 @@ func TestDeductRedeliveryChangesNothing(t *testing.T) {
 		c := newCampaign(2, 1)
 		mustPreload(t, s, c)
 		r1, r2 := newRequestID(c.ID), newRequestID(c.ID)
-		first := mustDeduct(t, s, c.ID, []Deduction{
+		first := mustDeduct(t, s, c.ID, []model.Deduction{
 			{RequestID: r1, UserID: "u1", Quantity: 1, OrderID: "o1"},
 			{RequestID: r2, UserID: "u1", Quantity: 1, OrderID: "o2"},
 		})
 		before := mustStats(t, s, c.ID)
-		again := mustDeduct(t, s, c.ID, []Deduction{
+		again := mustDeduct(t, s, c.ID, []model.Deduction{
 			{RequestID: r2, UserID: "u1", Quantity: 1, OrderID: "o4"},
 			{RequestID: r1, UserID: "u1", Quantity: 1, OrderID: "o3"},
 		})
@@ -287,11 +287,11 @@ func TestDeductErrorChangesNothing(t *testing.T) {
 		c := newCampaign(5, 2)
 		mustPreload(t, s, c)
 		k := campaignKeys(c.ID)
-		if err := s.Client().HSet(t.Context(), k.users, "u2", "not-a-number").Err(); err != nil {
+		if err := s.rdb.HSet(t.Context(), k.users, "u2", "not-a-number").Err(); err != nil {
 			t.Fatal(err)
 		}
 		before := mustStats(t, s, c.ID)
-		_, err := s.Deduct(t.Context(), c.ID, []Deduction{
+		_, err := s.Deduct(t.Context(), c.ID, []model.Deduction{
 			{RequestID: newRequestID(c.ID), UserID: "u1", Quantity: 1, OrderID: "o1"},
 			{RequestID: newRequestID(c.ID), UserID: "u2", Quantity: 1, OrderID: "o2"},
 		})
@@ -304,7 +304,7 @@ func TestDeductErrorChangesNothing(t *testing.T) {
 		if got := mustUserUnits(t, s, c.ID, "u1"); got != 0 {
 			t.Errorf("UserUnits(u1): got %d, want 0", got)
 		}
-		if n, err := s.Client().HLen(t.Context(), k.results).Result(); err != nil || n != 0 {
+		if n, err := s.rdb.HLen(t.Context(), k.results).Result(); err != nil || n != 0 {
 			t.Errorf("stored results: got %d (%v), want 0", n, err)
 		}
 	})
@@ -318,7 +318,7 @@ func TestDeductEmptyBatch(t *testing.T) {
 	}
 }
 
-// TestStats follows a campaign from acceptance to decision.
+// TestStats follows a campaign from admit to decision.
 func TestStats(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(3, 1)
@@ -327,23 +327,23 @@ func TestStats(t *testing.T) {
 		}
 		mustPreload(t, s, c)
 		users := []string{"u1", "u2", "u1", "u3", "u4", "u5"}
-		batch := make([]Deduction, 0, len(users))
+		batch := make([]model.Deduction, 0, len(users))
 		for i, u := range users {
 			rid := newRequestID(c.ID)
-			mustAccept(t, s, Acceptance{RequestID: rid, CampaignID: c.ID, UserID: u, Quantity: 1})
+			mustAdmit(t, s, model.AdmitRequest{RequestID: rid, CampaignID: c.ID, UserID: u, Quantity: 1})
 			if i < len(users)-1 { // the last stays queued
-				batch = append(batch, Deduction{RequestID: rid, UserID: u, Quantity: 1, OrderID: "o" + u})
+				batch = append(batch, model.Deduction{RequestID: rid, UserID: u, Quantity: 1, OrderID: "o" + u})
 			}
 		}
 		st := mustStats(t, s, c.ID)
-		if st.Accepted != 6 || st.Queued() != 6 || st.Remaining != 3 {
-			t.Errorf("Stats after accept: got accepted %d queued %d remaining %d, want 6 6 3", st.Accepted, st.Queued(), st.Remaining)
+		if st.Admitted != 6 || st.Queued() != 6 || st.Remaining != 3 {
+			t.Errorf("Stats after admit: got admitted %d queued %d remaining %d, want 6 6 3", st.Admitted, st.Queued(), st.Remaining)
 		}
 		mustDeduct(t, s, c.ID, batch)
 
 		got := mustStats(t, s, c.ID)
-		want := Stats{
-			Loaded: true, Stock: 3, Remaining: 0, Sold: 3, SoldOut: true, Accepted: 6,
+		want := model.Stats{
+			Loaded: true, Stock: 3, Remaining: 0, Sold: 3, SoldOut: true, Admitted: 6,
 			FinishedByStatus: finished(map[model.Status]int64{
 				model.StatusSuccess: 3, model.StatusLimitExceeded: 1, model.StatusSoldOut: 1,
 			}),
@@ -355,25 +355,4 @@ func TestStats(t *testing.T) {
 			t.Errorf("Queued: got %d, want 1", got.Queued())
 		}
 	})
-}
-
-func TestStatsQueued(t *testing.T) {
-	tests := []struct {
-		name string
-		st   Stats
-		want int64
-	}{
-		{name: "nothing", st: Stats{}, want: 0},
-		{name: "all queued", st: Stats{Accepted: 4}, want: 4},
-		{name: "some finished", st: Stats{Accepted: 4, FinishedByStatus: map[model.Status]int64{model.StatusSuccess: 1, model.StatusRejected: 1}}, want: 2},
-		// Requests decided without being accepted (a worker fed directly) never go negative.
-		{name: "more finished than accepted", st: Stats{Accepted: 1, FinishedByStatus: map[model.Status]int64{model.StatusSoldOut: 3}}, want: 0},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := tt.st.Queued(); got != tt.want {
-				t.Errorf("Queued(): got %d, want %d", got, tt.want)
-			}
-		})
-	}
 }

@@ -10,25 +10,8 @@ import (
 	"github.com/flashsale/flashsale/model"
 )
 
-// EventType names a campaign-level event.
-type EventType string
-
-// Campaign events.
-const (
-	// EventSoldOut: the campaign's stock reached zero.
-	EventSoldOut EventType = "sold_out"
-	// EventReset: the campaign was (re)loaded; cached flags must be dropped.
-	EventReset EventType = "reset"
-)
-
-// Event is a campaign-level broadcast between instances.
-type Event struct {
-	Type       EventType
-	CampaignID string
-}
-
 // PublishEvent broadcasts e to every gateway.
-func (s *Store) PublishEvent(ctx context.Context, e Event) error {
+func (s *Store) PublishEvent(ctx context.Context, e model.Event) error {
 	if err := s.rdb.Publish(ctx, EventsChannel, string(e.Type)+" "+e.CampaignID).Err(); err != nil {
 		return fmt.Errorf("publish event %s %s: %w", e.Type, e.CampaignID, err)
 	}
@@ -73,11 +56,11 @@ func (s *Store) PublishResults(ctx context.Context, results []model.Result) erro
 
 // SubscribeEvents calls fn for every campaign event until ctx ends. ready is
 // called once the subscription is confirmed. Malformed events are ignored.
-func (s *Store) SubscribeEvents(ctx context.Context, ready func(), fn func(Event)) error {
+func (s *Store) SubscribeEvents(ctx context.Context, ready func(), fn func(model.Event)) error {
 	return s.subscribe(ctx, EventsChannel, ready, func(payload string) {
 		t, id, ok := strings.Cut(payload, " ")
 		if ok && model.ValidCampaignID(id) {
-			fn(Event{Type: EventType(t), CampaignID: id})
+			fn(model.Event{Type: model.EventType(t), CampaignID: id})
 		}
 	})
 }

@@ -58,9 +58,9 @@ func TestEvents(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(1, 1)
 		// The channel is shared by everything on this Redis: keep only this test's events.
-		got := make(chan Event, 16)
+		got := make(chan model.Event, 16)
 		subscribed(t, func(ctx context.Context, ready func()) error {
-			return s.SubscribeEvents(ctx, ready, func(e Event) {
+			return s.SubscribeEvents(ctx, ready, func(e model.Event) {
 				if strings.HasPrefix(e.CampaignID, c.ID) {
 					got <- e
 				}
@@ -68,12 +68,12 @@ func TestEvents(t *testing.T) {
 		})
 		// Malformed payloads go first; pub/sub keeps order, so had they been
 		// passed on they would arrive before the valid events.
-		for _, p := range []string{string(EventSoldOut) + c.ID, string(EventReset) + " " + c.ID + "!", string(EventReset) + " " + c.ID + " x"} {
-			if err := s.Client().Publish(t.Context(), EventsChannel, p).Err(); err != nil {
+		for _, p := range []string{string(model.EventSoldOut) + c.ID, string(model.EventReset) + " " + c.ID + "!", string(model.EventReset) + " " + c.ID + " x"} {
+			if err := s.rdb.Publish(t.Context(), EventsChannel, p).Err(); err != nil {
 				t.Fatalf("PUBLISH %q: %v", p, err)
 			}
 		}
-		want := []Event{{Type: EventSoldOut, CampaignID: c.ID}, {Type: EventReset, CampaignID: c.ID}}
+		want := []model.Event{{Type: model.EventSoldOut, CampaignID: c.ID}, {Type: model.EventReset, CampaignID: c.ID}}
 		for _, e := range want {
 			if err := s.PublishEvent(t.Context(), e); err != nil {
 				t.Fatalf("PublishEvent(%+v): %v", e, err)
@@ -99,7 +99,7 @@ func TestResults(t *testing.T) {
 			})
 		})
 		for _, p := range []string{"not json", `{"campaign_id":"` + c.ID + `","status":"bogus"}`} {
-			if err := s.Client().Publish(t.Context(), ResultsChannel, p).Err(); err != nil {
+			if err := s.rdb.Publish(t.Context(), ResultsChannel, p).Err(); err != nil {
 				t.Fatalf("PUBLISH %q: %v", p, err)
 			}
 		}

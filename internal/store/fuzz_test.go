@@ -39,10 +39,10 @@ func FuzzParseDeductReply(f *testing.F) {
 	f.Add(int64(0), "queued", "", "", uint8(1))
 	f.Add(int64(7), "", "", "", uint8(0))
 	f.Fuzz(func(t *testing.T, flag int64, status, order, reason string, n uint8) {
-		batch := make([]Deduction, int(n%8))
+		batch := make([]model.Deduction, int(n%8))
 		reply := []any{flag}
 		for i := range batch {
-			batch[i] = Deduction{RequestID: "r", UserID: "u", Quantity: 1}
+			batch[i] = model.Deduction{RequestID: "r", UserID: "u", Quantity: 1}
 			reply = append(reply, status, order, reason)
 		}
 		// Also try a reply one element short.

@@ -90,12 +90,12 @@ func mustPreload(t *testing.T, s *Store, c model.Campaign) {
 	if err != nil {
 		t.Fatalf("Preload(%s): %v", c.ID, err)
 	}
-	if got != PreloadLoaded {
-		t.Fatalf("Preload(%s) = %q, want %q", c.ID, got, PreloadLoaded)
+	if got != model.PreloadLoaded {
+		t.Fatalf("Preload(%s) = %q, want %q", c.ID, got, model.PreloadLoaded)
 	}
 }
 
-func mustDeduct(t *testing.T, s *Store, campaignID string, batch []Deduction) DeductReply {
+func mustDeduct(t *testing.T, s *Store, campaignID string, batch []model.Deduction) model.DeductReply {
 	t.Helper()
 	r, err := s.Deduct(t.Context(), campaignID, batch)
 	if err != nil {
@@ -107,23 +107,34 @@ func mustDeduct(t *testing.T, s *Store, campaignID string, batch []Deduction) De
 	return r
 }
 
-func mustAccept(t *testing.T, s *Store, a Acceptance) (string, bool) {
+// mustAdmit admits r alone with the rate limits off, as the gateway does
+// with limits off and nothing else in flight. It returns the request id that
+// stands for r and whether it is an earlier request's (the Idempotency-Key
+// was seen before).
+func mustAdmit(t *testing.T, s *Store, r model.AdmitRequest) (string, bool) {
 	t.Helper()
-	rid, existing, err := s.Accept(t.Context(), a)
+	got, err := s.Admit(t.Context(), r.CampaignID, []model.AdmitRequest{r}, model.RateLimits{})
 	if err != nil {
-		t.Fatalf("Accept(%+v): %v", a, err)
+		t.Fatalf("Admit(%+v): %v", r, err)
 	}
-	return rid, existing
+	switch got[0].Code {
+	case model.Admitted:
+		return got[0].RequestID, false
+	case model.AdmitExisting:
+		return got[0].RequestID, true
+	}
+	t.Fatalf("Admit(%+v): got code %d, want %d or %d", r, got[0].Code, model.Admitted, model.AdmitExisting)
+	return "", false
 }
 
-func mustUnaccept(t *testing.T, s *Store, a Acceptance) {
+func mustWithdraw(t *testing.T, s *Store, batch ...model.AdmitRequest) {
 	t.Helper()
-	if err := s.Unaccept(t.Context(), a); err != nil {
-		t.Fatalf("Unaccept(%+v): %v", a, err)
+	if err := s.Withdraw(t.Context(), batch); err != nil {
+		t.Fatalf("Withdraw(%+v): %v", batch, err)
 	}
 }
 
-func mustStats(t *testing.T, s *Store, campaignID string) Stats {
+func mustStats(t *testing.T, s *Store, campaignID string) model.Stats {
 	t.Helper()
 	st, err := s.Stats(t.Context(), campaignID)
 	if err != nil {
@@ -158,11 +169,15 @@ func mustSoldOut(t *testing.T, s *Store, campaignID string) bool {
 	return ok
 }
 
+// mustUserUnits reads the units deduct.lua counted for a user (0 when none).
 func mustUserUnits(t *testing.T, s *Store, campaignID, userID string) int64 {
 	t.Helper()
-	n, err := s.UserUnits(t.Context(), campaignID, userID)
+	n, err := s.rdb.HGet(t.Context(), campaignKeys(campaignID).users, userID).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0
+	}
 	if err != nil {
-		t.Fatalf("UserUnits(%s, %s): %v", campaignID, userID, err)
+		t.Fatalf("units of %s in %s: %v", userID, campaignID, err)
 	}
 	return n
 }
@@ -177,7 +192,7 @@ func finished(counts map[model.Status]int64) map[model.Status]int64 {
 }
 
 // checkFinished compares Stats.FinishedByStatus with want (missing = 0).
-func checkFinished(t *testing.T, got Stats, want map[model.Status]int64) {
+func checkFinished(t *testing.T, got model.Stats, want map[model.Status]int64) {
 	t.Helper()
 	for _, s := range model.FinalStatuses {
 		if got.FinishedByStatus[s] != want[s] {

@@ -4,12 +4,13 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/flashsale/flashsale/model"
 )
 
 func TestParseDeductReply(t *testing.T) {
-	batch := []Deduction{
+	batch := []model.Deduction{
 		{RequestID: "c.1", UserID: "u1", Quantity: 1, OrderID: "o1"},
 		{RequestID: "c.2", UserID: "u2", Quantity: 2, OrderID: "o2"},
 	}
@@ -51,7 +52,7 @@ func TestParseDeductReply(t *testing.T) {
 			if err != nil {
 				t.Fatalf("got error %v, want nil", err)
 			}
-			want := DeductReply{SoldOutNow: true, Results: []model.Result{
+			want := model.DeductReply{SoldOutNow: true, Results: []model.Result{
 				{RequestID: "c.1", CampaignID: "c", UserID: "u1", Status: model.StatusSuccess, OrderID: "o1", Quantity: 1},
 				{RequestID: "c.2", CampaignID: "c", UserID: "u2", Status: model.StatusRejected, Reason: model.ReasonInsufficientStock, Quantity: 2},
 			}}
@@ -85,33 +86,42 @@ func TestParseDeductReplySoldOutFlag(t *testing.T) {
 	}
 }
 
-func TestParseAcceptReply(t *testing.T) {
+func TestParseAdmitReply(t *testing.T) {
+	batch := []model.AdmitRequest{{RequestID: "c.1"}}
 	tests := []struct {
-		name     string
-		reply    []any
-		wantCode int64
-		wantRID  string
-		wantErr  bool
+		name    string
+		reply   []any
+		want    model.AdmitReply
+		wantErr string // "" = success
 	}{
-		{name: "new", reply: []any{int64(0), "c.1"}, wantCode: 0, wantRID: "c.1"},
-		{name: "existing", reply: []any{int64(1), "c.1"}, wantCode: 1, wantRID: "c.1"},
-		{name: "not loaded", reply: []any{int64(-1), ""}, wantCode: -1},
-		{name: "empty", reply: nil, wantErr: true},
-		{name: "too long", reply: []any{int64(0), "c.1", ""}, wantErr: true},
-		{name: "code is a string", reply: []any{"0", "c.1"}, wantErr: true},
-		{name: "request id is nil", reply: []any{int64(0), nil}, wantErr: true},
+		{name: "new", reply: []any{int64(0), "c.1"}, want: model.AdmitReply{Code: model.Admitted, RequestID: "c.1"}},
+		{name: "existing", reply: []any{int64(1), "c.0"}, want: model.AdmitReply{Code: model.AdmitExisting, RequestID: "c.0"}},
+		{name: "not loaded", reply: []any{int64(-1), ""}, want: model.AdmitReply{Code: model.AdmitNotLoaded}},
+		{name: "user rate limited", reply: []any{int64(-2), "0.25"}, want: model.AdmitReply{Code: model.AdmitUserRateLimited, RetryAfter: 250 * time.Millisecond}},
+		{name: "campaign rate limited", reply: []any{int64(-3), "2"}, want: model.AdmitReply{Code: model.AdmitCampaignRateLimited, RetryAfter: 2 * time.Second}},
+		{name: "client IP rate limited", reply: []any{int64(-4), "0"}, want: model.AdmitReply{Code: model.AdmitIPRateLimited}},
+		{name: "empty", reply: nil, wantErr: "has 0 elements"},
+		{name: "too long", reply: []any{int64(0), "c.1", ""}, wantErr: "has 3 elements"},
+		{name: "code is a string", reply: []any{"0", "c.1"}, wantErr: "malformed"},
+		{name: "request id is nil", reply: []any{int64(0), nil}, wantErr: "malformed"},
+		{name: "new names another request", reply: []any{int64(0), "c.2"}, wantErr: `names "c.2"`},
+		{name: "existing without id", reply: []any{int64(1), ""}, wantErr: "without id"},
+		{name: "retry after not a number", reply: []any{int64(-2), "soon"}, wantErr: "retry after"},
+		{name: "retry after negative", reply: []any{int64(-3), "-1"}, wantErr: "retry after"},
+		{name: "retry after infinite", reply: []any{int64(-4), "inf"}, wantErr: "retry after"},
+		{name: "unknown code", reply: []any{int64(2), "c.1"}, wantErr: "unknown code"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			code, rid, err := parseAcceptReply(tt.reply)
-			if tt.wantErr {
-				if err == nil {
-					t.Fatalf("got (%d, %q, nil), want an error", code, rid)
+			got, err := parseAdmitReply(batch, tt.reply)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("got (%+v, %v), want error containing %q", got, err, tt.wantErr)
 				}
 				return
 			}
-			if err != nil || code != tt.wantCode || rid != tt.wantRID {
-				t.Errorf("got (%d, %q, %v), want (%d, %q, nil)", code, rid, err, tt.wantCode, tt.wantRID)
+			if err != nil || len(got) != 1 || got[0] != tt.want {
+				t.Errorf("got (%+v, %v), want ([%+v], nil)", got, err, tt.want)
 			}
 		})
 	}
@@ -213,7 +223,7 @@ func TestResult(t *testing.T) {
 		}
 		t.Run("corrupt stored value", func(t *testing.T) {
 			rid := newRequestID(c.ID)
-			if err := s.Client().HSet(t.Context(), campaignKeys(c.ID).results, rid, "garbage").Err(); err != nil {
+			if err := s.rdb.HSet(t.Context(), campaignKeys(c.ID).results, rid, "garbage").Err(); err != nil {
 				t.Fatalf("HSET: %v", err)
 			}
 			got, err := s.Result(t.Context(), rid)

@@ -14,11 +14,11 @@ func TestPreloadFresh(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(7, 2)
 		got, err := s.Preload(t.Context(), c, c.StartAt.Add(-time.Minute), false)
-		if err != nil || got != PreloadLoaded {
-			t.Fatalf("Preload: got (%q, %v), want (%q, nil)", got, err, PreloadLoaded)
+		if err != nil || got != model.PreloadLoaded {
+			t.Fatalf("Preload: got (%q, %v), want (%q, nil)", got, err, model.PreloadLoaded)
 		}
 		st := mustStats(t, s, c.ID)
-		want := Stats{Loaded: true, Stock: 7, Remaining: 7, FinishedByStatus: finished(nil)}
+		want := model.Stats{Loaded: true, Stock: 7, Remaining: 7, FinishedByStatus: finished(nil)}
 		if !reflect.DeepEqual(st, want) {
 			t.Errorf("Stats: got %+v, want %+v", st, want)
 		}
@@ -41,30 +41,30 @@ func TestPreloadAgain(t *testing.T) {
 		change    func(c *model.Campaign)
 		afterNow  time.Duration // now relative to the stored start
 		force     bool
-		want      PreloadOutcome
+		want      model.PreloadOutcome
 		wantErr   error
 		wantReset bool
 	}{
-		{name: "same values before start", afterNow: -time.Minute, want: PreloadUnchanged},
-		{name: "same values after start", afterNow: time.Minute, want: PreloadUnchanged},
-		{name: "same values after start with force", afterNow: time.Minute, force: true, want: PreloadUnchanged},
-		{name: "other stock before start", change: func(c *model.Campaign) { c.Stock = 5 }, afterNow: -time.Minute, want: PreloadLoaded, wantReset: true},
-		{name: "other limit before start", change: func(c *model.Campaign) { c.PerUserLimit = 3 }, afterNow: -time.Minute, want: PreloadLoaded, wantReset: true},
-		{name: "other start before start", change: func(c *model.Campaign) { c.StartAt = c.StartAt.Add(time.Hour) }, afterNow: -time.Minute, want: PreloadLoaded, wantReset: true},
-		{name: "other end before start", change: func(c *model.Campaign) { c.EndAt = c.EndAt.Add(time.Hour) }, afterNow: -time.Minute, want: PreloadLoaded, wantReset: true},
+		{name: "same values before start", afterNow: -time.Minute, want: model.PreloadUnchanged},
+		{name: "same values after start", afterNow: time.Minute, want: model.PreloadUnchanged},
+		{name: "same values after start with force", afterNow: time.Minute, force: true, want: model.PreloadUnchanged},
+		{name: "other stock before start", change: func(c *model.Campaign) { c.Stock = 5 }, afterNow: -time.Minute, want: model.PreloadLoaded, wantReset: true},
+		{name: "other limit before start", change: func(c *model.Campaign) { c.PerUserLimit = 3 }, afterNow: -time.Minute, want: model.PreloadLoaded, wantReset: true},
+		{name: "other start before start", change: func(c *model.Campaign) { c.StartAt = c.StartAt.Add(time.Hour) }, afterNow: -time.Minute, want: model.PreloadLoaded, wantReset: true},
+		{name: "other end before start", change: func(c *model.Campaign) { c.EndAt = c.EndAt.Add(time.Hour) }, afterNow: -time.Minute, want: model.PreloadLoaded, wantReset: true},
 		{name: "other stock after start", change: func(c *model.Campaign) { c.Stock = 5 }, afterNow: time.Minute, wantErr: model.ErrSaleStarted},
 		{name: "other stock at start", change: func(c *model.Campaign) { c.Stock = 5 }, afterNow: 0, wantErr: model.ErrSaleStarted},
 		{name: "other start after start", change: func(c *model.Campaign) { c.StartAt = c.StartAt.Add(time.Hour) }, afterNow: time.Minute, wantErr: model.ErrSaleStarted},
-		{name: "other stock after start with force", change: func(c *model.Campaign) { c.Stock = 5 }, afterNow: time.Minute, force: true, want: PreloadLoaded, wantReset: true},
+		{name: "other stock after start with force", change: func(c *model.Campaign) { c.Stock = 5 }, afterNow: time.Minute, force: true, want: model.PreloadLoaded, wantReset: true},
 	}
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
 				c := newCampaign(1, 1)
 				mustPreload(t, s, c)
-				a := Acceptance{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: "k1"}
-				mustAccept(t, s, a)
-				mustDeduct(t, s, c.ID, []Deduction{{RequestID: a.RequestID, UserID: "u1", Quantity: 1, OrderID: "o1"}})
+				a := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: "k1"}
+				mustAdmit(t, s, a)
+				mustDeduct(t, s, c.ID, []model.Deduction{{RequestID: a.RequestID, UserID: "u1", Quantity: 1, OrderID: "o1"}})
 				before, beforeMeta := mustStats(t, s, c.ID), mustMeta(t, s, c.ID)
 				if !before.SoldOut || before.Sold != 1 {
 					t.Fatalf("setup: got %+v, want sold out with 1 sold", before)
@@ -99,7 +99,7 @@ func TestPreloadAgain(t *testing.T) {
 					}
 					return
 				}
-				want := Stats{Loaded: true, Stock: next.Stock, Remaining: next.Stock, FinishedByStatus: finished(nil)}
+				want := model.Stats{Loaded: true, Stock: next.Stock, Remaining: next.Stock, FinishedByStatus: finished(nil)}
 				if !reflect.DeepEqual(st, want) {
 					t.Errorf("Stats after reset: got %+v, want %+v", st, want)
 				}
@@ -119,8 +119,8 @@ func TestPreloadAgain(t *testing.T) {
 				}
 				retry := a
 				retry.RequestID = newRequestID(c.ID)
-				if rid, existing := mustAccept(t, s, retry); rid != retry.RequestID || existing {
-					t.Errorf("Accept with the old key after reset: got (%s, %v), want (%s, false)", rid, existing, retry.RequestID)
+				if rid, existing := mustAdmit(t, s, retry); rid != retry.RequestID || existing {
+					t.Errorf("Admit with the old key after reset: got (%s, %v), want (%s, false)", rid, existing, retry.RequestID)
 				}
 			})
 		}
@@ -129,7 +129,7 @@ func TestPreloadAgain(t *testing.T) {
 
 func mustMeta(t *testing.T, s *Store, campaignID string) map[string]string {
 	t.Helper()
-	m, err := s.Client().HGetAll(t.Context(), campaignKeys(campaignID).meta).Result()
+	m, err := s.rdb.HGetAll(t.Context(), campaignKeys(campaignID).meta).Result()
 	if err != nil {
 		t.Fatalf("HGETALL meta %s: %v", campaignID, err)
 	}

@@ -75,7 +75,7 @@ func TestDeductRace(t *testing.T) {
 	}()
 
 	type sent struct {
-		d   Deduction
+		d   model.Deduction
 		got model.Result
 	}
 	var (
@@ -100,9 +100,9 @@ func TestDeductRace(t *testing.T) {
 			<-start
 			for len(mine) > 0 {
 				n := min(1+rng.IntN(maxBatch), len(mine))
-				batch := make([]Deduction, n)
+				batch := make([]model.Deduction, n)
 				for i, r := range mine[:n] {
-					batch[i] = Deduction{RequestID: r.rid, UserID: r.user, Quantity: r.qty, OrderID: fmt.Sprintf("o-%d-%d", w, len(sentBy[w])+i)}
+					batch[i] = model.Deduction{RequestID: r.rid, UserID: r.user, Quantity: r.qty, OrderID: fmt.Sprintf("o-%d-%d", w, len(sentBy[w])+i)}
 				}
 				mine = mine[n:]
 				reply, err := s.Deduct(ctx, c.ID, batch)
@@ -123,7 +123,7 @@ func TestDeductRace(t *testing.T) {
 	wg.Wait()
 	close(stop)
 	polls := <-watched
-	t.Logf("%d Stats polls during the run", polls)
+	t.Logf("%d model.Stats polls during the run", polls)
 	if polls < 2 {
 		t.Errorf("Stats polls during the run: got %d, want at least 2", polls)
 	}

@@ -1,5 +1,5 @@
 -- reject.lua: give a request a final "rejected" result unless it already has a
--- final one. Used for messages the worker gives up on, so every accepted
+-- final one. Used for messages the worker gives up on, so every admitted
 -- request still ends in exactly one final result.
 --
 -- KEYS[1] results   hash request id -> "status|qty|order_id|reason|user"

@@ -9,27 +9,27 @@ import (
 func TestReject(t *testing.T) {
 	tests := []struct {
 		name       string
-		prior      func(t *testing.T, s *Store, c model.Campaign, d Deduction)
+		prior      func(t *testing.T, s *Store, c model.Campaign, d model.Deduction)
 		wantStatus model.Status
 		wantReason string
 		wantFinRej int64
 	}{
 		{
 			name: "queued request becomes rejected",
-			prior: func(t *testing.T, s *Store, c model.Campaign, d Deduction) {
-				mustAccept(t, s, Acceptance{RequestID: d.RequestID, CampaignID: c.ID, UserID: d.UserID, Quantity: d.Quantity})
+			prior: func(t *testing.T, s *Store, c model.Campaign, d model.Deduction) {
+				mustAdmit(t, s, model.AdmitRequest{RequestID: d.RequestID, CampaignID: c.ID, UserID: d.UserID, Quantity: d.Quantity})
 			},
 			wantStatus: model.StatusRejected, wantReason: model.ReasonPoison, wantFinRej: 1,
 		},
 		{
 			name:       "unknown request becomes rejected",
-			prior:      func(*testing.T, *Store, model.Campaign, Deduction) {},
+			prior:      func(*testing.T, *Store, model.Campaign, model.Deduction) {},
 			wantStatus: model.StatusRejected, wantReason: model.ReasonPoison, wantFinRej: 1,
 		},
 		{
 			name: "a success stands",
-			prior: func(t *testing.T, s *Store, c model.Campaign, d Deduction) {
-				mustDeduct(t, s, c.ID, []Deduction{d})
+			prior: func(t *testing.T, s *Store, c model.Campaign, d model.Deduction) {
+				mustDeduct(t, s, c.ID, []model.Deduction{d})
 			},
 			wantStatus: model.StatusSuccess, wantFinRej: 0,
 		},
@@ -39,7 +39,7 @@ func TestReject(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, s *Store) {
 				c := newCampaign(5, 1)
 				mustPreload(t, s, c)
-				d := Deduction{RequestID: newRequestID(c.ID), UserID: "u1", Quantity: 1, OrderID: "o1"}
+				d := model.Deduction{RequestID: newRequestID(c.ID), UserID: "u1", Quantity: 1, OrderID: "o1"}
 				tc.prior(t, s, c, d)
 				for range 2 { // idempotent: the second call changes nothing
 					got, err := s.Reject(t.Context(), d, c.ID, model.ReasonPoison)
@@ -65,7 +65,7 @@ func TestDeductRejectsBadQuantity(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(5, 10)
 		mustPreload(t, s, c)
-		reply := mustDeduct(t, s, c.ID, []Deduction{
+		reply := mustDeduct(t, s, c.ID, []model.Deduction{
 			{RequestID: newRequestID(c.ID), UserID: "u1", Quantity: 0, OrderID: "o1"},
 			{RequestID: newRequestID(c.ID), UserID: "u1", Quantity: -2, OrderID: "o2"},
 		})

@@ -11,60 +11,43 @@ import (
 	"github.com/flashsale/flashsale/model"
 )
 
-// Snapshot is everything Redis holds about a campaign's sales, for
-// reconciliation with the order table.
-type Snapshot struct {
-	Loaded    bool
-	Stock     int64
-	Limit     int64
-	Remaining int64
-	Sold      int64
-	SoldOut   bool
-	// Units is the per-user units counter.
-	Units map[string]int64
-	// Successes are the stored success results by request id.
-	Successes map[string]model.Result
-	// Queued counts results not final yet (a settled campaign has none).
-	Queued int64
-}
-
 // Snapshot reads a campaign's sales state. It scans the results hash, so it
 // is meant for paused or finished campaigns and tools, not the hot path.
-func (s *Store) Snapshot(ctx context.Context, campaignID string) (Snapshot, error) {
+func (s *Store) Snapshot(ctx context.Context, campaignID string) (model.Snapshot, error) {
 	k := campaignKeys(campaignID)
-	snap := Snapshot{Units: map[string]int64{}, Successes: map[string]model.Result{}}
+	snap := model.Snapshot{Units: map[string]int64{}, Successes: map[string]model.Result{}}
 	meta, err := s.rdb.HMGet(ctx, k.meta, "stock", "limit").Result()
 	if err != nil {
-		return Snapshot{}, fmt.Errorf("snapshot %s: %w", campaignID, err)
+		return model.Snapshot{}, fmt.Errorf("snapshot %s: %w", campaignID, err)
 	}
 	if meta[0] == nil {
 		return snap, nil
 	}
 	snap.Loaded = true
 	if snap.Stock, err = parseInt(meta[0]); err != nil {
-		return Snapshot{}, fmt.Errorf("snapshot %s: stock: %w", campaignID, err)
+		return model.Snapshot{}, fmt.Errorf("snapshot %s: stock: %w", campaignID, err)
 	}
 	if snap.Limit, err = parseInt(meta[1]); err != nil {
-		return Snapshot{}, fmt.Errorf("snapshot %s: limit: %w", campaignID, err)
+		return model.Snapshot{}, fmt.Errorf("snapshot %s: limit: %w", campaignID, err)
 	}
 	if snap.Remaining, err = s.rdb.Get(ctx, k.stock).Int64(); err != nil && !errors.Is(err, redis.Nil) {
-		return Snapshot{}, fmt.Errorf("snapshot %s: remaining: %w", campaignID, err)
+		return model.Snapshot{}, fmt.Errorf("snapshot %s: remaining: %w", campaignID, err)
 	}
 	if snap.Sold, err = s.rdb.HGet(ctx, k.counters, "sold").Int64(); err != nil && !errors.Is(err, redis.Nil) {
-		return Snapshot{}, fmt.Errorf("snapshot %s: sold: %w", campaignID, err)
+		return model.Snapshot{}, fmt.Errorf("snapshot %s: sold: %w", campaignID, err)
 	}
 	n, err := s.rdb.Exists(ctx, k.soldout).Result()
 	if err != nil {
-		return Snapshot{}, fmt.Errorf("snapshot %s: sold-out flag: %w", campaignID, err)
+		return model.Snapshot{}, fmt.Errorf("snapshot %s: sold-out flag: %w", campaignID, err)
 	}
 	snap.SoldOut = n == 1
 	users, err := s.rdb.HGetAll(ctx, k.users).Result()
 	if err != nil {
-		return Snapshot{}, fmt.Errorf("snapshot %s: users: %w", campaignID, err)
+		return model.Snapshot{}, fmt.Errorf("snapshot %s: users: %w", campaignID, err)
 	}
 	for u, v := range users {
 		if snap.Units[u], err = strconv.ParseInt(v, 10, 64); err != nil {
-			return Snapshot{}, fmt.Errorf("snapshot %s: units of %s: %w", campaignID, u, err)
+			return model.Snapshot{}, fmt.Errorf("snapshot %s: units of %s: %w", campaignID, u, err)
 		}
 	}
 	iter := s.rdb.HScan(ctx, k.results, 0, "", 1000).Iterator()
@@ -75,7 +58,7 @@ func (s *Store) Snapshot(ctx context.Context, campaignID string) (Snapshot, erro
 		}
 		r, err := decodeStored(rid, campaignID, iter.Val())
 		if err != nil {
-			return Snapshot{}, fmt.Errorf("snapshot %s: %w", campaignID, err)
+			return model.Snapshot{}, fmt.Errorf("snapshot %s: %w", campaignID, err)
 		}
 		switch {
 		case r.Status == model.StatusSuccess:
@@ -85,7 +68,7 @@ func (s *Store) Snapshot(ctx context.Context, campaignID string) (Snapshot, erro
 		}
 	}
 	if err := iter.Err(); err != nil {
-		return Snapshot{}, fmt.Errorf("snapshot %s: results: %w", campaignID, err)
+		return model.Snapshot{}, fmt.Errorf("snapshot %s: results: %w", campaignID, err)
 	}
 	return snap, nil
 }

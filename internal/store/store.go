@@ -28,10 +28,8 @@ const (
 var (
 	//go:embed deduct.lua
 	deductSource string
-	//go:embed accept.lua
-	acceptSource string
-	//go:embed unaccept.lua
-	unacceptSource string
+	//go:embed withdraw.lua
+	withdrawSource string
 	//go:embed preload.lua
 	preloadSource string
 	//go:embed reject.lua
@@ -42,8 +40,7 @@ var (
 type Store struct {
 	rdb      redis.UniversalClient
 	deduct   *redis.Script
-	accept   *redis.Script
-	unaccept *redis.Script
+	withdraw *redis.Script
 	preload  *redis.Script
 	reject   *redis.Script
 	admit    *redis.Script
@@ -54,19 +51,18 @@ func New(rdb redis.UniversalClient) *Store {
 	return &Store{
 		rdb:      rdb,
 		deduct:   redis.NewScript(deductSource),
-		accept:   redis.NewScript(acceptSource),
-		unaccept: redis.NewScript(unacceptSource),
+		withdraw: redis.NewScript(withdrawSource),
 		preload:  redis.NewScript(preloadSource),
 		reject:   redis.NewScript(rejectSource),
 		admit:    redis.NewScript(admitSource),
 	}
 }
 
-// Client returns the underlying Redis client (for rate limiting and health).
-func (s *Store) Client() redis.UniversalClient { return s.rdb }
-
 // keys of one campaign; all share the hash tag {id}.
-type keys struct{ meta, stock, soldout, counters, users, results, idem, userLimits, ipLimits string }
+type keys struct {
+	meta, stock, soldout, counters, users, results, idem string
+	campaignLimit, userLimits, ipLimits                  string
+}
 
 func campaignKeys(id string) keys {
 	p := "fs:{" + id + "}:"
@@ -78,16 +74,11 @@ func campaignKeys(id string) keys {
 		users:    p + "users",
 		results:  p + "results",
 		idem:     p + "idem",
-		// Per-user rate-limit state (see admit.lua).
-		userLimits: p + "rl:users",
-		ipLimits:   p + "rl:ips",
+		// Rate-limit state (see admit.lua).
+		campaignLimit: p + "rl:all",
+		userLimits:    p + "rl:users",
+		ipLimits:      p + "rl:ips",
 	}
-}
-
-// RateLimitKey returns the rate-limit key for a campaign and subject, inside
-// the campaign's hash tag.
-func RateLimitKey(campaignID, subject string) string {
-	return "fs:{" + campaignID + "}:rl:" + subject
 }
 
 // Ping checks that Redis answers.
@@ -98,18 +89,9 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// PreloadOutcome says what Preload did.
-type PreloadOutcome string
-
-// Preload outcomes.
-const (
-	PreloadLoaded    PreloadOutcome = "loaded"
-	PreloadUnchanged PreloadOutcome = "unchanged"
-)
-
 // Preload loads c's stock, limit and window. It returns model.ErrSaleStarted
 // when c is loaded with other values, its sale has started and force is false.
-func (s *Store) Preload(ctx context.Context, c model.Campaign, now time.Time, force bool) (PreloadOutcome, error) {
+func (s *Store) Preload(ctx context.Context, c model.Campaign, now time.Time, force bool) (model.PreloadOutcome, error) {
 	k := campaignKeys(c.ID)
 	forceArg := "0"
 	if force {
@@ -124,102 +106,19 @@ func (s *Store) Preload(ctx context.Context, c model.Campaign, now time.Time, fo
 	}
 	switch code {
 	case 0:
-		return PreloadLoaded, nil
+		return model.PreloadLoaded, nil
 	case 1:
-		return PreloadUnchanged, nil
+		return model.PreloadUnchanged, nil
 	case -1:
 		return "", fmt.Errorf("preload %s: %w", c.ID, model.ErrSaleStarted)
 	}
 	return "", fmt.Errorf("preload %s: unexpected reply %d", c.ID, code)
 }
 
-// Acceptance is a purchase request the gateway admitted.
-type Acceptance struct {
-	RequestID      string
-	CampaignID     string
-	UserID         string
-	Quantity       int64
-	IdempotencyKey string // optional
-	// ClientIP is rate-limited when RateLimits.IPRate is set; "" is not.
-	ClientIP string
-}
-
-func (a Acceptance) idemField() string {
-	if a.IdempotencyKey == "" {
-		return ""
-	}
-	return a.UserID + "|" + a.IdempotencyKey
-}
-
-// Accept stores a as queued. When the shopper's idempotency key was seen
-// before it changes nothing and returns the earlier request id with
-// existing=true. It returns model.ErrNotLoaded when the campaign has no stock
-// in Redis.
-func (s *Store) Accept(ctx context.Context, a Acceptance) (requestID string, existing bool, err error) {
-	k := campaignKeys(a.CampaignID)
-	queued := encodeStored(model.Result{Status: model.StatusQueued, Quantity: a.Quantity, UserID: a.UserID})
-	reply, err := s.accept.Run(ctx, s.rdb, []string{k.results, k.idem, k.counters, k.stock},
-		a.RequestID, queued, a.idemField()).Slice()
-	if err != nil {
-		return "", false, fmt.Errorf("accept %s: %w", a.RequestID, err)
-	}
-	code, rid, err := parseAcceptReply(reply)
-	if err != nil {
-		return "", false, fmt.Errorf("accept %s: %w", a.RequestID, err)
-	}
-	switch code {
-	case 0:
-		return rid, false, nil
-	case 1:
-		return rid, true, nil
-	default:
-		return "", false, fmt.Errorf("accept %s: %w", a.RequestID, model.ErrNotLoaded)
-	}
-}
-
-func parseAcceptReply(reply []any) (int64, string, error) {
-	if len(reply) != 2 {
-		return 0, "", fmt.Errorf("accept reply has %d elements, want 2", len(reply))
-	}
-	code, ok1 := reply[0].(int64)
-	rid, ok2 := reply[1].(string)
-	if !ok1 || !ok2 {
-		return 0, "", fmt.Errorf("accept reply malformed: %v", reply)
-	}
-	return code, rid, nil
-}
-
-// Unaccept removes what Accept stored, when the request could not be
-// published. A result a worker already decided is kept.
-func (s *Store) Unaccept(ctx context.Context, a Acceptance) error {
-	k := campaignKeys(a.CampaignID)
-	if err := s.unaccept.Run(ctx, s.rdb, []string{k.results, k.idem, k.counters}, a.RequestID, a.idemField()).Err(); err != nil {
-		return fmt.Errorf("unaccept %s: %w", a.RequestID, err)
-	}
-	return nil
-}
-
-// Deduction is one request of a Deduct batch.
-type Deduction struct {
-	RequestID string
-	UserID    string
-	Quantity  int64
-	// OrderID is used if the request succeeds now; a request that already
-	// succeeded keeps its stored order id.
-	OrderID string
-}
-
-// DeductReply is the outcome of a Deduct batch.
-type DeductReply struct {
-	Results []model.Result // one per Deduction, same order
-	// SoldOutNow is true when this batch took the stock to zero.
-	SoldOutNow bool
-}
-
 // Deduct decides a batch of one campaign's requests in one atomic script call.
-func (s *Store) Deduct(ctx context.Context, campaignID string, batch []Deduction) (DeductReply, error) {
+func (s *Store) Deduct(ctx context.Context, campaignID string, batch []model.Deduction) (model.DeductReply, error) {
 	if len(batch) == 0 {
-		return DeductReply{}, nil
+		return model.DeductReply{}, nil
 	}
 	k := campaignKeys(campaignID)
 	args := make([]any, 0, 1+4*len(batch))
@@ -230,37 +129,37 @@ func (s *Store) Deduct(ctx context.Context, campaignID string, batch []Deduction
 	reply, err := s.deduct.Run(ctx, s.rdb,
 		[]string{k.stock, k.users, k.results, k.soldout, k.counters, k.meta}, args...).Slice()
 	if err != nil {
-		return DeductReply{}, fmt.Errorf("deduct %s (%d requests): %w", campaignID, len(batch), err)
+		return model.DeductReply{}, fmt.Errorf("deduct %s (%d requests): %w", campaignID, len(batch), err)
 	}
 	out, err := parseDeductReply(campaignID, batch, reply)
 	if err != nil {
-		return DeductReply{}, fmt.Errorf("deduct %s: %w", campaignID, err)
+		return model.DeductReply{}, fmt.Errorf("deduct %s: %w", campaignID, err)
 	}
 	return out, nil
 }
 
 // parseDeductReply is the one place that reads deduct.lua's reply.
-func parseDeductReply(campaignID string, batch []Deduction, reply []any) (DeductReply, error) {
+func parseDeductReply(campaignID string, batch []model.Deduction, reply []any) (model.DeductReply, error) {
 	if len(reply) != 1+3*len(batch) {
-		return DeductReply{}, fmt.Errorf("reply has %d elements, want %d", len(reply), 1+3*len(batch))
+		return model.DeductReply{}, fmt.Errorf("reply has %d elements, want %d", len(reply), 1+3*len(batch))
 	}
 	flag, ok := reply[0].(int64)
 	if !ok {
-		return DeductReply{}, fmt.Errorf("reply[0] is %T, want integer", reply[0])
+		return model.DeductReply{}, fmt.Errorf("reply[0] is %T, want integer", reply[0])
 	}
-	out := DeductReply{SoldOutNow: flag == 1, Results: make([]model.Result, len(batch))}
+	out := model.DeductReply{SoldOutNow: flag == 1, Results: make([]model.Result, len(batch))}
 	for i, d := range batch {
 		var f [3]string
 		for j := range f {
 			v, ok := reply[1+3*i+j].(string)
 			if !ok {
-				return DeductReply{}, fmt.Errorf("reply[%d] is %T, want string", 1+3*i+j, reply[1+3*i+j])
+				return model.DeductReply{}, fmt.Errorf("reply[%d] is %T, want string", 1+3*i+j, reply[1+3*i+j])
 			}
 			f[j] = v
 		}
 		st := model.Status(f[0])
 		if !st.Final() {
-			return DeductReply{}, fmt.Errorf("request %s: status %q is not final", d.RequestID, f[0])
+			return model.DeductReply{}, fmt.Errorf("request %s: status %q is not final", d.RequestID, f[0])
 		}
 		out.Results[i] = model.Result{
 			RequestID: d.RequestID, CampaignID: campaignID, UserID: d.UserID,
@@ -319,28 +218,8 @@ func (s *Store) SoldOut(ctx context.Context, campaignID string) (bool, error) {
 	return n == 1, nil
 }
 
-// Stats is a campaign's live counters in Redis.
-type Stats struct {
-	Loaded           bool
-	Stock            int64
-	Remaining        int64
-	Sold             int64
-	SoldOut          bool
-	Accepted         int64
-	FinishedByStatus map[model.Status]int64
-}
-
-// Queued is the number of accepted requests without a final result yet.
-func (st Stats) Queued() int64 {
-	q := st.Accepted
-	for _, n := range st.FinishedByStatus {
-		q -= n
-	}
-	return max(q, 0)
-}
-
 // Stats reads a campaign's counters in one round trip.
-func (s *Store) Stats(ctx context.Context, campaignID string) (Stats, error) {
+func (s *Store) Stats(ctx context.Context, campaignID string) (model.Stats, error) {
 	k := campaignKeys(campaignID)
 	pipe := s.rdb.Pipeline()
 	meta := pipe.HGet(ctx, k.meta, "stock")
@@ -348,9 +227,9 @@ func (s *Store) Stats(ctx context.Context, campaignID string) (Stats, error) {
 	flag := pipe.Exists(ctx, k.soldout)
 	counters := pipe.HGetAll(ctx, k.counters)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return Stats{}, fmt.Errorf("stats %s: %w", campaignID, err)
+		return model.Stats{}, fmt.Errorf("stats %s: %w", campaignID, err)
 	}
-	st := Stats{FinishedByStatus: map[model.Status]int64{}}
+	st := model.Stats{FinishedByStatus: map[model.Status]int64{}}
 	for _, s := range model.FinalStatuses {
 		st.FinishedByStatus[s] = 0
 	}
@@ -359,21 +238,21 @@ func (s *Store) Stats(ctx context.Context, campaignID string) (Stats, error) {
 		return st, nil
 	}
 	if err != nil {
-		return Stats{}, fmt.Errorf("stats %s: stock: %w", campaignID, err)
+		return model.Stats{}, fmt.Errorf("stats %s: stock: %w", campaignID, err)
 	}
 	st.Loaded, st.Stock = true, stock
 	if st.Remaining, err = rem.Int64(); err != nil {
-		return Stats{}, fmt.Errorf("stats %s: remaining: %w", campaignID, err)
+		return model.Stats{}, fmt.Errorf("stats %s: remaining: %w", campaignID, err)
 	}
 	st.SoldOut = flag.Val() == 1
 	for f, v := range counters.Val() {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			return Stats{}, fmt.Errorf("stats %s: counter %s: %w", campaignID, f, err)
+			return model.Stats{}, fmt.Errorf("stats %s: counter %s: %w", campaignID, f, err)
 		}
 		switch {
-		case f == "accepted":
-			st.Accepted = n
+		case f == "admitted":
+			st.Admitted = n
 		case f == "sold":
 			st.Sold = n
 		case strings.HasPrefix(f, "fin:"):
@@ -383,21 +262,9 @@ func (s *Store) Stats(ctx context.Context, campaignID string) (Stats, error) {
 	return st, nil
 }
 
-// UserUnits returns how many units a user bought in a campaign.
-func (s *Store) UserUnits(ctx context.Context, campaignID, userID string) (int64, error) {
-	n, err := s.rdb.HGet(ctx, campaignKeys(campaignID).users, userID).Int64()
-	if errors.Is(err, redis.Nil) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("user units %s/%s: %w", campaignID, userID, err)
-	}
-	return n, nil
-}
-
 // Reject gives a request a final rejected result with reason, unless it
 // already has a final result, and returns the result that stands.
-func (s *Store) Reject(ctx context.Context, d Deduction, campaignID, reason string) (model.Result, error) {
+func (s *Store) Reject(ctx context.Context, d model.Deduction, campaignID, reason string) (model.Result, error) {
 	k := campaignKeys(campaignID)
 	v := encodeStored(model.Result{Status: model.StatusRejected, Quantity: d.Quantity, Reason: reason, UserID: d.UserID})
 	stored, err := s.reject.Run(ctx, s.rdb, []string{k.results, k.counters}, d.RequestID, v).Text()
@@ -410,8 +277,7 @@ func (s *Store) Reject(ctx context.Context, d Deduction, campaignID, reason stri
 // IdempotentRequest returns the request id a shopper's Idempotency-Key
 // already names in a campaign, if any.
 func (s *Store) IdempotentRequest(ctx context.Context, campaignID, userID, key string) (string, bool, error) {
-	a := Acceptance{UserID: userID, IdempotencyKey: key}
-	rid, err := s.rdb.HGet(ctx, campaignKeys(campaignID).idem, a.idemField()).Result()
+	rid, err := s.rdb.HGet(ctx, campaignKeys(campaignID).idem, idemField(userID, key)).Result()
 	if errors.Is(err, redis.Nil) {
 		return "", false, nil
 	}

@@ -24,7 +24,7 @@ func benchStore(b *testing.B) (*Store, model.Campaign) {
 		// b.Context is already cancelled when cleanups run.
 		k := campaignKeys(c.ID)
 		_ = s.rdb.Del(context.Background(), k.meta, k.stock, k.soldout, k.counters, k.users, k.results, k.idem,
-			RateLimitKey(c.ID, "all"), k.userLimits).Err()
+			k.campaignLimit, k.userLimits, k.ipLimits).Err()
 	})
 	return s, c
 }
@@ -42,12 +42,12 @@ func BenchmarkDeduct(b *testing.B) {
 	for _, size := range []int{1, 16, 128, 512} {
 		b.Run(fmt.Sprintf("batch=%d", size), func(b *testing.B) {
 			s, c := benchStore(b)
-			batch := make([]Deduction, size)
+			batch := make([]model.Deduction, size)
 			n := 0
 			for b.Loop() {
 				for i := range batch {
 					n++
-					batch[i] = Deduction{RequestID: benchRequestID(c.ID, n), UserID: fmt.Sprintf("u%d", n), Quantity: 1, OrderID: "o"}
+					batch[i] = model.Deduction{RequestID: benchRequestID(c.ID, n), UserID: fmt.Sprintf("u%d", n), Quantity: 1, OrderID: "o"}
 				}
 				r, err := s.Deduct(b.Context(), c.ID, batch)
 				if err != nil {
@@ -65,28 +65,28 @@ func BenchmarkDeduct(b *testing.B) {
 // BenchmarkAdmit measures admit.lua with both rate limits on, one call per
 // batch: the gateway's share of Redis work per purchase.
 func BenchmarkAdmit(b *testing.B) {
-	limits := RateLimits{UserRate: 1_000_000, UserBurst: 1_000_000, CampaignRate: 1_000_000, CampaignBurst: 1_000_000}
+	limits := model.RateLimits{UserRate: 1_000_000, UserBurst: 1_000_000, CampaignRate: 1_000_000, CampaignBurst: 1_000_000}
 	for _, size := range []int{1, 16, 128, 512} {
 		b.Run(fmt.Sprintf("batch=%d", size), func(b *testing.B) {
 			s, c := benchStore(b)
-			batch := make([]Acceptance, size)
+			batch := make([]model.AdmitRequest, size)
 			n := 0
 			for b.Loop() {
 				for i := range batch {
 					n++
-					batch[i] = Acceptance{RequestID: benchRequestID(c.ID, n), CampaignID: c.ID, UserID: fmt.Sprintf("u%d", n%10_000),
+					batch[i] = model.AdmitRequest{RequestID: benchRequestID(c.ID, n), CampaignID: c.ID, UserID: fmt.Sprintf("u%d", n%10_000),
 						Quantity: 1, IdempotencyKey: fmt.Sprintf("k%d", n)}
 				}
 				adms, err := s.Admit(b.Context(), c.ID, batch, limits)
 				if err != nil {
 					b.Fatalf("Admit: %v", err)
 				}
-				if adms[size-1].Code != Admitted {
-					b.Fatalf("Admit: got code %d, want %d", adms[size-1].Code, Admitted)
+				if adms[size-1].Code != model.Admitted {
+					b.Fatalf("Admit: got code %d, want %d", adms[size-1].Code, model.Admitted)
 				}
 			}
 			// The users' rate-limit keys expire on their own within a second.
-			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "admissions/s")
+			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "admitted/s")
 		})
 	}
 }

@@ -31,7 +31,7 @@ type sale struct {
 	users    map[string]string // request id -> user
 }
 
-// newSale preloads a campaign with stock units (one per user) and accepts
+// newSale preloads a campaign with stock units (one per user) and admits
 // one request from each of n users.
 func newSale(t *testing.T, stock int64, n int) *sale {
 	t.Helper()
@@ -55,8 +55,8 @@ func newSale(t *testing.T, stock int64, n int) *sale {
 		id := uuid.Must(uuid.NewV7())
 		rid := model.FormatRequestID(s.campaign.ID, fmt.Sprintf("%x", id[:]))
 		user := fmt.Sprintf("user%04d", i)
-		if _, _, err := s.st.Accept(ctx, store.Acceptance{RequestID: rid, CampaignID: s.campaign.ID, UserID: user, Quantity: 1}); err != nil {
-			t.Fatalf("accept: %v", err)
+		if got, err := s.st.Admit(ctx, s.campaign.ID, []model.AdmitRequest{{RequestID: rid, CampaignID: s.campaign.ID, UserID: user, Quantity: 1}}, model.RateLimits{}); err != nil || got[0].Code != model.Admitted {
+			t.Fatalf("admit: got %+v, %v; want admitted", got, err)
 		}
 		body, err := model.EncodePurchaseRequest(model.PurchaseRequest{RequestID: rid, CampaignID: s.campaign.ID, UserID: user, Quantity: 1})
 		if err != nil {

@@ -1,8 +1,9 @@
--- unaccept.lua: undo accept.lua when the publish failed, so a refused request
--- leaves nothing behind. Only a still-queued result is removed: if a worker
--- somehow decided it already, the decision stands.
+-- withdraw.lua: take back what admit.lua stored for a request whose publish
+-- failed, so a refused request leaves nothing behind. Only a still-queued
+-- result is removed: if a worker somehow decided it already, the decision
+-- stands.
 --
--- KEYS[1] results, KEYS[2] idem, KEYS[3] counters (as in accept.lua)
+-- KEYS[1] results, KEYS[2] idem, KEYS[3] counters (as in admit.lua)
 -- ARGV[1] request id
 -- ARGV[2] idempotency field, "" when none
 --
@@ -12,7 +13,7 @@ local removed = 0
 local stored = redis.call('HGET', KEYS[1], ARGV[1])
 if stored and string.sub(stored, 1, 7) == 'queued|' then
   redis.call('HDEL', KEYS[1], ARGV[1])
-  redis.call('HINCRBY', KEYS[3], 'accepted', -1)
+  redis.call('HINCRBY', KEYS[3], 'admitted', -1)
   removed = 1
 end
 -- A decided request keeps its key, so the shopper's retry finds its result

@@ -3,10 +3,12 @@ package gateway
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gin-gonic/gin"
 
@@ -127,7 +129,7 @@ func TestWritePurchaseAnswerMatchesGin(t *testing.T) {
 			gin.SetMode(gin.TestMode)
 			got := httptest.NewRecorder()
 			c, _ := gin.CreateTestContext(got)
-			writePurchaseAnswer(c, status, id)
+			writePurchaseAnswer(c, Admitted{RequestID: id, Existing: status == http.StatusOK})
 			want := httptest.NewRecorder()
 			wc, _ := gin.CreateTestContext(want)
 			wc.JSON(status, resp)
@@ -169,3 +171,42 @@ func BenchmarkDecodePurchaseBody(b *testing.B) {
 type nopCloser struct{ *strings.Reader }
 
 func (nopCloser) Close() error { return nil }
+
+// TestPurchaseSoldOutSkipsBody: once a cached, open campaign is sold out, a
+// purchase without an Idempotency-Key is refused before its body is read;
+// one with a key reads on, since its earlier request may have succeeded.
+func TestPurchaseSoldOutSkipsBody(t *testing.T) {
+	// A cache that outlives the test, however slow the machine.
+	svc, st, c := newAdmitService(t, newGatePublisher(false), Options{CampaignCacheTTL: time.Hour})
+	all := make([]model.Deduction, c.Stock)
+	for i := range all {
+		all[i] = model.Deduction{RequestID: model.FormatRequestID(c.ID, fmt.Sprintf("%032x", i)),
+			UserID: fmt.Sprintf("u%d", i), Quantity: 1, OrderID: fmt.Sprintf("o%d", i)}
+	}
+	if r, err := st.Deduct(t.Context(), c.ID, all); err != nil || !r.SoldOutNow {
+		t.Fatalf("sell out: got %+v, %v; want the stock sold out", r.SoldOutNow, err)
+	}
+	reads := 0
+	read := func() (int64, string, error) { reads++; return 1, "", nil }
+	tests := []struct {
+		name      string
+		key       string
+		wantReads int // in total, after this purchase
+	}{
+		{name: "first purchase loads the campaign", wantReads: 1},
+		{name: "cached and sold out", wantReads: 1},
+		{name: "with an Idempotency-Key", key: "k1", wantReads: 2},
+		{name: "cached and sold out again", wantReads: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := svc.Purchase(t.Context(), Purchase{UserID: "late", CampaignID: c.ID, IdempotencyKey: tt.key}, read)
+			if !errors.Is(err, model.ErrSoldOut) {
+				t.Fatalf("got %v, want %v", err, model.ErrSoldOut)
+			}
+			if reads != tt.wantReads {
+				t.Errorf("bodies read: got %d, want %d", reads, tt.wantReads)
+			}
+		})
+	}
+}

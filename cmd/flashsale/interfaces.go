@@ -1,0 +1,23 @@
+package main
+
+import (
+	"github.com/flashsale/flashsale/gateway"
+	"github.com/flashsale/flashsale/internal/reconcile"
+	"github.com/flashsale/flashsale/internal/sqlstore"
+	"github.com/flashsale/flashsale/internal/store"
+	"github.com/flashsale/flashsale/notifier"
+	"github.com/flashsale/flashsale/worker"
+)
+
+// The drivers wired in satisfy the interfaces of the code that uses them.
+// The checks live here, where both sides are imported: store and sqlstore
+// must not import the roles.
+var (
+	_ gateway.Stock         = (*store.Store)(nil)
+	_ gateway.Campaigns     = (*sqlstore.DB)(nil)
+	_ worker.Stock          = (*store.Store)(nil)
+	_ worker.Orders         = (*sqlstore.DB)(nil)
+	_ notifier.ResultSource = (*store.Store)(nil)
+	_ reconcile.Redis       = (*store.Store)(nil)
+	_ reconcile.Orders      = (*sqlstore.DB)(nil)
+)

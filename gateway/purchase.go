@@ -1,0 +1,221 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+
+	"github.com/gin-gonic/gin"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/flashsale/flashsale/internal/httpapi"
+	"github.com/flashsale/flashsale/internal/wire"
+	"github.com/flashsale/flashsale/model"
+)
+
+// The purchase route, from the request to the answer: the handler, its body
+// decoder and answer writer, and the one service call between them. It is
+// the one hot route — every shopper of a sale calls it — so its body and its
+// answer skip encoding/json's reflection in the common case. Anything but
+// the common case goes through the generic code, so the inputs taken, the
+// errors and the bytes written stay exactly those of httpapi.DecodeJSON and
+// gin's JSON renderer (tested and fuzzed in purchase_test.go). What happens
+// to an admitted purchase next (coalesced Redis call and publish) is in
+// admit.go.
+
+// Paths of the purchase route, and of what its answer points to (served by
+// the notifier).
+const (
+	purchasePath = "/api/v1/campaigns/:id/purchases"
+	pollPath     = "/api/v1/purchases/"
+	wsPath       = "/api/v1/ws"
+)
+
+type purchaseRequest struct {
+	Quantity *int64 `json:"quantity"`
+}
+
+type purchaseResponse struct {
+	RequestID string       `json:"request_id"`
+	Status    model.Status `json:"status"`
+	PollURL   string       `json:"poll_url"`
+	WSURL     string       `json:"ws_url"`
+}
+
+func (h *Handlers) purchase(c *gin.Context, userID string) {
+	adm, err := h.svc.Purchase(c.Request.Context(),
+		Purchase{UserID: userID, CampaignID: c.Param("id"), IdempotencyKey: c.GetHeader("Idempotency-Key")},
+		func() (int64, string, error) {
+			qty, err := decodePurchaseBody(c)
+			return qty, c.ClientIP(), err
+		})
+	if err != nil {
+		httpapi.Abort(c, h.log, err)
+		return
+	}
+	writePurchaseAnswer(c, adm)
+}
+
+// Purchase is a shopper's request to buy.
+type Purchase struct {
+	UserID         string
+	CampaignID     string
+	Quantity       int64
+	IdempotencyKey string
+	// ClientIP is the shopper's address as the HTTP layer determined it
+	// (trusted proxies only); "" skips the per-IP limit.
+	ClientIP string
+}
+
+var idempotencyKeyPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
+
+// Admitted is the answer to an admitted purchase.
+type Admitted struct {
+	RequestID string
+	// Existing is true when the idempotency key matched an earlier request.
+	Existing bool
+}
+
+// Purchase admits a purchase, cheapest checks first, and enqueues it. p
+// holds what the request line and headers say (user, campaign,
+// Idempotency-Key); read, unless nil, completes it from the body and the
+// connection: its quantity and client IP replace p's. Most purchases of a
+// flash sale end at the sold-out flag, so a cached, open, sold-out campaign
+// refuses a purchase without an Idempotency-Key before read is called: its
+// body is never read. With a key, the earlier request may have succeeded,
+// so it goes on.
+func (s *Service) Purchase(ctx context.Context, p Purchase, read func() (quantity int64, clientIP string, err error)) (Admitted, error) {
+	if p.IdempotencyKey == "" && s.soldOutEarly(p.CampaignID) {
+		return Admitted{}, s.refuse("sold_out", model.ErrSoldOut)
+	}
+	if read != nil {
+		var err error
+		if p.Quantity, p.ClientIP, err = read(); err != nil {
+			return Admitted{}, err
+		}
+	}
+	if !model.ValidCampaignID(p.CampaignID) {
+		return Admitted{}, s.refuse("not_found", model.ErrNotFound)
+	}
+	if p.Quantity < 1 || p.Quantity > model.MaxQuantity {
+		return Admitted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("must be between 1 and %d", model.MaxQuantity)))
+	}
+	if p.IdempotencyKey != "" && !idempotencyKeyPattern.MatchString(p.IdempotencyKey) {
+		return Admitted{}, s.refuse("invalid", model.Invalid("Idempotency-Key", "must match [A-Za-z0-9_.:-]{1,64}"))
+	}
+	cc, c, err := s.campaign(ctx, p.CampaignID)
+	if err != nil {
+		return Admitted{}, s.refuse("campaign", err)
+	}
+	if p.Quantity > c.PerUserLimit {
+		return Admitted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("exceeds the per-user limit of %d", c.PerUserLimit)))
+	}
+	if err := c.Window(s.opts.Now()); err != nil {
+		return Admitted{}, s.refuse("window", err)
+	}
+	if cc.soldOut.Load() {
+		// A shopper repeating a request whose answer it lost must get that
+		// request back, not "sold out": it may well have succeeded.
+		if p.IdempotencyKey != "" {
+			if rid, ok, err := s.stock.IdempotentRequest(ctx, p.CampaignID, p.UserID, p.IdempotencyKey); err != nil {
+				return Admitted{}, s.refuse("unavailable", err)
+			} else if ok {
+				return Admitted{RequestID: rid, Existing: true}, nil
+			}
+		}
+		return Admitted{}, s.refuse("sold_out", model.ErrSoldOut)
+	}
+	// While the queue is known to be down, refuse before writing anything
+	// to Redis: nothing to withdraw, and the shopper learns it at once.
+	if s.breaker.State() == gobreaker.StateOpen {
+		return Admitted{}, s.refuse("queue_down", fmt.Errorf("queue: %w: circuit open", model.ErrUnavailable))
+	}
+	return s.enqueue(ctx, p)
+}
+
+// soldOutEarly reports whether campaignID is cached, open and sold out. It
+// never loads anything, so it costs a map lookup; false means Purchase
+// decides the long way.
+func (s *Service) soldOutEarly(campaignID string) bool {
+	s.mu.RLock()
+	cc := s.cache[campaignID]
+	s.mu.RUnlock()
+	if cc == nil || !cc.soldOut.Load() {
+		return false
+	}
+	snap := cc.snap.Load()
+	now := s.opts.Now()
+	return s.fresh(snap, now) && snap.err == nil && snap.campaign.Window(now) == nil
+}
+
+// decodePurchaseBody returns the quantity of a purchase body; an absent
+// quantity is 1. Errors are httpapi.DecodeJSON's.
+func decodePurchaseBody(c *gin.Context) (int64, error) {
+	// Bodies are tiny; a read that fills buf falls back to the decoder with
+	// what was read put back in front of the rest.
+	buf := make([]byte, 64)
+	n, err := io.ReadFull(c.Request.Body, buf)
+	var rest io.Reader
+	switch err {
+	case io.EOF, io.ErrUnexpectedEOF: // the whole body is in buf[:n]
+		if q, ok := fastQuantity(buf[:n]); ok {
+			return q, nil
+		}
+		rest = bytes.NewReader(buf[:n])
+	default: // full buffer, or a read error (MaxBytesReader repeats it)
+		rest = io.MultiReader(bytes.NewReader(buf[:n]), c.Request.Body)
+	}
+	var req purchaseRequest
+	if err := httpapi.DecodeJSONFrom(rest, &req); err != nil {
+		return 0, err
+	}
+	if req.Quantity == nil {
+		return 1, nil
+	}
+	return *req.Quantity, nil
+}
+
+// fastQuantity reads the body with wire.Decoder: {} or an object whose
+// one member is an integer "quantity"; ok is false for anything else, which
+// the strict decoder then judges.
+func fastQuantity(b []byte) (q int64, ok bool) {
+	q = 1
+	d := wire.NewDecoder(b)
+	ok = d.Members(func(key string) (uint16, bool) {
+		if key != "quantity" {
+			return 0, false
+		}
+		var ok bool
+		q, ok = d.Int()
+		return 1, ok
+	})
+	return q, ok
+}
+
+// writePurchaseAnswer writes the answer to an admitted purchase, 202 for a
+// new request and 200 for an earlier one: the bytes c.JSON(status,
+// purchaseResponse{…}) writes, built without reflection when the request id
+// needs no JSON escaping (ours never do; a value from elsewhere takes gin's
+// renderer).
+func writePurchaseAnswer(c *gin.Context, adm Admitted) {
+	status := http.StatusAccepted
+	if adm.Existing {
+		status = http.StatusOK
+	}
+	requestID := adm.RequestID
+	if !wire.JSONSafe(requestID) {
+		c.JSON(status, purchaseResponse{RequestID: requestID, Status: model.StatusQueued,
+			PollURL: pollPath + requestID, WSURL: wsPath})
+		return
+	}
+	b := make([]byte, 0, 96+2*len(requestID))
+	b = append(b, `{"request_id":"`...)
+	b = append(b, requestID...)
+	b = append(b, `","status":"`+model.StatusQueued+`","poll_url":"`+pollPath...)
+	b = append(b, requestID...)
+	b = append(b, `","ws_url":"`+wsPath+`"}`...)
+	httpapi.WriteJSON(c, status, b)
+}

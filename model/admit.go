@@ -1,0 +1,57 @@
+package model
+
+import "time"
+
+// RateLimits are the per-second limits a purchase is admitted under; a zero
+// rate turns a limit off, a burst below 1 counts as 1. They are declared once,
+// here: the tags name the gateway's configuration keys and environment
+// variables (gateway.user_rate, FLASHSALE_GATEWAY_USER_RATE, …).
+type RateLimits struct {
+	UserRate      int `yaml:"user_rate" env:"USER_RATE"`
+	UserBurst     int `yaml:"user_burst" env:"USER_BURST"`
+	CampaignRate  int `yaml:"campaign_rate" env:"CAMPAIGN_RATE"`
+	CampaignBurst int `yaml:"campaign_burst" env:"CAMPAIGN_BURST"`
+	// IPRate limits each client IP per campaign, so one address cannot drive
+	// many accounts at full speed.
+	IPRate  int `yaml:"ip_rate" env:"IP_RATE"`
+	IPBurst int `yaml:"ip_burst" env:"IP_BURST"`
+}
+
+// AdmitRequest is one purchase request to admit: rate-limit, deduplicate by
+// its Idempotency-Key and store as queued.
+type AdmitRequest struct {
+	RequestID      string
+	CampaignID     string
+	UserID         string
+	Quantity       int64
+	IdempotencyKey string // optional
+	// ClientIP is rate-limited when RateLimits.IPRate is set; "" is not.
+	ClientIP string
+}
+
+// AdmitCode is what admitting did with one request.
+type AdmitCode int
+
+// Admit outcomes, one per request.
+const (
+	// Admitted: stored as queued; the caller must publish it (or withdraw it).
+	Admitted AdmitCode = iota
+	// AdmitExisting: the shopper's Idempotency-Key names an earlier request.
+	AdmitExisting
+	// AdmitNotLoaded: the campaign has no stock in Redis.
+	AdmitNotLoaded
+	// AdmitUserRateLimited and AdmitCampaignRateLimited: refused by a limit.
+	AdmitUserRateLimited
+	AdmitCampaignRateLimited
+	// AdmitIPRateLimited: refused by the per-client-IP limit.
+	AdmitIPRateLimited
+)
+
+// AdmitReply is the answer for one AdmitRequest.
+type AdmitReply struct {
+	Code AdmitCode
+	// RequestID is the request's own id, or the earlier one for AdmitExisting.
+	RequestID string
+	// RetryAfter is set for the rate-limited codes.
+	RetryAfter time.Duration
+}

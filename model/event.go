@@ -1,0 +1,18 @@
+package model
+
+// EventType names a campaign-level event.
+type EventType string
+
+// Campaign events.
+const (
+	// EventSoldOut: the campaign's stock reached zero.
+	EventSoldOut EventType = "sold_out"
+	// EventReset: the campaign was (re)loaded; cached flags must be dropped.
+	EventReset EventType = "reset"
+)
+
+// Event is a campaign-level broadcast between instances.
+type Event struct {
+	Type       EventType
+	CampaignID string
+}

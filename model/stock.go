@@ -1,0 +1,70 @@
+package model
+
+// PreloadOutcome says what loading a campaign's stock did.
+type PreloadOutcome string
+
+// Preload outcomes.
+const (
+	PreloadLoaded    PreloadOutcome = "loaded"
+	PreloadUnchanged PreloadOutcome = "unchanged"
+)
+
+// Deduction is one request of a batch the worker decides.
+type Deduction struct {
+	RequestID string
+	UserID    string
+	Quantity  int64
+	// OrderID is used if the request succeeds now; a request that already
+	// succeeded keeps its stored order id.
+	OrderID string
+}
+
+// DeductReply is the outcome of deciding a batch of Deductions.
+type DeductReply struct {
+	Results []Result // one per Deduction, same order
+	// SoldOutNow is true when this batch took the stock to zero.
+	SoldOutNow bool
+}
+
+// Stats is a campaign's live counters (in Redis).
+type Stats struct {
+	Loaded           bool
+	Stock            int64
+	Remaining        int64
+	Sold             int64
+	SoldOut          bool
+	Admitted         int64
+	FinishedByStatus map[Status]int64
+}
+
+// Queued is the number of admitted requests without a final result yet.
+func (st Stats) Queued() int64 {
+	q := st.Admitted
+	for _, n := range st.FinishedByStatus {
+		q -= n
+	}
+	return max(q, 0)
+}
+
+// OrderStats counts a campaign's stored orders and their units.
+type OrderStats struct {
+	Orders int64
+	Units  int64
+}
+
+// Snapshot is everything Redis holds about a campaign's sales, for
+// reconciliation with the order table.
+type Snapshot struct {
+	Loaded    bool
+	Stock     int64
+	Limit     int64
+	Remaining int64
+	Sold      int64
+	SoldOut   bool
+	// Units is the per-user units counter.
+	Units map[string]int64
+	// Successes are the stored success results by request id.
+	Successes map[string]Result
+	// Queued counts results not final yet (a settled campaign has none).
+	Queued int64
+}
