@@ -144,8 +144,10 @@ func TestMySQLOutage(t *testing.T) {
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
-		readyDown <- sawDown
+		// Up again before the answer: the test reads stats through the
+		// proxy as soon as it has it.
 		px.setDown(false)
+		readyDown <- sawDown
 	}()
 	admitted, codes := shopPaced(t, c, campaign, 600*soak, 20, 100*time.Millisecond)
 	<-outage
