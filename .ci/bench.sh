@@ -210,7 +210,7 @@ fi
 # 2. The admit path: the gateway role alone, so no worker shares the cores;
 # every request is admitted and published. Its own topic keeps the later
 # serve's workers from draining this backlog during stages 3 and 4.
-# Purchases per admit.lua call (the admission batch size) come from Redis's
+# Purchases per admit.lua call (the admit batch size) come from Redis's
 # command statistics, reset when the stage starts.
 if want admit; then
   FLASHSALE_QUEUE_TOPIC=$TOPIC-admit "$WORK/flashsale" gateway --config "$CONFIG" >"$WORK/gateway.log" 2>&1 &

@@ -105,7 +105,7 @@ var mintedPrefix = func() string {
 // verifyMinted verifies a token in the exact form Mint writes, the form of
 // every token of a sale: the header segment is mintedPrefix's, so the
 // algorithm is known to be HS256 without decoding the header into a map
-// (~40 % of a fresh token's verification, docs/BENCHMARKS.md), and the
+// (much of a fresh token's verification, docs/BENCHMARKS.md), and the
 // claims are mintedClaims' shape. golang-jwt still checks the HMAC and
 // validates the claims as ParseWithClaims would. ok is false for any other
 // token and for any failure; the caller then runs ParseWithClaims, so errors

@@ -38,7 +38,7 @@ func New() *Metrics {
 			Name: "flashsale_http_requests_total", Help: "HTTP requests by route and status code.",
 		}, []string{"route", "code"}),
 		Refusals: newCounterVec(prometheus.CounterOpts{
-			Name: "flashsale_admission_refusals_total", Help: "Purchase requests refused at the gateway, by reason.",
+			Name: "flashsale_admit_refusals_total", Help: "Purchase requests refused at the gateway, by reason.",
 		}, []string{"reason"}),
 		PublishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "flashsale_queue_publish_seconds", Help: "Queue publish latency.",

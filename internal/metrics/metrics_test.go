@@ -52,7 +52,7 @@ func TestCounterVecKeepsChildren(t *testing.T) {
 		{"sold_out", value(t, m.Refusals.CounterVec.WithLabelValues("sold_out")), 3},
 		{"rate_user", value(t, m.Refusals.CounterVec.WithLabelValues("rate_user")), 2},
 		{"two labels", value(t, m.Requests.CounterVec.WithLabelValues("/a", "200")), 2},
-		{"series", float64(series(t, m.Registry, "flashsale_admission_refusals_total")), 2},
+		{"series", float64(series(t, m.Registry, "flashsale_admit_refusals_total")), 2},
 	}
 	for _, tc := range tests {
 		if tc.got != tc.want {
