@@ -19,6 +19,9 @@ type Order struct {
 	// ExpiresAt ends the payment window: an order still pending then
 	// expires. Zero on orders stored before payment windows existed.
 	ExpiresAt time.Time
+	// Returned is set once a final order's units are back on sale in
+	// Redis (or need not come back: a refund after the sale closed).
+	Returned bool
 }
 
 // MaxOrderID is the longest order id ValidOrderID accepts.

@@ -44,7 +44,7 @@ func (r paymentRow) toModel() model.Payment {
 
 func (r orderRow) toModel() model.Order {
 	o := model.Order{ID: r.ID, RequestID: r.RequestID, CampaignID: r.CampaignID, UserID: r.UserID,
-		Quantity: r.Quantity, Amount: r.Amount, Status: model.OrderStatus(r.Status),
+		Quantity: r.Quantity, Amount: r.Amount, Status: model.OrderStatus(r.Status), Returned: r.StockReturned,
 		CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC()}
 	if r.ExpiresAt != nil {
 		o.ExpiresAt = r.ExpiresAt.UTC()

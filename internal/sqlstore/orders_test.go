@@ -435,6 +435,9 @@ func TestSweeperQueries(t *testing.T) {
 					t.Fatalf("MarkReturned(%s): %v", id, err)
 				}
 			}
+			if !mustOrder(t, db, orders[0].ID).Returned || mustOrder(t, db, orders[3].ID).Returned {
+				t.Fatalf("Returned: got the pending order marked or the expired one not")
+			}
 			got, err = db.Unreturned(t.Context(), 10)
 			if want := []string{orders[1].ID, orders[2].ID}; err != nil || !slices.Equal(slices.Sorted(slices.Values(orderIDs(got))), want) {
 				t.Fatalf("Unreturned after MarkReturned: got %v, %v; want %v", orderIDs(got), err, want)
