@@ -13,18 +13,13 @@ import "time"
 // read), so when two instances race (a payment and the expiry in the same
 // millisecond) exactly one of them wins.
 
-// transitions lists, for each state, the states it may move to.
-var transitions = map[OrderStatus][]OrderStatus{
-	OrderPendingPayment: {OrderPaid, OrderCancelled, OrderExpired},
-	OrderPaid:           {OrderRefunded},
-}
-
 // CanTransition reports whether an order in state s may move to state to.
 func (s OrderStatus) CanTransition(to OrderStatus) bool {
-	for _, next := range transitions[s] {
-		if next == to {
-			return true
-		}
+	switch s {
+	case OrderPendingPayment:
+		return to == OrderPaid || to == OrderCancelled || to == OrderExpired
+	case OrderPaid:
+		return to == OrderRefunded
 	}
 	return false
 }
@@ -33,9 +28,8 @@ func (s OrderStatus) CanTransition(to OrderStatus) bool {
 // on sale while it is pending payment or paid.
 func (s OrderStatus) Active() bool { return s == OrderPendingPayment || s == OrderPaid }
 
-// Final reports whether s is an end state. An order that reaches one has
-// given its units back (or, for a refund after the sale closed, no longer
-// needs them).
+// Final reports whether s is an end state. An order that reaches one gives
+// its units back to the sale (a refund after the sale closed excepted).
 func (s OrderStatus) Final() bool {
 	return s == OrderCancelled || s == OrderExpired || s == OrderRefunded
 }

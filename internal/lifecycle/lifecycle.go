@@ -229,8 +229,9 @@ func (s *Service) Refund(ctx context.Context, orderID string) (model.Order, erro
 // still pending but not due yet is returned unchanged (the caller schedules
 // it again for its ExpiresAt); one paid or cancelled meanwhile is returned
 // as it is; one already in a final state has any release it lacks
-// completed (a redelivery after a crash). An unknown order is
-// model.ErrNotFound.
+// completed (a redelivery after a crash). An order stored without an
+// expiry (before payment windows existed) never expires. An unknown order
+// is model.ErrNotFound.
 func (s *Service) Expire(ctx context.Context, orderID string, now time.Time) (model.Order, error) {
 	o, err := s.db.Order(ctx, orderID)
 	if err != nil {
