@@ -21,9 +21,9 @@ import (
 // Two indexes serve it (orderRow's tags): idx_orders_due (status,
 // stock_returned, expires_at) finds due pending orders and releases not yet
 // applied without reading settled orders; idx_orders_user (user_id,
-// created_at) lists a shopper's orders. New rows enter the first at its end
-// (same status, growing expiry), which is cheap; the second is what a
-// shopper's listing costs the insert.
+// created_at) lists a shopper's orders without reading anyone else's. Both
+// cost the worker's INSERT something: BenchmarkInsertIndexes (plus_due,
+// all_five) measures how much.
 
 // paymentRow is the payments table: one row per provider payment id, so a
 // webhook delivered twice is recorded once.
