@@ -15,9 +15,14 @@ type Campaign struct {
 	Name         string
 	Stock        int64
 	PerUserLimit int64
-	StartAt      time.Time
-	EndAt        time.Time
-	CreatedAt    time.Time
+	// Price is one unit's price in minor units (cents); 0 is free.
+	Price int64
+	// PaymentWindow is how long a buyer has to pay before the order
+	// expires and its units go back on sale (WithDefaults fills it in).
+	PaymentWindow time.Duration
+	StartAt       time.Time
+	EndAt         time.Time
+	CreatedAt     time.Time
 }
 
 // ValidCampaignID reports whether id may name a campaign. Campaign ids end up
@@ -38,6 +43,12 @@ func (c Campaign) Validate() error {
 		return Invalid("stock", "must be between 1 and 10000000")
 	case c.PerUserLimit < 1:
 		return Invalid("per_user_limit", "must be at least 1")
+	case c.Price < 0 || c.Price > MaxPrice:
+		return Invalid("price", "must be between 0 and 1000000000000")
+	case c.PaymentWindow != 0 && (c.PaymentWindow < MinPaymentWindow || c.PaymentWindow > MaxPaymentWindow):
+		return Invalid("payment_window", "must be between 1s and 24h (0 means 10m)")
+	case c.PaymentWindow%time.Millisecond != 0:
+		return Invalid("payment_window", "must be whole milliseconds")
 	case c.StartAt.IsZero():
 		return Invalid("start_at", "is required")
 	case c.EndAt.IsZero():

@@ -22,6 +22,18 @@ var (
 	ErrNotLoaded      = errors.New("campaign stock not preloaded")
 	ErrBodyTooLarge   = errors.New("request body too large")
 	ErrTooManyStreams = errors.New("too many subscriptions")
+
+	// The order lifecycle's refusals: the order is not in a state the
+	// action starts from.
+	ErrNotPayable     = errors.New("order is not payable")
+	ErrNotCancellable = errors.New("order is not cancellable")
+	ErrNotRefundable  = errors.New("order is not refundable")
+
+	// Payment webhooks' refusals.
+	ErrBadSignature    = errors.New("missing or invalid webhook signature")
+	ErrStaleSignature  = errors.New("webhook timestamp outside the tolerance")
+	ErrAmountMismatch  = errors.New("payment amount does not match the order")
+	ErrPaymentConflict = errors.New("payment id already recorded with other details")
 )
 
 // InvalidError reports one invalid input field. It is always a client error.

@@ -9,6 +9,9 @@ const (
 	EventSoldOut EventType = "sold_out"
 	// EventReset: the campaign was (re)loaded; cached flags must be dropped.
 	EventReset EventType = "reset"
+	// EventReturned: units came back on sale (an order expired, was
+	// cancelled or refunded); cached sold-out flags must be dropped.
+	EventReturned EventType = "returned"
 )
 
 // Event is a campaign-level broadcast between instances.

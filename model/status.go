@@ -37,13 +37,14 @@ const (
 )
 
 // OrderStatus is the lifecycle state of a persisted order. Orders start
-// pending payment; the payment window (a later issue) moves them on.
+// pending payment; lifecycle.go lists where each state may go.
 type OrderStatus string
 
 // Order statuses.
 const (
 	OrderPendingPayment OrderStatus = "pending_payment"
 	OrderPaid           OrderStatus = "paid"
+	OrderCancelled      OrderStatus = "cancelled"
 	OrderExpired        OrderStatus = "expired"
 	OrderRefunded       OrderStatus = "refunded"
 )

@@ -26,10 +26,14 @@ type campaignRow struct {
 	Name         string `gorm:"size:200;not null"`
 	Stock        int64  `gorm:"not null"`
 	PerUserLimit int64  `gorm:"not null"`
-	StartAt      time.Time
-	EndAt        time.Time
-	CreatedAt    time.Time
-	UpdatedAt    time.Time
+	Price        int64  `gorm:"not null;default:0"`
+	// PaymentWindowMS is the payment window in milliseconds; campaigns
+	// stored before it existed get the default.
+	PaymentWindowMS int64 `gorm:"column:payment_window_ms;not null;default:600000"`
+	StartAt         time.Time
+	EndAt           time.Time
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
 }
 
 func (campaignRow) TableName() string { return "campaigns" }
@@ -38,16 +42,22 @@ func (campaignRow) TableName() string { return "campaigns" }
 // persisting a redelivered success a no-op. Status has no index of its own:
 // nearly every row holds the same value, so it would slow every insert and
 // speed up no query (docs/BENCHMARKS.md); databases migrated before keep
-// theirs, which is harmless.
+// theirs, which is harmless. The lifecycle's two indexes (see orders.go) are
+// the sweeper's and a shopper's listing.
 type orderRow struct {
 	ID         string `gorm:"primaryKey;size:64"`
 	RequestID  string `gorm:"size:120;not null;uniqueIndex"`
 	CampaignID string `gorm:"size:64;not null;index:idx_orders_campaign_user,priority:1"`
-	UserID     string `gorm:"size:128;not null;index:idx_orders_campaign_user,priority:2"`
+	UserID     string `gorm:"size:128;not null;index:idx_orders_campaign_user,priority:2;index:idx_orders_user,priority:1"`
 	Quantity   int64  `gorm:"not null"`
-	Status     string `gorm:"size:32;not null"`
-	CreatedAt  time.Time
-	UpdatedAt  time.Time
+	Amount     int64  `gorm:"not null;default:0"`
+	Status     string `gorm:"size:32;not null;index:idx_orders_due,priority:1"`
+	// StockReturned is set once an order's units are back in Redis (or
+	// need not come back): the sweeper completes releases it lacks.
+	StockReturned bool       `gorm:"not null;default:false;index:idx_orders_due,priority:2"`
+	ExpiresAt     *time.Time `gorm:"index:idx_orders_due,priority:3"`
+	CreatedAt     time.Time  `gorm:"index:idx_orders_user,priority:2"`
+	UpdatedAt     time.Time
 }
 
 func (orderRow) TableName() string { return "orders" }
@@ -129,7 +139,7 @@ func Open(ctx context.Context, driver, dsn string) (*DB, error) {
 		_ = sqlDB.Close()
 		return nil, err
 	}
-	if err := gdb.WithContext(ctx).AutoMigrate(&campaignRow{}, &orderRow{}); err != nil {
+	if err := gdb.WithContext(ctx).AutoMigrate(&campaignRow{}, &orderRow{}, &paymentRow{}); err != nil {
 		_ = sqlDB.Close()
 		return nil, fmt.Errorf("migrate %s database: %w", driver, err)
 	}
@@ -157,9 +167,12 @@ func (db *DB) Ping(ctx context.Context) error {
 	return nil
 }
 
-// CreateCampaign stores a new campaign; an existing id is model.ErrConflict.
+// CreateCampaign stores a new campaign, with model.Campaign.WithDefaults; an
+// existing id is model.ErrConflict.
 func (db *DB) CreateCampaign(ctx context.Context, c model.Campaign) (model.Campaign, error) {
+	c = c.WithDefaults()
 	row := campaignRow{ID: c.ID, Name: c.Name, Stock: c.Stock, PerUserLimit: c.PerUserLimit,
+		Price: c.Price, PaymentWindowMS: c.PaymentWindow.Milliseconds(),
 		StartAt: c.StartAt.UTC(), EndAt: c.EndAt.UTC()}
 	err := db.gdb.WithContext(ctx).Create(&row).Error
 	if errors.Is(err, gorm.ErrDuplicatedKey) {
@@ -186,6 +199,7 @@ func (db *DB) Campaign(ctx context.Context, id string) (model.Campaign, error) {
 
 func (r campaignRow) toModel() model.Campaign {
 	return model.Campaign{ID: r.ID, Name: r.Name, Stock: r.Stock, PerUserLimit: r.PerUserLimit,
+		Price: r.Price, PaymentWindow: time.Duration(r.PaymentWindowMS) * time.Millisecond,
 		StartAt: r.StartAt.UTC(), EndAt: r.EndAt.UTC(), CreatedAt: r.CreatedAt.UTC()}
 }
 
@@ -193,17 +207,19 @@ func (r campaignRow) toModel() model.Campaign {
 // microsecond precision both databases keep.
 func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
 
-// maxOrdersPerInsert bounds one INSERT statement: 8 values a row keep it
+// maxOrdersPerInsert bounds one INSERT statement: 10 values a row keep it
 // far below MySQL's 65,535 placeholders and SQLite's 32,766 variables.
 const maxOrdersPerInsert = 1000
 
 // orderColumns are the orders table's columns in the order insertOrdersSQL
 // lists them and orderArgs fills them.
-const orderColumns = "(`id`,`request_id`,`campaign_id`,`user_id`,`quantity`,`status`,`created_at`,`updated_at`)"
+const orderColumns = "(`id`,`request_id`,`campaign_id`,`user_id`,`quantity`,`amount`,`status`,`expires_at`,`created_at`,`updated_at`)"
 
 // InsertOrders stores orders with one multi-row INSERT per
 // maxOrdersPerInsert. Orders whose request id is already stored are
-// skipped, so a redelivered batch inserts nothing twice.
+// skipped, so a redelivered batch inserts nothing twice. Each order's
+// Amount and ExpiresAt are stored as given (a zero ExpiresAt as none);
+// created_at and updated_at are the time of the call.
 //
 // It is written in SQL rather than through gorm's CreateInBatches because it
 // runs for every batch of successes: gorm reflects over every row and field
@@ -235,7 +251,7 @@ func (db *DB) InsertOrders(ctx context.Context, orders []model.Order) error {
 // a NULL) still fails the statement, which INSERT IGNORE would turn into a
 // warning and a truncated row.
 func insertOrdersSQL(driver string, n int) string {
-	const row = "(?,?,?,?,?,?,?,?)"
+	const row = "(?,?,?,?,?,?,?,?,?,?)"
 	var b strings.Builder
 	b.Grow(64 + len(orderColumns) + n*(len(row)+1) + 40)
 	b.WriteString("INSERT INTO `orders` ")
@@ -257,9 +273,13 @@ func insertOrdersSQL(driver string, n int) string {
 
 // orderArgs are the values of insertOrdersSQL, row by row.
 func orderArgs(orders []model.Order, at time.Time) []any {
-	args := make([]any, 0, 8*len(orders))
+	args := make([]any, 0, 10*len(orders))
 	for _, o := range orders {
-		args = append(args, o.ID, o.RequestID, o.CampaignID, o.UserID, o.Quantity, string(o.Status), at, at)
+		var expires any // NULL when zero
+		if !o.ExpiresAt.IsZero() {
+			expires = o.ExpiresAt.UTC()
+		}
+		args = append(args, o.ID, o.RequestID, o.CampaignID, o.UserID, o.Quantity, o.Amount, string(o.Status), expires, at, at)
 	}
 	return args
 }
@@ -284,10 +304,5 @@ func (db *DB) CampaignOrders(ctx context.Context, campaignID string) ([]model.Or
 	if err := db.gdb.WithContext(ctx).Where("campaign_id = ?", campaignID).Order("request_id").Find(&rows).Error; err != nil {
 		return nil, fmt.Errorf("orders of %s: %w", campaignID, err)
 	}
-	out := make([]model.Order, len(rows))
-	for i, r := range rows {
-		out[i] = model.Order{ID: r.ID, RequestID: r.RequestID, CampaignID: r.CampaignID, UserID: r.UserID,
-			Quantity: r.Quantity, Status: model.OrderStatus(r.Status), CreatedAt: r.CreatedAt.UTC()}
-	}
-	return out, nil
+	return toModels(rows), nil
 }

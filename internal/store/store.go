@@ -34,6 +34,8 @@ var (
 	preloadSource string
 	//go:embed reject.lua
 	rejectSource string
+	//go:embed release.lua
+	releaseSource string
 )
 
 // Store runs flashsale's Redis operations on a client, ring or cluster.
@@ -44,6 +46,7 @@ type Store struct {
 	preload  *redis.Script
 	reject   *redis.Script
 	admit    *redis.Script
+	release  *redis.Script
 }
 
 // New returns a Store on rdb.
@@ -55,12 +58,14 @@ func New(rdb redis.UniversalClient) *Store {
 		preload:  redis.NewScript(preloadSource),
 		reject:   redis.NewScript(rejectSource),
 		admit:    redis.NewScript(admitSource),
+		release:  redis.NewScript(releaseSource),
 	}
 }
 
 // keys of one campaign; all share the hash tag {id}.
 type keys struct {
 	meta, stock, soldout, counters, users, results, idem string
+	released                                             string
 	campaignLimit, userLimits, ipLimits                  string
 }
 
@@ -74,6 +79,8 @@ func campaignKeys(id string) keys {
 		users:    p + "users",
 		results:  p + "results",
 		idem:     p + "idem",
+		// Order ids whose units went back on sale (see release.lua).
+		released: p + "released",
 		// Rate-limit state (see admit.lua).
 		campaignLimit: p + "rl:all",
 		userLimits:    p + "rl:users",
