@@ -135,6 +135,10 @@ func checkEncodeEquivalent(t *testing.T, s1, s2, s3 string, n int64, at time.Tim
 	}
 }
 
+// TestEncodeEquivalentToEncodingJSON holds the entry points to encoding/json
+// on model's own types: one case the hand-written encoder takes, and one of
+// each kind it declines (escaping, an unrepresentable time), which fall back.
+// internal/wire's table and fuzz target cover the encoder itself.
 func TestEncodeEquivalentToEncodingJSON(t *testing.T) {
 	utc := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	tests := []struct {
@@ -144,15 +148,9 @@ func TestEncodeEquivalentToEncodingJSON(t *testing.T) {
 		at         time.Time
 	}{
 		{"valid", "c." + strings.Repeat("ab", 16), "c", "alice", 1, utc},
-		{"zero time", "c.x", "c", "u", 0, time.Time{}},
-		{"nanoseconds and an offset", "r", "c", "u", -7, time.Date(2026, 5, 6, 7, 8, 9, 123456789, time.FixedZone("x", 5*3600+1800))},
 		{"html characters", "a<b", "c&d", "e>f", 1, utc},
-		{"quote and backslash", `a"b`, `c\d`, "e", 1, utc},
 		{"control and non-ASCII", "a\nb", "é", "\xff", 1, utc},
-		{"DEL", "a\x7fb", "c", "u", 1, utc},
 		{"year 10000", "r", "c", "u", 1, time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)},
-		{"negative year", "r", "c", "u", 1, time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC)},
-		{"empty", "", "", "", 0, utc},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { checkEncodeEquivalent(t, tc.s1, tc.s2, tc.s3, tc.n, tc.at) })
