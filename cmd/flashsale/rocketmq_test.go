@@ -21,7 +21,7 @@ import (
 // returns a client of it.
 //
 // Why a child process: rocketmq-client-go v2.1.2 has data races of its own
-// (shared/NOTES-rocketmq.md), and this package's tests run under -race, which
+// (docs/ROCKETMQ.md), and this package's tests run under -race, which
 // would fail on them. The child is built without -race; the test process —
 // the shoppers, the checks and the broker double, which is race-clean — stays
 // under it, and the gateway, worker and notifier code the child runs is
