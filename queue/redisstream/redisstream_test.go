@@ -108,7 +108,7 @@ func (l *topicLog) add(topic string) {
 	l.topics[topic] = true
 }
 
-func (l *topicLog) deleteKeys(t *testing.T, rdb *redis.Client, partitions int) {
+func (l *topicLog) deleteKeys(t testing.TB, rdb *redis.Client, partitions int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
