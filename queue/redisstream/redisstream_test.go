@@ -116,7 +116,7 @@ func (l *topicLog) deleteKeys(t testing.TB, rdb *redis.Client, partitions int) {
 	for topic := range l.topics {
 		keys := []string{membersKey(topic)}
 		for p := range partitions {
-			keys = append(keys, streamKey(topic, p), leaseKey(topic, p))
+			keys = append(keys, streamKey(topic, p), leaseKey(topic, p), fenceKey(topic, p))
 		}
 		for _, k := range keys { // one by one: the keys live in different slots
 			if err := rdb.Del(ctx, k).Err(); err != nil {
