@@ -133,8 +133,8 @@ func (c topicConsumer) Consume(ctx context.Context, topic string, h queue.Handle
 // dead-consumer subtest is skipped (the backend is no queuetest.Crasher):
 // RocketMQ's orderly mode keeps a batch's failed attempts in the consumer's
 // memory, so a batch taken over from a dead consumer starts again at Attempt
-// 1, where the suite wants at least 2. TestConsumerKilledMidBatch covers the
-// takeover itself.
+// 1, where the suite wants at least 2. cmd/flashsale's
+// TestConsumerKilledMidBatch covers the takeover itself.
 func TestContract(t *testing.T) {
 	t.Parallel()
 	queuetest.Run(t, queuetest.Factory{
