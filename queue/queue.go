@@ -76,6 +76,15 @@ type PipelineHandler func(ctx context.Context, msgs []Message) (Finish, error)
 // PipelineConsumer is implemented by consumers that run a batch's Finish
 // behind the next batch's first step (Features.Pipeline). Cancellation and
 // shutdown are as for Consume: batches in flight run both steps to the end.
+//
+// Each pipelining driver implements this itself rather than through one
+// pipeliner above the drivers, because undoing a failed Finish is the
+// driver's own business: memqueue keeps a partition's batches in flight as
+// prefixes of its message list, under the lock through which every consumer
+// takes batches, while redisstream leaves the redelivery to the group's
+// pending entries and its take-over path. A shared pipeliner would need both
+// rebuilt around a read, acknowledge and restart interface, and would not be
+// simpler.
 type PipelineConsumer interface {
 	ConsumePipelined(ctx context.Context, topic string, h PipelineHandler) error
 }

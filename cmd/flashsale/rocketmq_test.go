@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,60 +17,88 @@ import (
 	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
 )
 
-// startRocketMQProcess runs `flashsale serve` on the rocketmq driver as a
-// child process, against a RocketMQ broker double in this process, and
-// returns a client of it.
+// The tests on the rocketmq driver run the system as `flashsale` child
+// processes against a RocketMQ broker double in this process.
 //
-// Why a child process: rocketmq-client-go v2.1.2 has data races of its own
-// (shared/NOTES-rocketmq.md), and this package's tests run under -race, which
-// would fail on them. The child is built without -race; the test process —
-// the shoppers, the checks and the broker double, which is race-clean — stays
-// under it, and the gateway, worker and notifier code the child runs is
-// covered under -race by the other drivers' runs of the same tests. It also
-// makes this run the closest to production: the real binary, configured
-// through FLASHSALE_* variables, talking to the broker over TCP.
+// Why child processes: rocketmq-client-go v2.1.2 has data races of its own
+// (docs/ROCKETMQ.md), and this package's tests run under -race, which would
+// fail on them. The children are built without -race; the test process —
+// the shoppers, the checks and the broker double, which is race-clean —
+// stays under it, and the gateway, worker and notifier code the children run
+// is covered under -race by the other drivers' runs of the same tests. It
+// also makes these runs the closest to production: the real binary,
+// configured through FLASHSALE_* variables, talking to the broker over TCP.
+
+// startRocketMQProcess runs `flashsale serve` on the rocketmq driver as a
+// child process, against a broker double of its own, and returns a client of
+// it.
 func startRocketMQProcess(t *testing.T, cfg config.Config) *client {
 	t.Helper()
-	srv, err := rmqtest.Start(rmqtest.Options{})
+	srv := startBrokerDouble(t, rmqtest.Options{})
+	// Operators create the topic (docker-compose's rocketmq-init does).
+	srv.CreateTopic(cfg.Queue.Topic, cfg.Queue.Partitions)
+	p := startRocketMQRole(t, buildBinary(t), "serve", rocketMQEnv(cfg, srv.Addr()))
+	return p.client(t, cfg)
+}
+
+// startBrokerDouble starts a RocketMQ broker double for one test. Register
+// it before the processes that use it: cleanups run in reverse, so it stops
+// after them.
+func startBrokerDouble(t *testing.T, opts rmqtest.Options) *rmqtest.Server {
+	t.Helper()
+	srv, err := rmqtest.Start(opts)
 	if err != nil {
 		t.Fatalf("start broker double: %v", err)
 	}
-	t.Cleanup(func() { _ = srv.Close() }) // registered first: runs after the process stopped
-	// Operators create the topic (docker-compose's rocketmq-init does).
-	srv.CreateTopic(cfg.Queue.Topic, cfg.Queue.Partitions)
+	t.Cleanup(func() { _ = srv.Close() })
+	return srv
+}
 
-	bin := buildBinary(t)
-	cmd := exec.Command(bin, "serve")
-	cmd.Env = append(processEnv(cfg),
-		"FLASHSALE_QUEUE_ROCKETMQ_NAME_SERVERS="+srv.Addr(),
+// rocketMQEnv expresses cfg as a child's environment on the rocketmq driver,
+// with nameServer as the name server.
+func rocketMQEnv(cfg config.Config, nameServer string) []string {
+	return append(processEnv(cfg),
+		"FLASHSALE_QUEUE_ROCKETMQ_NAME_SERVERS="+nameServer,
 		"FLASHSALE_QUEUE_GROUP="+cfg.Queue.Group,
 		"FLASHSALE_QUEUE_ROCKETMQ_LOG_LEVEL=error",
 		fmt.Sprintf("FLASHSALE_GATEWAY_USER_RATE=%d", cfg.Gateway.UserRate),
 		fmt.Sprintf("FLASHSALE_GATEWAY_USER_BURST=%d", cfg.Gateway.UserBurst),
 		"FLASHSALE_NOTIFIER_ALLOWED_ORIGINS=*",
 	)
-	var stderr lockedBuffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
+}
+
+// rocketMQRole is a `flashsale <role>` child process.
+type rocketMQRole struct {
+	role   string
+	cmd    *exec.Cmd
+	addr   string // its HTTP listener
+	stderr *lockedBuffer
+	exited chan struct{}
+	err    error // Wait's result, set before exited is closed
+}
+
+// startRocketMQRole starts `flashsale <role>` with env and waits until it
+// listens. At cleanup it stops the process if the test has not, and shows its
+// stderr if the test failed.
+func startRocketMQRole(t *testing.T, bin, role string, env []string) *rocketMQRole {
+	t.Helper()
+	p := &rocketMQRole{role: role, cmd: exec.Command(bin, role), stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	p.cmd.Env = env
+	p.cmd.Stderr = p.stderr
+	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start flashsale serve: %v", err)
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start flashsale %s: %v", role, err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
+	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			t.Errorf("flashsale serve did not stop within 20s of SIGINT; killing it")
-			_ = cmd.Process.Kill()
-			<-exited
+		if err := p.stop(); err != nil {
+			t.Errorf("flashsale %s: %v", role, err)
 		}
 		if t.Failed() {
-			t.Logf("flashsale serve stderr:\n%s", stderr.String())
+			t.Logf("flashsale %s stderr:\n%s", role, p.stderr.String())
 		}
 	})
 
@@ -85,19 +114,43 @@ func startRocketMQProcess(t *testing.T, cfg config.Config) *client {
 		_, _ = io.Copy(io.Discard, stdout)
 	}()
 	select {
-	case a := <-addr:
-		c := newClient(t, "http://"+a, cfg.Auth)
-		c.db = cfg.Database
-		return c
-	case <-exited:
-		t.Fatalf("flashsale serve exited before listening:\n%s", stderr.String())
+	case p.addr = <-addr:
+		return p
+	case <-p.exited:
+		t.Fatalf("flashsale %s exited before listening:\n%s", role, p.stderr.String())
 	case <-time.After(20 * time.Second):
-		t.Fatalf("flashsale serve not listening after 20s:\n%s", stderr.String())
+		t.Fatalf("flashsale %s not listening after 20s:\n%s", role, p.stderr.String())
 	}
 	return nil
 }
 
 var listeningOn = regexp.MustCompile(`listening on http://(\S+)`)
+
+// client returns a client of the process's HTTP listener.
+func (p *rocketMQRole) client(t *testing.T, cfg config.Config) *client {
+	c := newClient(t, "http://"+p.addr, cfg.Auth)
+	c.db = cfg.Database
+	return c
+}
+
+// stop interrupts the process, as an operator's SIGTERM would, and returns
+// an error unless it shuts down cleanly within 20 s. It may be called again.
+func (p *rocketMQRole) stop() error {
+	select {
+	case <-p.exited:
+		return p.err
+	default:
+	}
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-p.exited:
+		return p.err
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+		return errors.New("did not stop within 20s of SIGINT; killed")
+	}
+}
 
 // lockedBuffer collects a child's stderr; the child writes while the test
 // may read.

@@ -2,6 +2,8 @@ package queuetest
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
@@ -24,6 +26,22 @@ const (
 	publishTimeout  = 10 * time.Second
 	quiet           = 300 * time.Millisecond
 )
+
+// newTopic returns a topic of t's own, unique across runs and processes, so
+// tests that share a broker or a Redis never see each other's messages. It
+// keeps to [A-Za-z0-9_], which every driver accepts.
+func newTopic(t *testing.T) string {
+	name := t.Name()[strings.LastIndexByte(t.Name(), '/')+1:]
+	name = strings.Map(func(r rune) rune {
+		if 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' {
+			return r
+		}
+		return '_'
+	}, name)
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return "qt_" + name[:min(len(name), 24)] + "_" + hex.EncodeToString(b)
+}
 
 // newMsg returns the message with sequence number seq for key. IDs are unique
 // within a test; bodies encode key and seq so a mix-up is visible.

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/queue"
 )
 
@@ -61,7 +60,7 @@ func testPipelineOrder(t *testing.T, f Factory) {
 		t.Skip("driver does not promise per-key order (Features.PerKeyOrder is false)")
 	}
 	b := f.New(t)
-	topic := testenv.Topic(t)
+	topic := newTopic(t)
 	const keys, perKey, consumers = 4, 80, 3
 
 	type keyState struct {
@@ -213,7 +212,7 @@ func testPipelineOverlaps(t *testing.T, f Factory) {
 		t.Skip("driver does not pipeline (Features.Pipeline is false)")
 	}
 	b := f.New(t)
-	topic := testenv.Topic(t)
+	topic := newTopic(t)
 	msgs := newMsgs(1, 3*f.BatchSize) // one key: one partition, several batches
 	mustPublish(t, b.Publisher(), topic, msgs...)
 
@@ -257,7 +256,7 @@ func testPipelineOverlaps(t *testing.T, f Factory) {
 // and starts nothing new.
 func testPipelineShutdown(t *testing.T, f Factory) {
 	b := f.New(t)
-	topic := testenv.Topic(t)
+	topic := newTopic(t)
 	msgs := newMsgs(1, 4*f.BatchSize)
 	mustPublish(t, b.Publisher(), topic, msgs...)
 
@@ -338,7 +337,7 @@ func testPipelineDeadConsumer(t *testing.T, f Factory) {
 	if !ok {
 		t.Skip("backend does not implement queuetest.Crasher")
 	}
-	topic := testenv.Topic(t)
+	topic := newTopic(t)
 	msgs := newMsgs(1, 3*f.BatchSize)
 	mustPublish(t, b.Publisher(), topic, msgs...)
 

@@ -11,7 +11,6 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/queue"
 )
 
@@ -21,7 +20,7 @@ var errHandler = errors.New("queuetest: handler asks for redelivery")
 // publishers reaches one of two consumers intact.
 func testDeliversEverything(t *testing.T, f Factory) {
 	b := f.New(t)
-	topic := testenv.Topic(t)
+	topic := newTopic(t)
 	const keys, perKey, publishers = 5, 100, 10
 	all := newMsgs(keys, perKey)
 	want := make(map[string]queue.Message, len(all))
@@ -81,7 +80,7 @@ func testDeliversEverything(t *testing.T, f Factory) {
 // delivered again, neither to the same consumer nor to a new one.
 func testAckedNotRedelivered(t *testing.T, f Factory) {
 	b := f.New(t)
-	topic := testenv.Topic(t)
+	topic := newTopic(t)
 	msgs := newMsgs(2, 10)
 	mustPublish(t, b.Publisher(), topic, msgs...)
 
@@ -121,7 +120,7 @@ func testAckedNotRedelivered(t *testing.T, f Factory) {
 // Attempt until the handler accepts it.
 func testRedeliversOnError(t *testing.T, f Factory) {
 	b := f.New(t)
-	topic := testenv.Topic(t)
+	topic := newTopic(t)
 	msgs := newMsgs(2, 5)
 	const failures = 2 // each message is refused this many times
 
@@ -171,7 +170,7 @@ func testPerKeyOrder(t *testing.T, f Factory) {
 		t.Skip("driver does not promise per-key order (Features.PerKeyOrder is false)")
 	}
 	b := f.New(t)
-	topic := testenv.Topic(t)
+	topic := newTopic(t)
 	const keys, perKey, consumers = 6, 60, 3
 
 	var (
@@ -302,7 +301,7 @@ func testDeadConsumerRedelivered(t *testing.T, f Factory) {
 	if !ok {
 		t.Skip("backend does not implement queuetest.Crasher")
 	}
-	topic := testenv.Topic(t)
+	topic := newTopic(t)
 	msgs := newMsgs(2, 10)
 	mustPublish(t, b.Publisher(), topic, msgs...)
 
@@ -345,7 +344,7 @@ func testDeadConsumerRedelivered(t *testing.T, f Factory) {
 // the configured size.
 func testBatchSizeRespected(t *testing.T, f Factory) {
 	b := f.New(t)
-	topic := testenv.Topic(t)
+	topic := newTopic(t)
 	msgs := newMsgs(1, 3*f.BatchSize+5) // one key, so one partition holds the whole backlog
 	mustPublish(t, b.Publisher(), topic, msgs...)
 
@@ -368,7 +367,7 @@ func testBatchSizeRespected(t *testing.T, f Factory) {
 // starts no new batch and returns nil.
 func testShutdownFinishesInFlightBatch(t *testing.T, f Factory) {
 	b := f.New(t)
-	topic := testenv.Topic(t)
+	topic := newTopic(t)
 	msgs := newMsgs(1, 5)
 	mustPublish(t, b.Publisher(), topic, msgs...)
 
@@ -466,7 +465,7 @@ func testPublishFails(t *testing.T, f Factory) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := f.New(t)
 			ctx := tc.setup(t, b)
-			err := b.Publisher().Publish(ctx, testenv.Topic(t), newMsg("k", 0))
+			err := b.Publisher().Publish(ctx, newTopic(t), newMsg("k", 0))
 			if !errors.Is(err, tc.want) {
 				t.Errorf("Publish: got %v, want an error wrapping %v", err, tc.want)
 			}
@@ -479,7 +478,7 @@ func testPublishNothing(t *testing.T, f Factory) {
 	b := f.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
 	defer cancel()
-	if err := b.Publisher().Publish(ctx, testenv.Topic(t)); err != nil {
+	if err := b.Publisher().Publish(ctx, newTopic(t)); err != nil {
 		t.Errorf("Publish with no messages: got %v, want nil", err)
 	}
 }
@@ -493,7 +492,7 @@ func testConsumeAfterClose(t *testing.T, f Factory) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
-	err := c.Consume(ctx, testenv.Topic(t), func(context.Context, []queue.Message) error { return nil })
+	err := c.Consume(ctx, newTopic(t), func(context.Context, []queue.Message) error { return nil })
 	if !errors.Is(err, queue.ErrClosed) {
 		t.Errorf("Consume after Close: got %v, want an error wrapping %v", err, queue.ErrClosed)
 	}
@@ -525,7 +524,7 @@ func testDelay(t *testing.T, f Factory) {
 	if !ok {
 		t.Fatalf("Features.Delay is set but the publisher (%T) does not implement queue.DelayPublisher", b.Publisher())
 	}
-	topic := testenv.Topic(t)
+	topic := newTopic(t)
 	const delay = time.Second
 
 	var mu sync.Mutex

@@ -154,7 +154,7 @@ func (r *run) partitionLoop(ctx context.Context, p int) error {
 			sleep(ctx, r.retryDelay())
 			continue
 		}
-		l, err := acquireLease(ctx, r.q.rdb, leaseKey(r.topic, p), r.owner, r.opts.LeaseTTL)
+		l, err := acquireLease(ctx, r.q.rdb, r.q.scripts, r.topic, p, r.owner, r.opts.LeaseTTL)
 		if err != nil || l == nil {
 			r.held.Add(-1)
 			if err != nil {
@@ -369,11 +369,12 @@ func (r *run) ensureGroup(ctx context.Context, stream string) error {
 func (r *run) redeliverPending(ctx context.Context, stream string, l *lease, pl *pipeline, log *slog.Logger) error {
 	start := "0-0"
 	for ctx.Err() == nil && l.valid() {
-		xs, next, err := r.q.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{
-			Stream: stream, Group: r.opts.Group, Consumer: r.owner,
-			MinIdle: 0, Start: start, Count: int64(r.opts.BatchSize),
-		}).Result()
-		if err != nil {
+		xs, next, err := claimEntries(ctx, r.q.rdb, l, stream, r.opts.Group, r.owner, start, r.opts.BatchSize)
+		switch {
+		case errors.Is(err, errLeaseLost):
+			log.Warn("lease lost; stopping")
+			return nil
+		case err != nil:
 			return fmt.Errorf("claim pending on %s: %w", stream, err)
 		}
 		if len(xs) > 0 {
@@ -404,13 +405,11 @@ func (r *run) readNew(ctx context.Context, stream string, l *lease, pl *pipeline
 			log.Debug("shedding partition for balance", "share", r.fairShare())
 			return errShed
 		}
-		res, err := r.q.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
-			Group: r.opts.Group, Consumer: r.owner, Streams: []string{stream, ">"},
-			Count: int64(r.opts.BatchSize), Block: r.opts.Block,
-		}).Result()
+		xs, after, err := readEntries(ctx, r.q.rdb, l, stream, r.opts.Group, r.owner, r.opts.BatchSize)
 		switch {
-		case errors.Is(err, redis.Nil):
-			continue
+		case errors.Is(err, errLeaseLost):
+			log.Warn("lease lost; stopping")
+			return nil
 		case isNoGroup(err):
 			// The stream was deleted (and recreated by XADD) under us.
 			if err := r.ensureGroup(ctx, stream); err != nil {
@@ -420,18 +419,17 @@ func (r *run) readNew(ctx context.Context, stream string, l *lease, pl *pipeline
 		case err != nil:
 			return fmt.Errorf("read %s: %w", stream, err)
 		}
-		var xs []redis.XMessage
-		for _, s := range res {
-			xs = append(xs, s.Messages...)
-		}
 		if len(xs) == 0 {
+			if err := r.wait(ctx, stream, after); err != nil {
+				return err
+			}
 			continue
 		}
-		if ctx.Err() != nil && l.valid() {
-			// Read while shutting down (go-redis cannot interrupt BLOCK):
-			// hand nothing new to the handler, and reset the delivery
-			// counters so the next holder reports a first attempt.
-			r.unread(ctx, stream, xs, log)
+		if ctx.Err() != nil {
+			// Cancelled while reading: hand nothing new to the handler, and
+			// reset the delivery counters so the next holder reports a
+			// first attempt.
+			r.unread(ctx, stream, l, xs, log)
 			return nil
 		}
 		if done, err := r.deliver(ctx, stream, l, pl, toBatch(xs, nil, 1), log); err != nil || !done {
@@ -439,6 +437,18 @@ func (r *run) readNew(ctx context.Context, stream string, l *lease, pl *pipeline
 		}
 	}
 	return nil
+}
+
+// wait blocks until the stream has an entry after the ID after, for at most
+// Options.Block. A plain XREAD, outside the fenced read: it takes nothing
+// from the group, so cancellation while it blocks (go-redis cannot interrupt
+// it) leaves every entry undelivered.
+func (r *run) wait(ctx context.Context, stream, after string) error {
+	err := r.q.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{stream, after}, Count: 1, Block: r.opts.Block}).Err()
+	if err == nil || errors.Is(err, redis.Nil) || ctx.Err() != nil {
+		return nil
+	}
+	return fmt.Errorf("wait on %s: %w", stream, err)
 }
 
 // deliver hands b to the handler until its first step accepts it; then,
@@ -466,8 +476,12 @@ func (r *run) deliver(ctx context.Context, stream string, l *lease, pl *pipeline
 		if !sleep(ctx, backoff(r.opts.RedeliveryDelay, failures)) || !l.valid() {
 			return false, nil
 		}
-		b, err = r.reclaim(ctx, stream, b, log)
-		if err != nil {
+		b, err = r.reclaim(ctx, stream, l, b, log)
+		switch {
+		case errors.Is(err, errLeaseLost):
+			log.Warn("lease lost; stopping")
+			return false, nil
+		case err != nil:
 			return false, err
 		}
 		if len(b.ids) == 0 {
@@ -503,16 +517,14 @@ func (r *run) finish(ctx context.Context, stream string, l *lease, pl *pipeline,
 // bumps their delivery counters in Redis, so the attempt count survives a
 // crash, and re-reads them. If Redis cannot be reached the batch is retried
 // from memory with Attempt+1.
-func (r *run) reclaim(ctx context.Context, stream string, b batch, log *slog.Logger) (batch, error) {
+func (r *run) reclaim(ctx context.Context, stream string, l *lease, b batch, log *slog.Logger) (batch, error) {
 	prev := make(map[string]int, len(b.ids))
 	for i, id := range b.ids {
 		prev[id] = b.msgs[i].Attempt
 	}
-	xs, err := r.q.rdb.XClaim(ctx, &redis.XClaimArgs{
-		Stream: stream, Group: r.opts.Group, Consumer: r.owner, MinIdle: 0, Messages: b.ids,
-	}).Result()
+	xs, err := reclaimEntries(ctx, r.q.rdb, l, stream, r.opts.Group, r.owner, b.ids)
 	if err != nil {
-		if isFatal(err) {
+		if isFatal(err) || errors.Is(err, errLeaseLost) {
 			return batch{}, err
 		}
 		log.Warn("reclaim failed batch", "err", err)
@@ -552,25 +564,25 @@ func (r *run) deliveryCounts(ctx context.Context, stream string, xs []redis.XMes
 	return counts
 }
 
-// ack acknowledges and deletes the entries ids in one MULTI. It retries while
-// the lease is valid: moving on to newer entries with an unacknowledged batch
-// behind would let that batch come back out of order. After ctx is cancelled
-// it gives up sooner, since nothing newer follows; the batch then stays
-// pending and is redelivered (a duplicate, which at-least-once allows).
+// ack acknowledges and deletes the entries ids, fenced by the lease. It
+// retries while the lease is valid: moving on to newer entries with an
+// unacknowledged batch behind would let that batch come back out of order.
+// After ctx is cancelled it gives up sooner, since nothing newer follows; the
+// batch then stays pending and is redelivered (a duplicate, which
+// at-least-once allows), as it is when the lease was lost.
 func (r *run) ack(ctx context.Context, stream string, l *lease, ids []string, log *slog.Logger) (bool, error) {
 	actx := context.WithoutCancel(ctx)
 	for failures := 1; ; failures++ {
 		c, cancel := context.WithTimeout(actx, opTimeout)
-		_, err := r.q.rdb.TxPipelined(c, func(p redis.Pipeliner) error {
-			p.XAck(c, stream, r.opts.Group, ids...)
-			p.XDel(c, stream, ids...)
-			return nil
-		})
+		err := ackEntries(c, r.q.rdb, l, stream, r.opts.Group, ids)
 		cancel()
-		if err == nil {
+		switch {
+		case err == nil:
 			return true, nil
-		}
-		if isFatal(err) {
+		case errors.Is(err, errLeaseLost):
+			log.Warn("lease lost; batch left to the next holder", "messages", len(ids))
+			return false, nil
+		case isFatal(err):
 			return false, err
 		}
 		log.Warn("acknowledge batch", "messages", len(ids), "err", err)
@@ -582,17 +594,16 @@ func (r *run) ack(ctx context.Context, stream string, l *lease, ids []string, lo
 }
 
 // unread resets the delivery counters of entries read but never handed to
-// the handler, so they still count as undelivered. Only while the lease is
-// held, so no other consumer can be working on them.
-func (r *run) unread(ctx context.Context, stream string, xs []redis.XMessage, log *slog.Logger) {
+// the handler, so they still count as undelivered. Fenced: only while the
+// lease is held, so no other consumer can be working on them.
+func (r *run) unread(ctx context.Context, stream string, l *lease, xs []redis.XMessage, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 	defer cancel()
-	args := []any{"XCLAIM", stream, r.opts.Group, r.owner, 0}
-	for _, x := range xs {
-		args = append(args, x.ID)
+	ids := make([]string, len(xs))
+	for i, x := range xs {
+		ids[i] = x.ID
 	}
-	args = append(args, "RETRYCOUNT", 0, "JUSTID")
-	if err := r.q.rdb.Do(ctx, args...).Err(); err != nil && !isFatal(err) {
+	if err := unreadEntries(ctx, r.q.rdb, l, stream, r.opts.Group, r.owner, ids); err != nil && !isFatal(err) {
 		log.Warn("reset delivery counts", "err", err)
 	}
 }
@@ -680,6 +691,8 @@ func str(v any) string {
 // isFatal reports errors after which a Consume call cannot go on.
 func isFatal(err error) bool { return errors.Is(err, redis.ErrClosed) }
 
+// isNoGroup reports a missing stream or group. Contains, not HasPrefix:
+// inside a script the error may come wrapped in the script's own.
 func isNoGroup(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "NOGROUP")
+	return err != nil && strings.Contains(err.Error(), "NOGROUP")
 }

@@ -2,12 +2,15 @@ package redisstream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/queue"
@@ -23,19 +26,52 @@ func TestLeaseScripts(t *testing.T) {
 			ctx := context.Background()
 			const ttl = 5 * time.Second
 
+			t.Run("acquire", func(t *testing.T) {
+				topic := testenv.UniqueName("lease_")
+				key := leaseKey(topic, 0)
+				t.Cleanup(func() { rdb.Del(context.Background(), key, fenceKey(topic, 0)) })
+				var values []string
+				for range 2 {
+					l, err := acquireLease(ctx, rdb, s, topic, 0, "me", ttl)
+					if err != nil || l == nil {
+						t.Fatalf("acquire a free lease: got %v, %v, want a lease", l, err)
+					}
+					if got := rdb.Get(ctx, key).Val(); got != l.value {
+						t.Errorf("key after acquiring: got %q, want the lease's value %q", got, l.value)
+					}
+					if pttl := rdb.PTTL(ctx, key).Val(); pttl < ttl-time.Second || pttl > ttl {
+						t.Errorf("TTL after acquiring: got %v, want about %v", pttl, ttl)
+					}
+					other, err := acquireLease(ctx, rdb, s, topic, 0, "other", ttl)
+					if err != nil || other != nil {
+						t.Errorf("acquire a held lease: got %v, %v, want nil, nil", other, err)
+					}
+					values = append(values, l.value)
+					if held, err := releaseLease(ctx, rdb, s, l); err != nil || !held {
+						t.Fatalf("release: got %v, %v, want true, nil", held, err)
+					}
+				}
+				// The same owner's next tenure gets a new token: a batch of
+				// its old tenure cannot pass the fence of the new one.
+				if values[0] != "me#1" || values[1] != "me#2" {
+					t.Errorf("lease values of two tenures: got %q, want \"me#1\" then \"me#2\"", values)
+				}
+			})
+
 			tests := []struct {
 				name   string
-				holder string // current owner of the key; "" for no key
+				holder string // value of the key; "" for no key
 				run    func(l *lease) (bool, error)
 				want   bool
-				// wantOwner is the key's value afterwards; "" for no key.
-				wantOwner string
+				// wantValue is the key's value afterwards; "" for no key.
+				wantValue string
 			}{
-				{"renew own lease", "me", func(l *lease) (bool, error) { return renewLease(ctx, rdb, s, l) }, true, "me"},
-				{"renew taken lease", "other", func(l *lease) (bool, error) { return renewLease(ctx, rdb, s, l) }, false, "other"},
+				{"renew own lease", "me#1", func(l *lease) (bool, error) { return renewLease(ctx, rdb, s, l) }, true, "me#1"},
+				{"renew taken lease", "other#2", func(l *lease) (bool, error) { return renewLease(ctx, rdb, s, l) }, false, "other#2"},
+				{"renew own lease of a past tenure", "me#2", func(l *lease) (bool, error) { return renewLease(ctx, rdb, s, l) }, false, "me#2"},
 				{"renew expired lease", "", func(l *lease) (bool, error) { return renewLease(ctx, rdb, s, l) }, false, ""},
-				{"release own lease", "me", func(l *lease) (bool, error) { return releaseLease(ctx, rdb, s, l) }, true, ""},
-				{"release taken lease", "other", func(l *lease) (bool, error) { return releaseLease(ctx, rdb, s, l) }, false, "other"},
+				{"release own lease", "me#1", func(l *lease) (bool, error) { return releaseLease(ctx, rdb, s, l) }, true, ""},
+				{"release taken lease", "other#2", func(l *lease) (bool, error) { return releaseLease(ctx, rdb, s, l) }, false, "other#2"},
 				{"release expired lease", "", func(l *lease) (bool, error) { return releaseLease(ctx, rdb, s, l) }, false, ""},
 			}
 			for _, tc := range tests {
@@ -47,7 +83,7 @@ func TestLeaseScripts(t *testing.T) {
 							t.Fatalf("SET %s: %v", key, err)
 						}
 					}
-					l := &lease{key: key, owner: "me", ttl: ttl, deadline: time.Now().Add(time.Second)}
+					l := &lease{key: key, value: "me#1", ttl: ttl, deadline: time.Now().Add(time.Second)}
 					got, err := tc.run(l)
 					if err != nil {
 						t.Fatalf("got error %v, want nil", err)
@@ -55,9 +91,9 @@ func TestLeaseScripts(t *testing.T) {
 					if got != tc.want {
 						t.Errorf("got %v, want %v", got, tc.want)
 					}
-					owner, _ := rdb.Get(ctx, key).Result()
-					if owner != tc.wantOwner {
-						t.Errorf("key afterwards: got %q, want %q", owner, tc.wantOwner)
+					value, _ := rdb.Get(ctx, key).Result()
+					if value != tc.wantValue {
+						t.Errorf("key afterwards: got %q, want %q", value, tc.wantValue)
 					}
 					if tc.name == "renew own lease" {
 						if pttl := rdb.PTTL(ctx, key).Val(); pttl < ttl-time.Second {
@@ -74,7 +110,7 @@ func TestLeaseScripts(t *testing.T) {
 }
 
 // TestLeaseRace has many consumers race for one lease: exactly one wins, and
-// only the winner can renew and release it.
+// only the winner can read the partition, renew the lease and release it.
 func TestLeaseRace(t *testing.T) {
 	for _, srv := range servers() {
 		t.Run(srv.name, func(t *testing.T) {
@@ -82,8 +118,15 @@ func TestLeaseRace(t *testing.T) {
 			rdb := srv.dial(t)(t)
 			s := newLeaseScripts()
 			ctx := context.Background()
-			key := leaseKey(testenv.UniqueName("race_"), 0)
-			t.Cleanup(func() { rdb.Del(context.Background(), key) })
+			topic := testenv.UniqueName("race_")
+			key, stream := leaseKey(topic, 0), streamKey(topic, 0)
+			t.Cleanup(func() { rdb.Del(context.Background(), key, fenceKey(topic, 0), stream) })
+			if err := rdb.XGroupCreateMkStream(ctx, stream, DefaultGroup, "0").Err(); err != nil {
+				t.Fatalf("create group: %v", err)
+			}
+			if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{fieldID, "m1"}}).Err(); err != nil {
+				t.Fatalf("XADD: %v", err)
+			}
 
 			const racers = 50
 			var wins atomic.Int32
@@ -91,7 +134,7 @@ func TestLeaseRace(t *testing.T) {
 			var wg sync.WaitGroup
 			for i := range racers {
 				wg.Go(func() {
-					l, err := acquireLease(ctx, rdb, key, fmt.Sprintf("racer-%d", i), 5*time.Second)
+					l, err := acquireLease(ctx, rdb, s, topic, 0, fmt.Sprintf("racer-%d", i), 5*time.Second)
 					if err != nil {
 						t.Errorf("racer %d: got error %v, want nil", i, err)
 						return
@@ -106,38 +149,43 @@ func TestLeaseRace(t *testing.T) {
 			if n := wins.Load(); n != 1 {
 				t.Fatalf("got %d winners, want 1", n)
 			}
+			// A loser believes it holds the lease under the token it would
+			// have had: what a consumer looks like whose lease was taken.
+			leaseOf := func(i int) *lease {
+				if leases[i] != nil {
+					return leases[i]
+				}
+				return &lease{key: key, value: fmt.Sprintf("racer-%d#%d", i, i+1), ttl: 5 * time.Second, deadline: time.Now().Add(time.Minute)}
+			}
 
-			var renewed, released atomic.Int32
-			for i := range racers {
-				l := leases[i]
-				if l == nil {
-					l = &lease{key: key, owner: fmt.Sprintf("racer-%d", i), ttl: 5 * time.Second}
-				}
-				wg.Go(func() {
-					if ok, err := renewLease(ctx, rdb, s, l); err != nil || ok {
+			var read, renewed, released atomic.Int32
+			race := func(what string, counter *atomic.Int32, op func(l *lease) (bool, error)) {
+				for i := range racers {
+					l := leaseOf(i)
+					wg.Go(func() {
+						ok, err := op(l)
 						if err != nil {
-							t.Errorf("renew: got error %v, want nil", err)
+							t.Errorf("%s: got error %v, want nil", what, err)
 						}
-						renewed.Add(1)
-					}
-				})
-			}
-			wg.Wait()
-			for i := range racers {
-				l := leases[i]
-				if l == nil {
-					l = &lease{key: key, owner: fmt.Sprintf("racer-%d", i), ttl: 5 * time.Second}
+						if ok {
+							counter.Add(1)
+						}
+					})
 				}
-				wg.Go(func() {
-					if ok, err := releaseLease(ctx, rdb, s, l); err != nil || ok {
-						if err != nil {
-							t.Errorf("release: got error %v, want nil", err)
-						}
-						released.Add(1)
-					}
-				})
+				wg.Wait()
 			}
-			wg.Wait()
+			race("read", &read, func(l *lease) (bool, error) {
+				xs, _, err := readEntries(ctx, rdb, l, stream, DefaultGroup, "c", 10)
+				if errors.Is(err, errLeaseLost) {
+					err = nil
+				}
+				return len(xs) > 0, err
+			})
+			race("renew", &renewed, func(l *lease) (bool, error) { return renewLease(ctx, rdb, s, l) })
+			race("release", &released, func(l *lease) (bool, error) { return releaseLease(ctx, rdb, s, l) })
+			if n := read.Load(); n != 1 {
+				t.Errorf("got %d reads of the entry, want 1 (the winner's)", n)
+			}
 			if n := renewed.Load(); n != 1 {
 				t.Errorf("got %d renewals, want 1 (the winner's)", n)
 			}

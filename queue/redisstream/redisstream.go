@@ -17,8 +17,28 @@
 // fsq:{<topic>}:members and hold at most their fair share of partitions, so
 // adding worker processes spreads the partitions over them.
 //
+// The lease is fenced. Its value names the holder and a token that is new
+// for every tenure, taken from the counter fsq:{<topic>:<p>}:fence, and every
+// command that reads, takes over or acknowledges a partition's entries runs
+// in a Lua script that checks, in the same atomic step, that the lease still
+// holds that value. What that guarantees: once a holder's lease has expired
+// and another consumer has taken it, the former holder cannot read, claim or
+// acknowledge any entry of the partition, however long it was stalled (a GC
+// pause, a starved CPU); its next such call fails and it stops serving the
+// partition. What it cannot stop is a batch read before the lease was lost
+// reaching the handler afterwards, when the holder stalls right between the
+// read and the call, or a handler call or Finish that is already running.
+// The new holder redelivers that batch first (its entries are still
+// pending), so it is handled twice, as at-least-once allows, possibly at the
+// same time as the new holder handles that key; the former holder can
+// neither acknowledge it nor go on to newer entries. With
+// handlers idempotent per Message.ID, as every handler must be, each key's
+// messages are thus first handled in publish order across a take-over too.
+// The lease's TTL is kept by Redis, so the fence needs no agreement between
+// hosts' clocks.
+//
 // Delivery is at least once. A handler that returns nil has its batch
-// acknowledged and deleted (XACK then XDEL in one MULTI): the stream holds
+// acknowledged and deleted (XACK then XDEL in one script): the stream holds
 // only unacknowledged messages and needs no trimming, which could drop
 // unconsumed ones. The price is that a topic serves one consumer group.
 // A handler that returns an error gets the same batch again after a backoff,
@@ -241,6 +261,12 @@ func streamKey(topic string, p int) string {
 // leaseKey is partition p's lease; it shares the stream's hash tag.
 func leaseKey(topic string, p int) string {
 	return streamKey(topic, p) + ":lease"
+}
+
+// fenceKey is partition p's fencing counter, from which each tenure of the
+// lease takes its token. It never expires: a token must not repeat.
+func fenceKey(topic string, p int) string {
+	return streamKey(topic, p) + ":fence"
 }
 
 // membersKey is the sorted set of a topic's live consumers, scored by when

@@ -108,7 +108,7 @@ func (l *topicLog) add(topic string) {
 	l.topics[topic] = true
 }
 
-func (l *topicLog) deleteKeys(t *testing.T, rdb *redis.Client, partitions int) {
+func (l *topicLog) deleteKeys(t testing.TB, rdb *redis.Client, partitions int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -116,7 +116,7 @@ func (l *topicLog) deleteKeys(t *testing.T, rdb *redis.Client, partitions int) {
 	for topic := range l.topics {
 		keys := []string{membersKey(topic)}
 		for p := range partitions {
-			keys = append(keys, streamKey(topic, p), leaseKey(topic, p))
+			keys = append(keys, streamKey(topic, p), leaseKey(topic, p), fenceKey(topic, p))
 		}
 		for _, k := range keys { // one by one: the keys live in different slots
 			if err := rdb.Del(ctx, k).Err(); err != nil {

@@ -1,6 +1,6 @@
 // The tests of this package use rocketmq-client-go, which has data races of
 // its own (processQueue.takeMessages vs putMessage, SubscriptionData.Clone vs
-// messageQueueChanged; see shared/NOTES-rocketmq.md): they run without -race
+// messageQueueChanged; see docs/ROCKETMQ.md): they run without -race
 // (.ci/run says so too). The broker double they run against is race-clean and
 // has its own tests under -race in rmqtest. No goroutine-leak checks here
 // either: the library leaves goroutines behind after Shutdown.
@@ -133,8 +133,8 @@ func (c topicConsumer) Consume(ctx context.Context, topic string, h queue.Handle
 // dead-consumer subtest is skipped (the backend is no queuetest.Crasher):
 // RocketMQ's orderly mode keeps a batch's failed attempts in the consumer's
 // memory, so a batch taken over from a dead consumer starts again at Attempt
-// 1, where the suite wants at least 2. TestConsumerKilledMidBatch covers the
-// takeover itself.
+// 1, where the suite wants at least 2. cmd/flashsale's
+// TestConsumerKilledMidBatch covers the takeover itself.
 func TestContract(t *testing.T) {
 	t.Parallel()
 	queuetest.Run(t, queuetest.Factory{

@@ -487,6 +487,22 @@ func TestLocks(t *testing.T) {
 	if owner := srv.LockOwner("g", "t", 1); owner != "B" {
 		t.Errorf("owner of queue 1: got %q, want B", owner)
 	}
+
+	// The test's fast-forward: B's locks expire at once, for group g only.
+	lockOther := func(client string) {
+		raw, _ := json.Marshal(map[string]any{"consumerGroup": "other", "clientId": client, "mqSet": []rmqtest.MessageQueue{mq(0)}})
+		c.mustOK(t, remoting.LockBatchMQ, nil, raw)
+	}
+	lockOther("C")
+	if n := srv.ExpireLocks("g"); n != 2 {
+		t.Errorf("ExpireLocks: got %d locks expired, want 2 (B's)", n)
+	}
+	if got := lock(remoting.LockBatchMQ, "A", 0, 1); !slices.Equal(got, []int{0, 1}) {
+		t.Errorf("after ExpireLocks: got %v locked by A, want [0 1]", got)
+	}
+	if owner := srv.LockOwner("other", "t", 0); owner != "C" {
+		t.Errorf("another group's lock after ExpireLocks: got owner %q, want C", owner)
+	}
 }
 
 func TestDelayedMessage(t *testing.T) {

@@ -3,7 +3,7 @@
 // RocketMQ's remoting protocol (JSON headers) to the unmodified
 // rocketmq-client-go v2.1.2, so the driver is tested through the real
 // library and the real wire format. No RocketMQ broker can be installed on
-// the machines that run the tests (see shared/NOTES-rocketmq.md).
+// the machines that run the tests (see docs/ROCKETMQ.md).
 //
 // It serves what the library uses: route info, heartbeats, send and batch
 // send, long-poll pull (a pull with nothing to return is held open until a
@@ -16,9 +16,9 @@
 // Tests inspect its state (Messages, CommittedOffset, DLQ, Consumers,
 // LockOwner) and inject faults: DropConnections, InjectFault (answer a request
 // code with an error, or swallow its response), SetLatency, Restart with
-// state kept or lost, and Listen, an extra port whose Close cuts off every
-// client that came in through it — what a killed process looks like to a
-// broker.
+// state kept or lost, ExpireLocks, and Listen, an extra port whose Close
+// cuts off every client that came in through it — what a killed process
+// looks like to a broker.
 //
 // The double aims at the behaviour the driver depends on, not at a broker:
 // one broker, one name server, no disk, no trimming, no tags or filters, no
@@ -381,6 +381,25 @@ func (s *Server) SetLatency(d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.latency = d
+}
+
+// ExpireLocks makes every queue lock of group expire now, as if its holder
+// had stopped renewing it LockTTL ago, and returns how many it expired. It
+// is the fast-forward for tests whose consumers run the client library with
+// its own renewal period (20 s), which needs a lock lifetime well above it:
+// a test can have a dead consumer's queues taken over without waiting that
+// long. Live holders take theirs back at their next renewal.
+func (s *Server) ExpireLocks(group string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for k := range s.st.locks {
+		if k.group == group {
+			delete(s.st.locks, k)
+			n++
+		}
+	}
+	return n
 }
 
 // Requests returns how many requests with code the double has received.

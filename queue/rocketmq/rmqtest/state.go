@@ -3,7 +3,6 @@ package rmqtest
 import (
 	"maps"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/flashsale/flashsale/queue/rocketmq/internal/remoting"
@@ -229,9 +228,4 @@ func (st *state) unlock(k queueKey, clientID string) {
 	if e, ok := st.locks[k]; ok && e.clientID == clientID {
 		delete(st.locks, k)
 	}
-}
-
-// isRetryOrDLQ reports whether a topic belongs to a consumer group.
-func isRetryOrDLQ(topic string) bool {
-	return strings.HasPrefix(topic, retryPrefix) || strings.HasPrefix(topic, dlqPrefix)
 }

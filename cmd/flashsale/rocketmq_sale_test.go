@@ -1,0 +1,313 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
+)
+
+// Sales on the rocketmq driver under faults: real workers (child processes,
+// see rocketmq_test.go) decide a campaign through the driver, where "no
+// double deduction, no lost request" means something.
+
+// rocketMQQueues is the queue count of the test topics: the campaign's
+// requests all go to one of them.
+const rocketMQQueues = 4
+
+// TestConsumerKilledMidBatch kills a worker in the middle of a batch
+// — after its Lua call deducted stock, before the orders reached MySQL and
+// before the acknowledgement — by cutting its connections at the broker
+// (what a killed process looks like to a broker). Another worker takes the
+// queue over once the dead one's lock expires and finishes the sale: nothing
+// is deducted twice, no request is lost, and the dead worker's batch reaches
+// MySQL through the survivor. Then the "dead" worker wakes up and finishes
+// its batch too, which must change nothing.
+//
+// The worker is held mid-batch by stalling its MySQL connections (a proxy
+// that holds their bytes), and the lock's expiry is fast-forwarded on the
+// double: the workers renew their locks every 20 s, so the double keeps a
+// broker's 60 s lifetime.
+func TestConsumerKilledMidBatch(t *testing.T) {
+	t.Parallel()
+	const stock, requests = 40, 90
+	cfg := realConfig(t, "rocketmq")
+	srv := startBrokerDouble(t, rmqtest.Options{})
+	srv.CreateTopic(cfg.Queue.Topic, rocketMQQueues)
+	bin := buildBinary(t)
+	env := append(rocketMQEnv(cfg, srv.Addr()), "FLASHSALE_QUEUE_BATCH_SIZE=16")
+	shop := startRocketMQRole(t, bin, "gateway", env).client(t, cfg)
+	results := startRocketMQRole(t, bin, "notifier", env).client(t, cfg)
+
+	// The doomed worker reaches the broker only through a port of its own,
+	// and MySQL only through a proxy that can stall.
+	port, err := srv.Listen()
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	dsn, err := mysql.ParseDSN(cfg.Database.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := newStallProxy(t, dsn.Addr)
+	dsn.Addr = db.addr()
+	doomedCfg := cfg
+	doomedCfg.Database.DSN = dsn.FormatDSN()
+	doomed := startRocketMQRole(t, bin, "worker", append(rocketMQEnv(doomedCfg, port.Addr()), "FLASHSALE_QUEUE_BATCH_SIZE=16"))
+	db.stall()
+	t.Cleanup(db.release) // before the doomed worker's stop, which waits for its batch
+
+	campaign := testenv.UniqueName("rmqkill-")
+	shop.openCampaign(campaign, stock, 1)
+	accepted, codes := shopPaced(t, shop, campaign, requests, 10, 5*time.Millisecond)
+	if len(accepted) != requests {
+		t.Fatalf("got %d purchases accepted (codes %v), want all %d: nothing is decided yet", len(accepted), codes, requests)
+	}
+
+	// Mid-batch: results decided in Redis, orders stuck on their way to MySQL.
+	held := map[string]resultBody{}
+	waitFor(t, 20*time.Second, "the doomed worker to decide a batch", func() (bool, string) {
+		st := shop.stats(campaign)
+		var finished int64
+		for _, n := range st.FinishedByStatus {
+			finished += n
+		}
+		return finished > 0 && db.held() > 0, fmt.Sprintf("%d results, %d bytes held on the way to MySQL", finished, db.held())
+	})
+	for rid, user := range accepted {
+		if code, r := results.poll(user, rid); code == http.StatusOK && r.Status != "queued" {
+			held[rid] = r
+		}
+	}
+	if err := port.Close(); err != nil {
+		t.Fatalf("cut the doomed worker off: %v", err)
+	}
+	if n := srv.ExpireLocks(cfg.Queue.Group); n == 0 {
+		t.Fatalf("the doomed worker held no queue lock, want the campaign's")
+	}
+	killed := time.Now()
+
+	startRocketMQRole(t, bin, "worker", env)
+	st := shop.settle(campaign, 60*time.Second)
+	t.Logf("survivor settled the sale %v after the kill; the dead worker held %d requests", time.Since(killed), len(held))
+	verifySettled(t, results, campaign, stock, 1, accepted, st)
+	if st.Sold != stock {
+		t.Errorf("sold %d, want %d: demand exceeded stock, so nothing may be undersold", st.Sold, stock)
+	}
+	orders := results.ordersInDB(campaign)
+	for rid, r := range held {
+		if r.Status == "success" && orders[rid] != r.OrderID {
+			t.Errorf("request %s, mid-batch in the dead worker: got order %q in MySQL, want %q (the survivor must persist it)",
+				rid, orders[rid], r.OrderID)
+		}
+	}
+
+	// The zombie finishes its batch: orders already there, results the same.
+	db.release()
+	if err := doomed.stop(); err != nil {
+		t.Errorf("the doomed worker, woken and stopped: %v", err)
+	}
+	after := shop.settle(campaign, 10*time.Second)
+	verifySettled(t, results, campaign, stock, 1, accepted, after)
+	for rid, r := range held {
+		if _, got := results.poll(accepted[rid], rid); got.Status != r.Status || got.OrderID != r.OrderID {
+			t.Errorf("request %s after the zombie finished: got %s/%s, want %s/%s as before", rid, got.Status, got.OrderID, r.Status, r.OrderID)
+		}
+	}
+}
+
+// TestBrokerRestartMidSale restarts the broker (state kept, as on
+// its disk) while shoppers' purchases are published and consumed. A
+// purchase refused with 503 is retried with the same Idempotency-Key, as a
+// shopper's client would; the sale must still end with exactly the stock
+// sold, one result per accepted request and nothing lost. The library only
+// gives up a pull that was held open across the restart at its next
+// rebalance, so the sale may stall that long.
+func TestBrokerRestartMidSale(t *testing.T) {
+	t.Parallel()
+	// The stock lasts past the restart: once it is gone the gateway refuses
+	// purchases without publishing, and the restart would hit nothing.
+	const stock, requests = 120, 150
+	cfg := realConfig(t, "rocketmq")
+	srv := startBrokerDouble(t, rmqtest.Options{})
+	srv.CreateTopic(cfg.Queue.Topic, rocketMQQueues)
+	env := append(rocketMQEnv(cfg, srv.Addr()), "FLASHSALE_GATEWAY_PUBLISH_TIMEOUT=300ms")
+	c := startRocketMQRole(t, buildBinary(t), "serve", env).client(t, cfg)
+	campaign := testenv.UniqueName("rmqrestart-")
+	c.openCampaign(campaign, stock, 1)
+
+	accepted := map[string]string{}
+	failed, soldOut := 0, 0
+	var restartAt time.Time
+	restarted := make(chan error, 1)
+	for i := range requests {
+		if i == requests/3 {
+			// Restart once the worker is demonstrably in the middle of the
+			// sale: some requests decided, more on the way.
+			waitFor(t, 20*time.Second, "the worker to decide the first requests", func() (bool, string) {
+				var n int64
+				for _, k := range c.stats(campaign).FinishedByStatus {
+					n += k
+				}
+				return n >= requests/6, fmt.Sprintf("%d decided", n)
+			})
+			restartAt = time.Now()
+			go func() { restarted <- srv.Restart(true, 500*time.Millisecond) }()
+		}
+		user := fmt.Sprintf("r%04d", i)
+		key := map[string]string{"Idempotency-Key": "buy-" + user}
+		for attempt := 1; ; attempt++ {
+			var p purchaseBody
+			code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", c.token(user), `{"quantity":1}`, key, &p)
+			if code == http.StatusAccepted || code == http.StatusOK {
+				accepted[p.RequestID] = user
+				break
+			}
+			if code == http.StatusGone && p.Code == "sold_out" {
+				soldOut++
+				break
+			}
+			if code != http.StatusServiceUnavailable {
+				t.Fatalf("purchase of %s: got %d %q, want 202, 410 sold_out or 503", user, code, p.Code)
+			}
+			failed++
+			if attempt == 200 {
+				t.Fatalf("purchase of %s: still refused after %d attempts", user, attempt)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := <-restarted; err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	if failed == 0 {
+		t.Errorf("got no refused purchase, want the restart to have hit the sale")
+	}
+	st := c.settle(campaign, 60*time.Second)
+	verifySettled(t, c, campaign, stock, 1, accepted, st)
+	if st.Sold != stock {
+		t.Errorf("sold %d, want %d: demand exceeded stock, so nothing may be undersold", st.Sold, stock)
+	}
+	t.Logf("%d purchases refused and retried, %d refused as sold out; the sale settled %v after the restart",
+		failed, soldOut, time.Since(restartAt))
+}
+
+// waitFor polls cond until it reports done, failing the test after timeout;
+// progress describes the state for the failure message.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (done bool, progress string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		done, progress := cond()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, progress)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stallProxy forwards TCP to a backend and can hold the traffic: while
+// stalled, the bytes it reads from either side wait in the proxy, as behind
+// a frozen network, and flow on when released.
+type stallProxy struct {
+	ln      net.Listener
+	backend string
+	mu      sync.Mutex
+	flowing chan struct{} // closed while traffic flows
+	bytes   atomic.Int64  // read while stalled
+}
+
+func newStallProxy(t *testing.T, backend string) *stallProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("proxy listen: %v", err)
+	}
+	p := &stallProxy{ln: ln, backend: backend, flowing: make(chan struct{})}
+	close(p.flowing)
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.DialTimeout("tcp", backend, 2*time.Second)
+			if err != nil {
+				_ = in.Close()
+				continue
+			}
+			go p.pipe(out, in)
+			go p.pipe(in, out)
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.release()
+	})
+	return p
+}
+
+func (p *stallProxy) addr() string { return p.ln.Addr().String() }
+
+// stall holds all traffic from now on.
+func (p *stallProxy) stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.flowing:
+		p.flowing = make(chan struct{})
+	default:
+	}
+}
+
+// release lets the held traffic and everything after it through.
+func (p *stallProxy) release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.flowing:
+	default:
+		close(p.flowing)
+	}
+}
+
+// held counts the bytes read while the proxy was stalled.
+func (p *stallProxy) held() int64 { return p.bytes.Load() }
+
+// pipe copies src to dst, holding each chunk while the proxy is stalled.
+func (p *stallProxy) pipe(dst, src net.Conn) {
+	defer func() { _ = dst.Close(); _ = src.Close() }()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			flowing := p.flowing
+			p.mu.Unlock()
+			select {
+			case <-flowing:
+			default:
+				p.bytes.Add(int64(n))
+				<-flowing
+			}
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
