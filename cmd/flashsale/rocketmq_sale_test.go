@@ -74,7 +74,7 @@ func TestConsumerKilledMidBatch(t *testing.T) {
 
 	// Mid-batch: results decided in Redis, orders stuck on their way to MySQL.
 	held := map[string]resultBody{}
-	waitFor(t, 20*time.Second, "the doomed worker to decide a batch", func() (bool, string) {
+	testenv.Eventually(t, 20*time.Second, "the doomed worker to decide a batch", func() (bool, string) {
 		st := shop.stats(campaign)
 		var finished int64
 		for _, n := range st.FinishedByStatus {
@@ -152,7 +152,7 @@ func TestBrokerRestartMidSale(t *testing.T) {
 		if i == requests/3 {
 			// Restart once the worker is demonstrably in the middle of the
 			// sale: some requests decided, more on the way.
-			waitFor(t, 20*time.Second, "the worker to decide the first requests", func() (bool, string) {
+			testenv.Eventually(t, 20*time.Second, "the worker to decide the first requests", func() (bool, string) {
 				var n int64
 				for _, k := range c.stats(campaign).FinishedByStatus {
 					n += k
@@ -199,23 +199,6 @@ func TestBrokerRestartMidSale(t *testing.T) {
 	}
 	t.Logf("%d purchases refused and retried, %d refused as sold out; the sale settled %v after the restart",
 		failed, soldOut, time.Since(restartAt))
-}
-
-// waitFor polls cond until it reports done, failing the test after timeout;
-// progress describes the state for the failure message.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (done bool, progress string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		done, progress := cond()
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, progress)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // stallProxy forwards TCP to a backend and can hold the traffic: while

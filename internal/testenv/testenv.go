@@ -134,3 +134,22 @@ func MySQLDSN(t testing.TB) string {
 func Topic(t testing.TB) string {
 	return UniqueName("t_" + strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())[:min(20, len(t.Name()))] + "_")
 }
+
+// Eventually polls cond until it reports done, failing the test after
+// timeout; progress describes the state for the failure message. It waits
+// for an event, not for an amount of time, so a slow machine only makes it
+// poll longer.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() (done bool, progress string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		done, progress := cond()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, progress)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

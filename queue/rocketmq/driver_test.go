@@ -72,22 +72,6 @@ func (r *consumeRecorder) distinct() int {
 	return len(r.byID)
 }
 
-// eventually polls cond until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, progress := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, progress)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func publish(t *testing.T, p queue.Publisher, topic string, msgs ...queue.Message) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -200,7 +184,7 @@ func TestPublishOutcome(t *testing.T) {
 			if tc.wantStored < 0 {
 				return
 			}
-			eventually(t, 3*time.Second, "the broker to settle", func() (bool, string) {
+			testenv.Eventually(t, 3*time.Second, "the broker to settle", func() (bool, string) {
 				n := len(srv.AllMessages(topic))
 				return n == tc.wantStored, fmt.Sprintf("got %d stored, want %d", n, tc.wantStored)
 			})
@@ -272,7 +256,7 @@ func TestPoisonMessageGoesToDLQ(t *testing.T) {
 	rec := startRecording(t, q.Consumer("c"), topic, func(m queue.Message) bool { return m.ID == "poison" })
 	publish(t, q, topic, queue.Message{ID: "poison", Key: "k"}, queue.Message{ID: "next", Key: "k"})
 
-	eventually(t, 20*time.Second, "the message behind the poison one", func() (bool, string) {
+	testenv.Eventually(t, 20*time.Second, "the message behind the poison one", func() (bool, string) {
 		return len(rec.deliveries("next")) > 0, fmt.Sprintf("poison delivered %d times", len(rec.deliveries("poison")))
 	})
 	ds := rec.deliveries("poison")
@@ -321,7 +305,7 @@ func TestRebalanceHandover(t *testing.T) {
 
 	first := startRecording(t, q.Consumer("first"), topic, nil)
 	publish(t, q, topic, round(0)...)
-	eventually(t, 20*time.Second, "the first consumer to take every queue", func() (bool, string) {
+	testenv.Eventually(t, 20*time.Second, "the first consumer to take every queue", func() (bool, string) {
 		return first.distinct() == len(keys), fmt.Sprintf("got %d of %d", first.distinct(), len(keys))
 	})
 
@@ -343,7 +327,7 @@ func TestRebalanceHandover(t *testing.T) {
 	}()
 	joined := time.Now()
 	second := startRecording(t, q.Consumer("second"), topic, nil)
-	eventually(t, 15*time.Second, "the second consumer to consume its half of the keys", func() (bool, string) {
+	testenv.Eventually(t, 15*time.Second, "the second consumer to consume its half of the keys", func() (bool, string) {
 		n := distinctKeys(second)
 		return n == len(keys)/2, fmt.Sprintf("second got %d keys", n)
 	})
@@ -388,7 +372,7 @@ func TestConsumeWaitsForTopic(t *testing.T) {
 	time.Sleep(700 * time.Millisecond)
 	srv.CreateTopic(topic, 2)
 	publish(t, q, topic, queue.Message{ID: "r1", Key: "k"})
-	eventually(t, 20*time.Second, "the message", func() (bool, string) {
+	testenv.Eventually(t, 20*time.Second, "the message", func() (bool, string) {
 		return rec.distinct() == 1, fmt.Sprintf("got %d", rec.distinct())
 	})
 }
