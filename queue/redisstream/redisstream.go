@@ -47,6 +47,13 @@
 // decides the next batch; when a Finish fails, the loop takes the partition's
 // pending entries over again from the oldest, as a new holder would.
 //
+// Delayed messages (PublishDelayed) wait in a sorted set per partition,
+// fsq:{<topic>:<p>}:delayed, scored by due time on Redis's clock, until a
+// Lua script moves them into the stream atomically. Every Consume call runs
+// that script for each partition every Options.MoveInterval; any number may
+// run at once (delay.go). Being in Redis, they survive every consumer's
+// restart.
+//
 // On miniredis, call ClockTTL(true) on the server: by default miniredis only
 // expires keys on FastForward, so a lease whose holder stopped without
 // releasing it would never expire.
@@ -76,6 +83,7 @@ const (
 	DefaultBlock           = time.Second
 	DefaultLeaseTTL        = 10 * time.Second
 	DefaultRedeliveryDelay = 100 * time.Millisecond
+	DefaultMoveInterval    = 200 * time.Millisecond
 )
 
 // Limits on the backoff used after handler and Redis errors.
@@ -109,6 +117,10 @@ type Options struct {
 	// RedeliveryDelay is the wait before a failed batch is handed out again;
 	// it doubles with each consecutive failure of the batch. Default 100ms.
 	RedeliveryDelay time.Duration
+	// MoveInterval is how often each Consume call moves the topic's due
+	// delayed messages into their streams: about how late after its due
+	// time a delayed message may arrive. Default 200ms.
+	MoveInterval time.Duration
 	// Logger receives handler and Redis errors. Nil discards.
 	Logger *slog.Logger
 }
@@ -132,6 +144,9 @@ func (o Options) withDefaults() Options {
 	if o.RedeliveryDelay <= 0 {
 		o.RedeliveryDelay = DefaultRedeliveryDelay
 	}
+	if o.MoveInterval <= 0 {
+		o.MoveInterval = DefaultMoveInterval
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -145,12 +160,14 @@ type Queue struct {
 	rdb     redis.UniversalClient
 	opts    Options
 	scripts leaseScripts
+	delays  delayScripts
 
 	gate *gate.Gate
 }
 
 var (
 	_ queue.Publisher        = (*Queue)(nil)
+	_ queue.DelayPublisher   = (*Queue)(nil)
 	_ queue.Pinger           = (*Queue)(nil)
 	_ queue.Consumer         = (*Consumer)(nil)
 	_ queue.PipelineConsumer = (*Consumer)(nil)
@@ -158,21 +175,22 @@ var (
 
 // New returns a Queue on rdb. The client's pool must have room for one
 // blocked connection per partition for every running Consume call, plus a
-// few for publishing and lease renewal.
+// few for publishing, lease renewal and moving delayed messages.
 func New(rdb redis.UniversalClient, opts Options) *Queue {
 	return &Queue{
 		rdb:     rdb,
 		opts:    opts.withDefaults(),
 		scripts: newLeaseScripts(),
+		delays:  newDelayScripts(),
 		gate:    gate.New(),
 	}
 }
 
-// Features reports what redisstream guarantees: per-key order, and messages
-// that outlive the processes using them, as far as the Redis server persists
-// its data (not at all on miniredis).
+// Features reports what redisstream guarantees: per-key order, delayed
+// delivery, and messages that outlive the processes using them, as far as
+// the Redis server persists its data (not at all on miniredis).
 func Features() queue.Features {
-	return queue.Features{PerKeyOrder: true, Persistent: true, Pipeline: true}
+	return queue.Features{PerKeyOrder: true, Persistent: true, Delay: true, Pipeline: true}
 }
 
 // Publish appends msgs to their partition streams in one pipelined round
