@@ -20,14 +20,15 @@
 // The lease is fenced. Its value names the holder and a token that is new
 // for every tenure, taken from the counter fsq:{<topic>:<p>}:fence, and every
 // command that reads, takes over or acknowledges a partition's entries runs
-// in a Lua script that checks, in the same atomic step, that the lease still
-// holds that value. What that guarantees: once a holder's lease has expired
-// and another consumer has taken it, the former holder cannot read, claim or
-// acknowledge any entry of the partition, however long it was stalled (a GC
-// pause, a starved CPU); its next such call fails and it stops serving the
-// partition. What it cannot stop is a batch read before the lease was lost
-// reaching the handler afterwards, when the holder stalls right between the
-// read and the call, or a handler call or Finish that is already running.
+// in a transaction that executes only while the lease still holds that
+// value (WATCH, GET, MULTI/EXEC; fence.go). What that guarantees: once a
+// holder's lease has expired and another consumer has taken it, the former
+// holder cannot read, claim or acknowledge any entry of the partition,
+// however long it was stalled (a GC pause, a starved CPU); its next such
+// call fails and it stops serving the partition. What it cannot stop is a
+// batch read before the lease was lost reaching the handler afterwards, when
+// the holder stalls right between the read and the call, or a handler call
+// or Finish that is already running.
 // The new holder redelivers that batch first (its entries are still
 // pending), so it is handled twice, as at-least-once allows, possibly at the
 // same time as the new holder handles that key; the former holder can
