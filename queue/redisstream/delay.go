@@ -22,10 +22,9 @@ import (
 // stream's hash tag, so each script stays in one slot, and a message's
 // partition is its key's, as for Publish, so once moved it keeps its place in
 // the key's order: behind what reached the stream before it, ahead of what
-// comes after. The move
-// is atomic, so the consumers need no agreement on who moves: each due
-// message is moved exactly once, however many run, and no process has a
-// role of its own to deploy.
+// comes after. The move is atomic, so the consumers need no agreement on who
+// moves: each due message is moved exactly once, however many run, and no
+// process has a role of its own to deploy.
 
 var (
 	//go:embed delay_add.lua
