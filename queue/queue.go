@@ -120,7 +120,10 @@ func OneStep(h Handler) PipelineHandler {
 // DelayPublisher is implemented by publishers that can hold messages back
 // (Features.Delay). It is Publish with a delay: the messages are stored at
 // once and delivered no earlier than delay from now, possibly later (drivers
-// round up to the delays their backend supports). delay <= 0 is Publish.
+// round up to the delays their backend supports, or move due messages on a
+// timer). A delayed message joins its key's order when it becomes due, not
+// when it was published; messages of one key published one after the other
+// with the same delay keep their order. delay <= 0 is Publish.
 type DelayPublisher interface {
 	PublishDelayed(ctx context.Context, topic string, delay time.Duration, msgs ...Message) error
 }

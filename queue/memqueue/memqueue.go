@@ -3,8 +3,9 @@
 // a topic is split into partitions by message key, and each partition has at
 // most one batch in its handler call across all consumers of the topic (and,
 // pipelined, one more finishing ahead of it), so messages with one key are
-// handled in publish order and never concurrently. Nothing
-// survives the process.
+// handled in publish order and never concurrently. Messages published with a
+// delay wait in the topic until due and then join their partitions in due
+// order. Nothing survives the process.
 package memqueue
 
 import (
@@ -74,6 +75,7 @@ type Queue struct {
 
 var (
 	_ queue.Publisher        = (*Queue)(nil)
+	_ queue.DelayPublisher   = (*Queue)(nil)
 	_ queue.Pinger           = (*Queue)(nil)
 	_ queue.Consumer         = (*Consumer)(nil)
 	_ queue.PipelineConsumer = (*Consumer)(nil)
@@ -88,10 +90,10 @@ func New(opts Options) *Queue {
 	}
 }
 
-// Features reports what memqueue guarantees: per-key order and pipelining,
-// but nothing survives the process.
+// Features reports what memqueue guarantees: per-key order, delayed delivery
+// and pipelining, but nothing survives the process.
 func Features() queue.Features {
-	return queue.Features{PerKeyOrder: true, Persistent: false, Pipeline: true}
+	return queue.Features{PerKeyOrder: true, Persistent: false, Delay: true, Pipeline: true}
 }
 
 // Publish appends msgs to their partitions of topic. It fails with
@@ -109,13 +111,32 @@ func (q *Queue) Publish(ctx context.Context, topicName string, msgs ...queue.Mes
 	return nil
 }
 
+// PublishDelayed stores msgs in topic until delay has passed; then they join
+// their partitions, after the messages that became due or were published
+// before them. delay <= 0 is Publish. It fails as Publish does.
+func (q *Queue) PublishDelayed(ctx context.Context, topicName string, delay time.Duration, msgs ...queue.Message) error {
+	if delay <= 0 {
+		return q.Publish(ctx, topicName, msgs...)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("publish %s: %w", topicName, err)
+	}
+	tp, err := q.topic(topicName, false)
+	if err != nil {
+		return fmt.Errorf("publish %s: %w", topicName, err)
+	}
+	// The monotonic clock: a wall-clock step cannot make a message early.
+	tp.publishDelayed(msgs, time.Now().Add(delay))
+	return nil
+}
+
 // Ping always succeeds: there is no backend to reach.
 func (q *Queue) Ping(context.Context) error { return nil }
 
 // Close makes later Publish and Consume calls fail with queue.ErrClosed, stops
 // running Consume calls as if their contexts were cancelled and waits for them
-// to return. Undelivered messages are dropped with the Queue. Close must not
-// be called from a handler.
+// to return. Undelivered messages, delayed ones included, are dropped with the
+// Queue. Close must not be called from a handler.
 func (q *Queue) Close() error {
 	q.mu.Lock()
 	if !q.closed {

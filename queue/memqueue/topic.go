@@ -2,6 +2,7 @@ package memqueue
 
 import (
 	"bytes"
+	"container/heap"
 	"context"
 	"sync"
 	"time"
@@ -18,6 +19,41 @@ type topic struct {
 	parts   []*partition
 	changed chan struct{} // closed and replaced when a batch may have become available
 	next    int           // where the next scan starts, so busy topics share consumers fairly
+	// delayed holds the messages published with a delay that are not due
+	// yet, earliest first. They join their partitions when due, under this
+	// lock, whenever a consumer looks for a batch or a message is published;
+	// a waiting consumer sleeps no longer than until the earliest is due. So
+	// no goroutine or timer outlives Close, which drops them with the topic.
+	delayed delayHeap
+	seq     uint64 // orders delayed publishes due at the same instant
+}
+
+// delayed is the messages of one delayed publish.
+type delayed struct {
+	at   time.Time
+	seq  uint64
+	msgs []queue.Message
+}
+
+// delayHeap is a min-heap of delayed publishes by due time, then publish
+// order.
+type delayHeap []*delayed
+
+func (h delayHeap) Len() int { return len(h) }
+func (h delayHeap) Less(i, j int) bool {
+	if !h[i].at.Equal(h[j].at) {
+		return h[i].at.Before(h[j].at)
+	}
+	return h[i].seq < h[j].seq
+}
+func (h delayHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *delayHeap) Push(x any)   { *h = append(*h, x.(*delayed)) }
+func (h *delayHeap) Pop() any {
+	old := *h
+	d := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return d
 }
 
 // partition is a FIFO of messages. Its batches in flight (out) are
@@ -63,20 +99,70 @@ func newTopic(opts Options) *topic {
 	return tp
 }
 
-// publish appends copies of msgs, so callers may reuse their buffers.
+// publish appends copies of msgs, so callers may reuse their buffers. The
+// delayed messages already due go first: a partition holds its messages in
+// the order they became due.
 func (tp *topic) publish(msgs []queue.Message) {
 	if len(msgs) == 0 {
 		return
 	}
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
+	tp.releaseLocked(time.Now())
 	for _, m := range msgs {
 		m.Body = bytes.Clone(m.Body)
 		m.Attempt = 0
-		p := tp.parts[queue.PartitionOf(m.Key, len(tp.parts))]
-		p.msgs = append(p.msgs, m)
+		tp.appendLocked(m)
 	}
 	tp.broadcastLocked()
+}
+
+// publishDelayed stores copies of msgs until at.
+func (tp *topic) publishDelayed(msgs []queue.Message, at time.Time) {
+	if len(msgs) == 0 {
+		return
+	}
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	tp.seq++
+	heap.Push(&tp.delayed, &delayed{at: at, seq: tp.seq, msgs: copies(msgs)})
+	// Waiting consumers recompute how long to sleep.
+	tp.broadcastLocked()
+}
+
+// copies returns msgs with bodies of their own and no deliveries yet.
+func copies(msgs []queue.Message) []queue.Message {
+	out := make([]queue.Message, len(msgs))
+	for i, m := range msgs {
+		m.Body = bytes.Clone(m.Body)
+		m.Attempt = 0
+		out[i] = m
+	}
+	return out
+}
+
+// appendLocked appends m to its partition.
+func (tp *topic) appendLocked(m queue.Message) {
+	p := tp.parts[queue.PartitionOf(m.Key, len(tp.parts))]
+	p.msgs = append(p.msgs, m)
+}
+
+// releaseLocked appends the delayed messages due by now to their
+// partitions, in due order. It returns how long until the next is due (0 if
+// none is waiting) and whether it released any.
+func (tp *topic) releaseLocked(now time.Time) (wait time.Duration, released bool) {
+	for len(tp.delayed) > 0 {
+		next := tp.delayed[0]
+		if now.Before(next.at) {
+			return next.at.Sub(now), released
+		}
+		heap.Pop(&tp.delayed)
+		for _, m := range next.msgs {
+			tp.appendLocked(m)
+		}
+		released = true
+	}
+	return 0, released
 }
 
 // take waits for a partition that has messages, no batch in flight and no
@@ -100,7 +186,15 @@ func (tp *topic) take(ctx context.Context, c *Consumer) *batch {
 		// Checked under the lock that abandon takes, so a crash cannot slip
 		// between the check and the pick and leave a batch nobody abandons.
 		if !c.isCrashed() {
-			b, wait = tp.pickLocked(c, time.Now())
+			now := time.Now()
+			untilDue, released := tp.releaseLocked(now)
+			if released {
+				tp.broadcastLocked() // other consumers may take what this one cannot
+			}
+			b, wait = tp.pickLocked(c, now)
+			if wait == 0 || (untilDue > 0 && untilDue < wait) {
+				wait = untilDue
+			}
 		}
 		changed := tp.changed
 		tp.mu.Unlock()

@@ -109,21 +109,26 @@ func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() (do
 type recorder struct {
 	mu       sync.Mutex
 	byID     map[string][]queue.Message // every delivery, in arrival order
+	arrived  map[string]arrival         // each message's first delivery
 	acked    map[string]bool            // messages whose batch the handler acknowledged
 	batches  int
 	maxBatch int
 }
 
 func newRecorder() *recorder {
-	return &recorder{byID: make(map[string][]queue.Message), acked: make(map[string]bool)}
+	return &recorder{byID: make(map[string][]queue.Message), arrived: make(map[string]arrival), acked: make(map[string]bool)}
 }
 
 func (r *recorder) record(msgs []queue.Message) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	now := time.Now()
 	r.batches++
 	r.maxBatch = max(r.maxBatch, len(msgs))
 	for _, m := range msgs {
+		if _, seen := r.byID[m.ID]; !seen {
+			r.arrived[m.ID] = arrival{at: now, rank: len(r.arrived)}
+		}
 		r.byID[m.ID] = append(r.byID[m.ID], m)
 	}
 }
@@ -169,6 +174,20 @@ func (r *recorder) deliveries(id string) []queue.Message {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.byID[id])
+}
+
+// arrival is a message's first delivery: when, and how many distinct
+// messages arrived before it (which orders the messages of one batch).
+type arrival struct {
+	at   time.Time
+	rank int
+}
+
+// arrival returns id's first delivery (the zero arrival if none).
+func (r *recorder) arrival(id string) arrival {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.arrived[id]
 }
 
 func (r *recorder) snapshot() map[string][]queue.Message {

@@ -5,7 +5,8 @@
 // on: at-least-once delivery, acknowledgement, redelivery with a growing
 // Attempt, per-key order (when Features.PerKeyOrder), takeover of a dead
 // consumer's messages, batch limits, clean shutdown, delayed delivery (when
-// Features.Delay) and the two-step PipelineHandler (overlapping when
+// Features.Delay: never early, each message once, across a consumer's
+// restart) and the two-step PipelineHandler (overlapping when
 // Features.Pipeline, in one call otherwise).
 package queuetest
 
@@ -78,6 +79,8 @@ func Run(t *testing.T, f Factory) {
 		{"ConsumeAfterClose", testConsumeAfterClose},
 		{"Ping", testPing},
 		{"Delay", testDelay},
+		{"DelayMany", testDelayMany},
+		{"DelayRestart", testDelayRestart},
 		{"PipelineOrder", testPipelineOrder},
 		{"PipelineOverlaps", testPipelineOverlaps},
 		{"PipelineShutdown", testPipelineShutdown},

@@ -434,7 +434,8 @@ func testShutdownFinishesInFlightBatch(t *testing.T, f Factory) {
 	}
 }
 
-// testPublishFails: Publish refuses with a cancelled context and after Close.
+// testPublishFails: Publish, and PublishDelayed where the driver delays,
+// refuse with a cancelled context and after Close.
 func testPublishFails(t *testing.T, f Factory) {
 	tests := []struct {
 		name  string
@@ -468,6 +469,13 @@ func testPublishFails(t *testing.T, f Factory) {
 			err := b.Publisher().Publish(ctx, newTopic(t), newMsg("k", 0))
 			if !errors.Is(err, tc.want) {
 				t.Errorf("Publish: got %v, want an error wrapping %v", err, tc.want)
+			}
+			if !f.Features.Delay {
+				return
+			}
+			err = delayPublisher(t, b).PublishDelayed(ctx, newTopic(t), time.Second, newMsg("k", 1))
+			if !errors.Is(err, tc.want) {
+				t.Errorf("PublishDelayed: got %v, want an error wrapping %v", err, tc.want)
 			}
 		})
 	}
@@ -509,67 +517,5 @@ func testPing(t *testing.T, f Factory) {
 	defer cancel()
 	if err := p.Ping(ctx); err != nil {
 		t.Errorf("Ping: got %v, want nil", err)
-	}
-}
-
-// testDelay: a delayed message is stored at once but not delivered before
-// its delay has passed; a message published without delay meanwhile is
-// delivered at once, and a zero delay is a plain publish.
-func testDelay(t *testing.T, f Factory) {
-	if !f.Features.Delay {
-		t.Skip("driver does not support delayed delivery (Features.Delay is false)")
-	}
-	b := f.New(t)
-	dp, ok := b.Publisher().(queue.DelayPublisher)
-	if !ok {
-		t.Fatalf("Features.Delay is set but the publisher (%T) does not implement queue.DelayPublisher", b.Publisher())
-	}
-	topic := newTopic(t)
-	const delay = time.Second
-
-	var mu sync.Mutex
-	arrived := make(map[string]time.Time)
-	rec := newRecorder()
-	startConsumer(t, b.NewConsumer(t, "c"), topic, func(ctx context.Context, msgs []queue.Message) error {
-		mu.Lock()
-		for _, m := range msgs {
-			if _, seen := arrived[m.ID]; !seen {
-				arrived[m.ID] = time.Now()
-			}
-		}
-		mu.Unlock()
-		return rec.handle(ctx, msgs)
-	})
-
-	// Wait until the consumer is running, so arrival times measure the delay
-	// and not the consumer's start.
-	mustPublish(t, b.Publisher(), topic, newMsg("warmup", 0))
-	rec.waitDistinct(t, 1)
-
-	delayed := []queue.Message{newMsg("late", 0), newMsg("late", 1)}
-	now, zero := newMsg("now", 0), newMsg("zero", 0)
-	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
-	defer cancel()
-	sent := time.Now()
-	if err := dp.PublishDelayed(ctx, topic, delay, delayed...); err != nil {
-		t.Fatalf("PublishDelayed %v: got %v, want nil", delay, err)
-	}
-	if err := dp.PublishDelayed(ctx, topic, 0, zero); err != nil {
-		t.Fatalf("PublishDelayed 0: got %v, want nil", err)
-	}
-	mustPublish(t, b.Publisher(), topic, now)
-
-	rec.waitDistinct(t, 1+len(delayed)+2)
-	mu.Lock()
-	defer mu.Unlock()
-	for _, m := range delayed {
-		if got := arrived[m.ID].Sub(sent); got < delay {
-			t.Errorf("delayed message %s: got it %v after publishing, want >= %v", m.ID, got, delay)
-		}
-	}
-	for _, m := range []queue.Message{now, zero} {
-		if arrived[m.ID].After(arrived[delayed[0].ID]) {
-			t.Errorf("message %s published without delay: got it after the delayed ones, want it first", m.ID)
-		}
 	}
 }

@@ -76,3 +76,39 @@ func BenchmarkConsume(b *testing.B) {
 		b.Errorf("consume: %v", err)
 	}
 }
+
+// BenchmarkMove measures one call of the move script on the test Redis, as
+// each consumer runs it per partition every Options.MoveInterval: with
+// nothing due (the usual case), and with moveLimit messages due, which it
+// moves into the stream (added before each iteration, outside the timer).
+func BenchmarkMove(b *testing.B) {
+	rdb := testenv.Redis(b)
+	body := make([]byte, 160)
+	for _, due := range []int{0, moveLimit} {
+		b.Run(fmt.Sprintf("due=%d", due), func(b *testing.B) {
+			q := New(rdb, Options{Partitions: 1})
+			topic := testenv.Topic(b)
+			b.Cleanup(func() { (&topicLog{topics: map[string]bool{topic: true}}).deleteKeys(b, rdb, 1) })
+			msgs := make([]queue.Message, due)
+			n := 0
+			for b.Loop() {
+				if due > 0 {
+					b.StopTimer()
+					for i := range msgs {
+						msgs[i] = queue.Message{ID: fmt.Sprintf("r%09d", n), Key: "campaign", Body: body}
+						n++
+					}
+					if err := q.PublishDelayed(b.Context(), topic, time.Millisecond, msgs...); err != nil {
+						b.Fatalf("publish: %v", err)
+					}
+					time.Sleep(2 * time.Millisecond) // let them fall due
+					b.StartTimer()
+				}
+				moved, err := moveDue(b.Context(), rdb, q.delays, topic, 0, moveLimit)
+				if err != nil || moved != due {
+					b.Fatalf("move: got %d, %v, want %d, nil", moved, err, due)
+				}
+			}
+		})
+	}
+}

@@ -77,6 +77,7 @@ func (c *Consumer) ConsumePipelined(ctx context.Context, topic string, h queue.P
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return r.keepMembership(gctx) })
+	g.Go(func() error { return r.moveLoop(gctx) })
 	for p := range r.opts.Partitions {
 		g.Go(func() error { return r.partitionLoop(gctx, p) })
 	}

@@ -20,14 +20,15 @@
 // The lease is fenced. Its value names the holder and a token that is new
 // for every tenure, taken from the counter fsq:{<topic>:<p>}:fence, and every
 // command that reads, takes over or acknowledges a partition's entries runs
-// in a Lua script that checks, in the same atomic step, that the lease still
-// holds that value. What that guarantees: once a holder's lease has expired
-// and another consumer has taken it, the former holder cannot read, claim or
-// acknowledge any entry of the partition, however long it was stalled (a GC
-// pause, a starved CPU); its next such call fails and it stops serving the
-// partition. What it cannot stop is a batch read before the lease was lost
-// reaching the handler afterwards, when the holder stalls right between the
-// read and the call, or a handler call or Finish that is already running.
+// in a transaction that executes only while the lease still holds that
+// value (WATCH, GET, MULTI/EXEC; fence.go). What that guarantees: once a
+// holder's lease has expired and another consumer has taken it, the former
+// holder cannot read, claim or acknowledge any entry of the partition,
+// however long it was stalled (a GC pause, a starved CPU); its next such
+// call fails and it stops serving the partition. What it cannot stop is a
+// batch read before the lease was lost reaching the handler afterwards, when
+// the holder stalls right between the read and the call, or a handler call
+// or Finish that is already running.
 // The new holder redelivers that batch first (its entries are still
 // pending), so it is handled twice, as at-least-once allows, possibly at the
 // same time as the new holder handles that key; the former holder can
@@ -46,6 +47,13 @@
 // Finish runs on its own goroutine while the partition's loop reads and
 // decides the next batch; when a Finish fails, the loop takes the partition's
 // pending entries over again from the oldest, as a new holder would.
+//
+// Delayed messages (PublishDelayed) wait in a sorted set per partition,
+// fsq:{<topic>:<p>}:delayed, scored by due time on Redis's clock, until a
+// Lua script moves them into the stream atomically. Every Consume call runs
+// that script for each partition every Options.MoveInterval; any number may
+// run at once (delay.go). Being in Redis, they survive every consumer's
+// restart.
 //
 // On miniredis, call ClockTTL(true) on the server: by default miniredis only
 // expires keys on FastForward, so a lease whose holder stopped without
@@ -76,6 +84,7 @@ const (
 	DefaultBlock           = time.Second
 	DefaultLeaseTTL        = 10 * time.Second
 	DefaultRedeliveryDelay = 100 * time.Millisecond
+	DefaultMoveInterval    = 200 * time.Millisecond
 )
 
 // Limits on the backoff used after handler and Redis errors.
@@ -109,6 +118,10 @@ type Options struct {
 	// RedeliveryDelay is the wait before a failed batch is handed out again;
 	// it doubles with each consecutive failure of the batch. Default 100ms.
 	RedeliveryDelay time.Duration
+	// MoveInterval is how often each Consume call moves the topic's due
+	// delayed messages into their streams: about how late after its due
+	// time a delayed message may arrive. Default 200ms.
+	MoveInterval time.Duration
 	// Logger receives handler and Redis errors. Nil discards.
 	Logger *slog.Logger
 }
@@ -132,6 +145,9 @@ func (o Options) withDefaults() Options {
 	if o.RedeliveryDelay <= 0 {
 		o.RedeliveryDelay = DefaultRedeliveryDelay
 	}
+	if o.MoveInterval <= 0 {
+		o.MoveInterval = DefaultMoveInterval
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -145,12 +161,14 @@ type Queue struct {
 	rdb     redis.UniversalClient
 	opts    Options
 	scripts leaseScripts
+	delays  delayScripts
 
 	gate *gate.Gate
 }
 
 var (
 	_ queue.Publisher        = (*Queue)(nil)
+	_ queue.DelayPublisher   = (*Queue)(nil)
 	_ queue.Pinger           = (*Queue)(nil)
 	_ queue.Consumer         = (*Consumer)(nil)
 	_ queue.PipelineConsumer = (*Consumer)(nil)
@@ -158,21 +176,22 @@ var (
 
 // New returns a Queue on rdb. The client's pool must have room for one
 // blocked connection per partition for every running Consume call, plus a
-// few for publishing and lease renewal.
+// few for publishing, lease renewal and moving delayed messages.
 func New(rdb redis.UniversalClient, opts Options) *Queue {
 	return &Queue{
 		rdb:     rdb,
 		opts:    opts.withDefaults(),
 		scripts: newLeaseScripts(),
+		delays:  newDelayScripts(),
 		gate:    gate.New(),
 	}
 }
 
-// Features reports what redisstream guarantees: per-key order, and messages
-// that outlive the processes using them, as far as the Redis server persists
-// its data (not at all on miniredis).
+// Features reports what redisstream guarantees: per-key order, delayed
+// delivery, and messages that outlive the processes using them, as far as
+// the Redis server persists its data (not at all on miniredis).
 func Features() queue.Features {
-	return queue.Features{PerKeyOrder: true, Persistent: true, Pipeline: true}
+	return queue.Features{PerKeyOrder: true, Persistent: true, Delay: true, Pipeline: true}
 }
 
 // Publish appends msgs to their partition streams in one pipelined round

@@ -28,6 +28,7 @@ func testOptions(t *testing.T) Options {
 		Block:           100 * time.Millisecond,
 		LeaseTTL:        time.Second,
 		RedeliveryDelay: 10 * time.Millisecond,
+		MoveInterval:    50 * time.Millisecond,
 		Logger:          testLogger(t),
 	}
 }
@@ -116,7 +117,7 @@ func (l *topicLog) deleteKeys(t testing.TB, rdb *redis.Client, partitions int) {
 	for topic := range l.topics {
 		keys := []string{membersKey(topic)}
 		for p := range partitions {
-			keys = append(keys, streamKey(topic, p), leaseKey(topic, p), fenceKey(topic, p))
+			keys = append(keys, streamKey(topic, p), leaseKey(topic, p), fenceKey(topic, p), delayedKey(topic, p), delaySeqKey(topic, p))
 		}
 		for _, k := range keys { // one by one: the keys live in different slots
 			if err := rdb.Del(ctx, k).Err(); err != nil {
@@ -134,6 +135,11 @@ type loggingPublisher struct {
 func (p loggingPublisher) Publish(ctx context.Context, topic string, msgs ...queue.Message) error {
 	p.topics.add(topic)
 	return p.Queue.Publish(ctx, topic, msgs...)
+}
+
+func (p loggingPublisher) PublishDelayed(ctx context.Context, topic string, delay time.Duration, msgs ...queue.Message) error {
+	p.topics.add(topic)
+	return p.Queue.PublishDelayed(ctx, topic, delay, msgs...)
 }
 
 type loggingConsumer struct {
