@@ -23,8 +23,9 @@ import (
 )
 
 const (
-	testJWTSecret  = "test-jwt-secret-0123456789abcdef0123456789"
-	testAdminToken = "test-admin-token"
+	testJWTSecret     = "test-jwt-secret-0123456789abcdef0123456789"
+	testAdminToken    = "test-admin-token"
+	testWebhookSecret = "test-webhook-secret-0123456789abcdef01234"
 )
 
 // realConfig returns a config on the test Redis and a fresh MySQL database,
@@ -34,9 +35,11 @@ func realConfig(t *testing.T, queueDriver string) config.Config {
 	cfg := config.Default()
 	cfg.HTTP.Addr = "127.0.0.1:0"
 	cfg.Auth = config.Auth{JWTSecret: testJWTSecret, JWTLeeway: 5 * time.Second, AdminToken: testAdminToken}
+	cfg.Payment.WebhookSecret = testWebhookSecret
 	cfg.Redis.Mode, cfg.Redis.Addr = "server", testenv.RedisAddr(t)
 	cfg.Database.Driver, cfg.Database.DSN = "mysql", testenv.MySQLDSN(t)
 	cfg.Queue.Driver, cfg.Queue.Topic = queueDriver, testenv.Topic(t)
+	cfg.Queue.ExpiryTopic = cfg.Queue.Topic + "-expiry"
 	cfg.Notifier.AllowedOrigins = []string{"*"}
 	cfg.Log.Level = "warn"
 	if err := cfg.Validate(); err != nil {
