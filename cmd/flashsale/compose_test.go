@@ -94,8 +94,7 @@ func TestComposeFile(t *testing.T) {
 	t.Run("infrastructure images", func(t *testing.T) {
 		for name, prefix := range map[string]string{
 			"rocketmq-namesrv": "apache/rocketmq:", "rocketmq-broker": "apache/rocketmq:", "rocketmq-init": "apache/rocketmq:",
-			"rocketmq-init-expiry": "apache/rocketmq:",
-			"redis":                "redis:", "mysql": "mysql:8",
+			"rocketmq-init-expiry": "apache/rocketmq:", "redis": "redis:", "mysql": "mysql:8",
 		} {
 			if img := svc(name).Image; !strings.HasPrefix(img, prefix) {
 				t.Errorf("service %s: got image %q, want %s…", name, img, prefix)
