@@ -11,6 +11,11 @@ import (
 	"github.com/flashsale/flashsale/internal/testenv"
 )
 
+// withField adds a field to a JSON object.
+func withField(object, field string) string {
+	return strings.Replace(object, "{", "{"+field+",", 1)
+}
+
 // TestBadInput: every malformed or unauthorised request gets its exact
 // status and stable code, and changes nothing.
 func TestBadInput(t *testing.T) {
@@ -87,11 +92,27 @@ func TestBadInput(t *testing.T) {
 		{"create zero limit", "POST", "/admin/v1/campaigns", testAdminToken, strings.Replace(validCampaign, `"per_user_limit":1`, `"per_user_limit":0`, 1), nil, 400, "invalid_request"},
 		{"create end before start", "POST", "/admin/v1/campaigns", testAdminToken, strings.Replace(validCampaign, "2030-01-02", "2029-01-02", 1), nil, 400, "invalid_request"},
 		{"create bad time", "POST", "/admin/v1/campaigns", testAdminToken, strings.Replace(validCampaign, "2030-01-01T00:00:00Z", "tomorrow", 1), nil, 400, "invalid_request"},
+		{"create negative price", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"price":-1`), nil, 400, "invalid_request"},
+		{"create huge price", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"price":1000000000001`), nil, 400, "invalid_request"},
+		{"create price as text", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"price":"5"`), nil, 400, "invalid_request"},
+		{"create window not a duration", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"payment_window":"soon"`), nil, 400, "invalid_request"},
+		{"create window as a number", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"payment_window":600`), nil, 400, "invalid_request"},
+		{"create window too short", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"payment_window":"500ms"`), nil, 400, "invalid_request"},
+		{"create window too long", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"payment_window":"25h"`), nil, 400, "invalid_request"},
+		{"create window negative", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"payment_window":"-10m"`), nil, 400, "invalid_request"},
+		{"create window below a millisecond", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"payment_window":"1.0005s"`), nil, 400, "invalid_request"},
 		{"preload unknown campaign", "POST", "/admin/v1/campaigns/nope-x/preload", testAdminToken, nil, nil, 404, "not_found"},
 		{"preload bad force", "POST", "/admin/v1/campaigns/" + open + "/preload?force=maybe", testAdminToken, nil, nil, 400, "invalid_request"},
 		{"stats unknown campaign", "GET", "/admin/v1/campaigns/nope-x/stats", testAdminToken, nil, nil, 404, "not_found"},
 		{"public unknown campaign", "GET", "/api/v1/campaigns/nope-x", "", nil, nil, 404, "not_found"},
 		{"unknown route", "GET", "/api/v1/nothing", "", nil, nil, 404, "not_found"},
+	}
+	// The invalid field a refusal names, where the row is about one.
+	wantField := map[string]string{
+		"create negative price": "price", "create huge price": "price", "create price as text": "price",
+		"create window not a duration": "payment_window", "create window as a number": "payment_window",
+		"create window too short": "payment_window", "create window too long": "payment_window",
+		"create window negative": "payment_window", "create window below a millisecond": "payment_window",
 	}
 	before := c.stats(open)
 	for _, tc := range tests {
@@ -99,10 +120,14 @@ func TestBadInput(t *testing.T) {
 			var got struct {
 				Code    string `json:"code"`
 				Message string `json:"message"`
+				Field   string `json:"field"`
 			}
 			code := c.do(tc.method, tc.path, tc.bearer, tc.body, tc.header, &got)
 			if code != tc.wantCode || got.Code != tc.want {
 				t.Fatalf("got %d %q (%s), want %d %q", code, got.Code, got.Message, tc.wantCode, tc.want)
+			}
+			if f, ok := wantField[tc.name]; ok && got.Field != f {
+				t.Fatalf("got field %q (%s), want %q", got.Field, got.Message, f)
 			}
 		})
 	}
