@@ -177,19 +177,27 @@ func (c *client) do(method, path, bearer string, body any, header map[string]str
 }
 
 type campaignBody struct {
-	ID           string    `json:"id"`
-	Name         string    `json:"name"`
-	Stock        int64     `json:"stock"`
-	PerUserLimit int64     `json:"per_user_limit"`
-	StartAt      time.Time `json:"start_at"`
-	EndAt        time.Time `json:"end_at"`
+	ID            string    `json:"id"`
+	Name          string    `json:"name"`
+	Stock         int64     `json:"stock"`
+	PerUserLimit  int64     `json:"per_user_limit"`
+	Price         int64     `json:"price,omitempty"`
+	PaymentWindow string    `json:"payment_window,omitempty"`
+	StartAt       time.Time `json:"start_at"`
+	EndAt         time.Time `json:"end_at"`
 }
 
 // openCampaign creates and preloads a campaign whose sale is open.
 func (c *client) openCampaign(id string, stock, limit int64) {
 	c.t.Helper()
-	body := campaignBody{ID: id, Name: "Test " + id, Stock: stock, PerUserLimit: limit,
-		StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)}
+	c.openCampaignOf(campaignBody{ID: id, Name: "Test " + id, Stock: stock, PerUserLimit: limit,
+		StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)})
+}
+
+// openCampaignOf creates and preloads the campaign body describes.
+func (c *client) openCampaignOf(body campaignBody) {
+	c.t.Helper()
+	id := body.ID
 	if code := c.do("POST", "/admin/v1/campaigns", c.admin, body, nil, nil); code != http.StatusCreated {
 		c.t.Fatalf("create campaign: got %d, want 201", code)
 	}

@@ -35,8 +35,10 @@ func startRocketMQProcess(t *testing.T, cfg config.Config) *client {
 		t.Fatalf("start broker double: %v", err)
 	}
 	t.Cleanup(func() { _ = srv.Close() }) // registered first: runs after the process stopped
-	// Operators create the topic (docker-compose's rocketmq-init does).
+	// Operators create the topics (docker-compose's rocketmq-init and
+	// rocketmq-init-expiry do).
 	srv.CreateTopic(cfg.Queue.Topic, cfg.Queue.Partitions)
+	srv.CreateTopic(cfg.Queue.ExpiryTopic, cfg.Queue.Partitions)
 
 	bin := buildBinary(t)
 	cmd := exec.Command(bin, "serve")
