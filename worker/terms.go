@@ -35,10 +35,18 @@ const maxCachedTerms = 10_000
 // applyTerms sets each order's Amount (price × quantity) and ExpiresAt (now +
 // the payment window) from its campaign.
 func (w *Worker) applyTerms(ctx context.Context, orders []model.Order, now time.Time) error {
+	var (
+		t        terms
+		campaign string
+	)
 	for i := range orders {
-		t, err := w.termsOf(ctx, orders[i].CampaignID)
-		if err != nil {
-			return err
+		// A batch's orders are nearly always one campaign's.
+		if i == 0 || orders[i].CampaignID != campaign {
+			var err error
+			if t, err = w.termsOf(ctx, orders[i].CampaignID); err != nil {
+				return err
+			}
+			campaign = orders[i].CampaignID
 		}
 		orders[i].Amount = t.price * orders[i].Quantity
 		orders[i].ExpiresAt = now.Add(t.window)
