@@ -83,7 +83,7 @@ func TestLoadtestEmbedded(t *testing.T) {
 // units that come back, and every lifecycle invariant holds.
 func TestLoadtestLifecycle(t *testing.T) {
 	out, err := runLoadtestCmd(t, "--json", "--shoppers", "400", "--stock", "40", "--per-user-limit", "1",
-		"--pay-ratio", "0.7", "--payment-window", "1s", "--results", "poll", "--settle", "20s")
+		"--pay-ratio", "0.7", "--payment-window", "2s", "--results", "poll", "--settle", "20s")
 	if err != nil {
 		t.Fatalf("loadtest: got error %v, want none; output:\n%s", err, out)
 	}
