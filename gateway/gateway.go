@@ -151,8 +151,9 @@ func New(log *slog.Logger, stock Stock, campaigns Campaigns, pub queue.Publisher
 		cache: map[string]*cachedCampaign{}}
 }
 
-// Run keeps the sold-out flags fresh: events from workers flip them at once,
-// a periodic re-check repairs missed events. It returns when ctx ends.
+// Run keeps the sold-out flags fresh: events from workers (sold out) and
+// from the order lifecycle (units returned) flip them at once, a periodic
+// re-check repairs missed events. It returns when ctx ends.
 func (s *Service) Run(ctx context.Context) error {
 	go func() {
 		t := time.NewTicker(s.opts.SoldOutRecheck)
@@ -190,6 +191,10 @@ func (s *Service) applyEvent(e model.Event) {
 	switch e.Type {
 	case model.EventSoldOut:
 		cc.soldOut.Store(true)
+	case model.EventReturned:
+		// An order ended unsold and its units are back: refusing from the
+		// flag now would undersell.
+		cc.soldOut.Store(false)
 	case model.EventReset:
 		cc.soldOut.Store(false)
 		cc.refreshMu.Lock()

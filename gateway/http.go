@@ -36,27 +36,45 @@ func (h *Handlers) RegisterShopper(r gin.IRouter, shopper func(httpapi.ShopperHa
 }
 
 type campaignRequest struct {
-	ID           string    `json:"id"`
-	Name         string    `json:"name"`
-	Stock        int64     `json:"stock"`
-	PerUserLimit int64     `json:"per_user_limit"`
-	StartAt      time.Time `json:"start_at"`
-	EndAt        time.Time `json:"end_at"`
+	ID           string `json:"id"`
+	Name         string `json:"name"`
+	Stock        int64  `json:"stock"`
+	PerUserLimit int64  `json:"per_user_limit"`
+	// Price is one unit's price in minor units (cents).
+	Price int64 `json:"price"`
+	// PaymentWindow is a Go duration ("10m", "90s"); empty is the default.
+	PaymentWindow string    `json:"payment_window"`
+	StartAt       time.Time `json:"start_at"`
+	EndAt         time.Time `json:"end_at"`
+}
+
+func (r campaignRequest) toModel() (model.Campaign, error) {
+	var window time.Duration
+	if r.PaymentWindow != "" {
+		var err error
+		if window, err = time.ParseDuration(r.PaymentWindow); err != nil {
+			return model.Campaign{}, model.Invalid("payment_window", `must be a duration such as "10m" or "90s"`)
+		}
+	}
+	return model.Campaign{ID: r.ID, Name: r.Name, Stock: r.Stock, PerUserLimit: r.PerUserLimit, Price: r.Price,
+		PaymentWindow: window, StartAt: r.StartAt, EndAt: r.EndAt}, nil
 }
 
 type campaignResponse struct {
-	ID           string    `json:"id"`
-	Name         string    `json:"name"`
-	Stock        int64     `json:"stock"`
-	PerUserLimit int64     `json:"per_user_limit"`
-	StartAt      time.Time `json:"start_at"`
-	EndAt        time.Time `json:"end_at"`
-	CreatedAt    time.Time `json:"created_at"`
+	ID            string    `json:"id"`
+	Name          string    `json:"name"`
+	Stock         int64     `json:"stock"`
+	PerUserLimit  int64     `json:"per_user_limit"`
+	Price         int64     `json:"price"`
+	PaymentWindow string    `json:"payment_window"`
+	StartAt       time.Time `json:"start_at"`
+	EndAt         time.Time `json:"end_at"`
+	CreatedAt     time.Time `json:"created_at"`
 }
 
 func toCampaignResponse(c model.Campaign) campaignResponse {
-	return campaignResponse{ID: c.ID, Name: c.Name, Stock: c.Stock, PerUserLimit: c.PerUserLimit,
-		StartAt: c.StartAt, EndAt: c.EndAt, CreatedAt: c.CreatedAt}
+	return campaignResponse{ID: c.ID, Name: c.Name, Stock: c.Stock, PerUserLimit: c.PerUserLimit, Price: c.Price,
+		PaymentWindow: c.PaymentWindow.String(), StartAt: c.StartAt, EndAt: c.EndAt, CreatedAt: c.CreatedAt}
 }
 
 func (h *Handlers) createCampaign(c *gin.Context) {
@@ -65,8 +83,12 @@ func (h *Handlers) createCampaign(c *gin.Context) {
 		httpapi.Abort(c, h.log, err)
 		return
 	}
-	created, err := h.svc.CreateCampaign(c.Request.Context(), model.Campaign{ID: req.ID, Name: req.Name,
-		Stock: req.Stock, PerUserLimit: req.PerUserLimit, StartAt: req.StartAt, EndAt: req.EndAt})
+	campaign, err := req.toModel()
+	if err != nil {
+		httpapi.Abort(c, h.log, err)
+		return
+	}
+	created, err := h.svc.CreateCampaign(c.Request.Context(), campaign)
 	if err != nil {
 		httpapi.Abort(c, h.log, err)
 		return
@@ -117,12 +139,14 @@ func (h *Handlers) stats(c *gin.Context) {
 }
 
 type publicCampaignResponse struct {
-	ID           string    `json:"id"`
-	Name         string    `json:"name"`
-	PerUserLimit int64     `json:"per_user_limit"`
-	StartAt      time.Time `json:"start_at"`
-	EndAt        time.Time `json:"end_at"`
-	SoldOut      bool      `json:"sold_out"`
+	ID            string    `json:"id"`
+	Name          string    `json:"name"`
+	PerUserLimit  int64     `json:"per_user_limit"`
+	Price         int64     `json:"price"`
+	PaymentWindow string    `json:"payment_window"`
+	StartAt       time.Time `json:"start_at"`
+	EndAt         time.Time `json:"end_at"`
+	SoldOut       bool      `json:"sold_out"`
 }
 
 func (h *Handlers) publicCampaign(c *gin.Context) {
@@ -132,5 +156,6 @@ func (h *Handlers) publicCampaign(c *gin.Context) {
 		return
 	}
 	c.JSON(http.StatusOK, publicCampaignResponse{ID: pc.Campaign.ID, Name: pc.Campaign.Name,
-		PerUserLimit: pc.Campaign.PerUserLimit, StartAt: pc.Campaign.StartAt, EndAt: pc.Campaign.EndAt, SoldOut: pc.SoldOut})
+		PerUserLimit: pc.Campaign.PerUserLimit, Price: pc.Campaign.Price, PaymentWindow: pc.Campaign.PaymentWindow.String(),
+		StartAt: pc.Campaign.StartAt, EndAt: pc.Campaign.EndAt, SoldOut: pc.SoldOut})
 }

@@ -88,3 +88,26 @@ type Payment struct {
 	Status    PaymentStatus
 	CreatedAt time.Time
 }
+
+// Checkout is what the payment step needs: what to pay for which order,
+// and, with the fake provider, how it ended.
+type Checkout struct {
+	OrderID  string
+	Amount   int64
+	Provider string
+	// PayBy is the order's ExpiresAt: a payment after it may come too late.
+	PayBy time.Time
+	// PaymentID is the payment the fake provider made; "" with another
+	// provider, whose webhook reports it later.
+	PaymentID string
+	// Status is the order's state after the step: paid when the fake
+	// provider completed it, pending_payment while a real provider's
+	// payment is under way.
+	Status OrderStatus
+}
+
+// Swept counts what one sweep of the order ledger did.
+type Swept struct {
+	Expired  int // pending orders past their window + grace, expired
+	Released int // final orders whose release had not completed
+}

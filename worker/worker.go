@@ -38,9 +38,11 @@ type Stock interface {
 	PublishEvent(ctx context.Context, e model.Event) error
 }
 
-// Orders is what the worker needs from the relational model.
+// Orders is what the worker needs from the relational model: it stores
+// orders, priced and timed by their campaign.
 type Orders interface {
 	InsertOrders(ctx context.Context, orders []model.Order) error
+	Campaigns
 }
 
 // Options tune the worker.
@@ -55,6 +57,11 @@ type Options struct {
 	// AfterDeduct, when set, runs after the Lua call and before persistence.
 	// Tests use it to crash the worker in the most delicate spot.
 	AfterDeduct func(campaignID string, results []model.Result) error
+	// Expiry schedules each stored order's expiry on ExpiryTopic (expiry.go)
+	// when it is a queue.DelayPublisher; otherwise orders expire through
+	// the lifecycle's sweeper.
+	Expiry      queue.Publisher
+	ExpiryTopic string
 }
 
 func (o Options) withDefaults() Options {
@@ -77,6 +84,7 @@ type Worker struct {
 	orders Orders
 	m      *metrics.Metrics
 	opts   Options
+	terms  termsCache
 }
 
 // New returns a Worker.
@@ -114,11 +122,16 @@ func (w *Worker) Decide(ctx context.Context, msgs []queue.Message) (queue.Finish
 	return func(ctx context.Context) error { return w.finish(ctx, results) }, nil
 }
 
-// finish stores the successes of decided results, then publishes them all.
+// finish stores the successes of decided results, publishes them all and
+// schedules the new orders' expiry.
 func (w *Worker) finish(ctx context.Context, results []model.Result) error {
+	orders, now := ordersOf(results), time.Now()
+	if err := w.applyTerms(ctx, orders, now); err != nil {
+		return err
+	}
 	// Successes must be in MySQL before the batch is acknowledged: the
 	// shopper may already have seen them through the poll endpoint.
-	if err := w.persist(ctx, ordersOf(results)); err != nil {
+	if err := w.persist(ctx, orders); err != nil {
 		return err
 	}
 	w.count(results)
@@ -126,10 +139,13 @@ func (w *Worker) finish(ctx context.Context, results []model.Result) error {
 		// Results are stored in Redis; notifiers re-read what they wait on.
 		w.log.Warn("publish results", "count", len(results), "err", err)
 	}
+	w.scheduleExpiry(ctx, orders, now)
 	return nil
 }
 
-// ordersOf returns the orders of the successful results, nil if none.
+// ordersOf returns the orders of the successful results, nil if none, in
+// the results' order (a campaign's together), without their amount and
+// expiry (applyTerms sets them).
 func ordersOf(results []model.Result) []model.Order {
 	n := 0
 	for _, r := range results {

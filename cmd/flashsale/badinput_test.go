@@ -2,14 +2,22 @@ package main
 
 import (
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	jwtlib "github.com/golang-jwt/jwt/v5"
 
+	"github.com/flashsale/flashsale/gateway"
+	"github.com/flashsale/flashsale/internal/lifecycle"
 	"github.com/flashsale/flashsale/internal/testenv"
 )
+
+// withField adds a field to a JSON object.
+func withField(object, field string) string {
+	return strings.Replace(object, "{", "{"+field+",", 1)
+}
 
 // TestBadInput: every malformed or unauthorised request gets its exact
 // status and stable code, and changes nothing.
@@ -32,6 +40,21 @@ func TestBadInput(t *testing.T) {
 	}
 
 	alice := c.token("alice")
+	// The order lifecycle's subjects: alice's order pending payment, bob's
+	// paid through a provider's webhook.
+	priced := testenv.UniqueName("paid-")
+	c.openCampaignOf(campaignBody{ID: priced, Name: "priced", Stock: 10, PerUserLimit: 2, Price: 250,
+		StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)})
+	pending, paid := c.buy("alice", priced), c.buy("bob", priced)
+	paidReport := webhookBody("pay_bob_1", paid.ID, "succeeded", 250)
+	if code, p := c.webhook(testWebhookSecret, time.Now(), paidReport); code != http.StatusOK || p.Status != "succeeded" {
+		t.Fatalf("pay bob's order: got %d %+v, want 200 succeeded", code, p)
+	}
+	bob := c.token("bob")
+	signed := func(secret string, at time.Time, body string) map[string]string {
+		return map[string]string{gateway.SignatureHeader: lifecycle.SignWebhook(secret, at, []byte(body))}
+	}
+	pendingReport := webhookBody("pay_alice_1", pending.ID, "succeeded", 250)
 	expired, _ := jwtlib.NewWithClaims(jwtlib.SigningMethodHS256, jwtlib.RegisteredClaims{Subject: "alice",
 		ExpiresAt: jwtlib.NewNumericDate(time.Now().Add(-time.Hour))}).SignedString([]byte(testJWTSecret))
 	forged, _ := jwtlib.NewWithClaims(jwtlib.SigningMethodHS256, jwtlib.RegisteredClaims{Subject: "alice",
@@ -87,28 +110,109 @@ func TestBadInput(t *testing.T) {
 		{"create zero limit", "POST", "/admin/v1/campaigns", testAdminToken, strings.Replace(validCampaign, `"per_user_limit":1`, `"per_user_limit":0`, 1), nil, 400, "invalid_request"},
 		{"create end before start", "POST", "/admin/v1/campaigns", testAdminToken, strings.Replace(validCampaign, "2030-01-02", "2029-01-02", 1), nil, 400, "invalid_request"},
 		{"create bad time", "POST", "/admin/v1/campaigns", testAdminToken, strings.Replace(validCampaign, "2030-01-01T00:00:00Z", "tomorrow", 1), nil, 400, "invalid_request"},
+		{"create negative price", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"price":-1`), nil, 400, "invalid_request"},
+		{"create huge price", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"price":1000000000001`), nil, 400, "invalid_request"},
+		{"create price as text", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"price":"5"`), nil, 400, "invalid_request"},
+		{"create window not a duration", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"payment_window":"soon"`), nil, 400, "invalid_request"},
+		{"create window as a number", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"payment_window":600`), nil, 400, "invalid_request"},
+		{"create window too short", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"payment_window":"500ms"`), nil, 400, "invalid_request"},
+		{"create window too long", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"payment_window":"25h"`), nil, 400, "invalid_request"},
+		{"create window negative", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"payment_window":"-10m"`), nil, 400, "invalid_request"},
+		{"create window below a millisecond", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"payment_window":"1.0005s"`), nil, 400, "invalid_request"},
 		{"preload unknown campaign", "POST", "/admin/v1/campaigns/nope-x/preload", testAdminToken, nil, nil, 404, "not_found"},
 		{"preload bad force", "POST", "/admin/v1/campaigns/" + open + "/preload?force=maybe", testAdminToken, nil, nil, 400, "invalid_request"},
 		{"stats unknown campaign", "GET", "/admin/v1/campaigns/nope-x/stats", testAdminToken, nil, nil, 404, "not_found"},
 		{"public unknown campaign", "GET", "/api/v1/campaigns/nope-x", "", nil, nil, 404, "not_found"},
 		{"unknown route", "GET", "/api/v1/nothing", "", nil, nil, 404, "not_found"},
+		{"orders without token", "GET", "/api/v1/orders", "", nil, nil, 401, "unauthorized"},
+		{"orders bad limit", "GET", "/api/v1/orders?limit=ten", alice, nil, nil, 400, "invalid_request"},
+		{"orders limit too large", "GET", "/api/v1/orders?limit=101", alice, nil, nil, 400, "invalid_request"},
+		{"orders bad cursor", "GET", "/api/v1/orders?cursor=not-a-cursor", alice, nil, nil, 400, "invalid_request"},
+		{"order of someone else", "GET", "/api/v1/orders/" + pending.ID, bob, nil, nil, 404, "not_found"},
+		{"order unknown", "GET", "/api/v1/orders/no-such-order", alice, nil, nil, 404, "not_found"},
+		{"order id with odd chars", "GET", "/api/v1/orders/a%7Bb%7D", alice, nil, nil, 404, "not_found"},
+		{"cancel someone else's order", "POST", "/api/v1/orders/" + pending.ID + "/cancel", bob, nil, nil, 404, "not_found"},
+		{"cancel without token", "POST", "/api/v1/orders/" + pending.ID + "/cancel", "", nil, nil, 401, "unauthorized"},
+		{"cancel a paid order", "POST", "/api/v1/orders/" + paid.ID + "/cancel", bob, nil, nil, 409, "order_not_cancellable"},
+		{"pay someone else's order", "POST", "/api/v1/orders/" + pending.ID + "/pay", bob, nil, nil, 404, "not_found"},
+		{"pay a paid order", "POST", "/api/v1/orders/" + paid.ID + "/pay", bob, nil, nil, 409, "order_not_payable"},
+		{"webhook unsigned", "POST", gateway.WebhookPath, "", pendingReport, nil, 401, "bad_signature"},
+		{"webhook forged", "POST", gateway.WebhookPath, "", pendingReport, signed("another-secret-another-secret-xxxx", time.Now(), pendingReport), 401, "bad_signature"},
+		{"webhook signature of another body", "POST", gateway.WebhookPath, "", pendingReport, signed(testWebhookSecret, time.Now(), paidReport), 401, "bad_signature"},
+		{"webhook garbage signature", "POST", gateway.WebhookPath, "", pendingReport, map[string]string{gateway.SignatureHeader: "t=1,v1=zz"}, 401, "bad_signature"},
+		{"webhook expired timestamp", "POST", gateway.WebhookPath, "", pendingReport, signed(testWebhookSecret, time.Now().Add(-10*time.Minute), pendingReport), 401, "stale_signature"},
+		{"webhook future timestamp", "POST", gateway.WebhookPath, "", pendingReport, signed(testWebhookSecret, time.Now().Add(10*time.Minute), pendingReport), 401, "stale_signature"},
+		{"webhook replayed payment id for another order", "POST", gateway.WebhookPath, "", webhookBody("pay_bob_1", pending.ID, "succeeded", 250),
+			signed(testWebhookSecret, time.Now(), webhookBody("pay_bob_1", pending.ID, "succeeded", 250)), 409, "payment_conflict"},
+		{"webhook replayed payment id as failed", "POST", gateway.WebhookPath, "", webhookBody("pay_bob_1", paid.ID, "failed", 250),
+			signed(testWebhookSecret, time.Now(), webhookBody("pay_bob_1", paid.ID, "failed", 250)), 409, "payment_conflict"},
+		{"webhook amount mismatch", "POST", gateway.WebhookPath, "", webhookBody("pay_alice_1", pending.ID, "succeeded", 249),
+			signed(testWebhookSecret, time.Now(), webhookBody("pay_alice_1", pending.ID, "succeeded", 249)), 409, "amount_mismatch"},
+		{"webhook unknown order", "POST", gateway.WebhookPath, "", webhookBody("pay_x_1", "no-such-order", "succeeded", 250),
+			signed(testWebhookSecret, time.Now(), webhookBody("pay_x_1", "no-such-order", "succeeded", 250)), 404, "not_found"},
+		{"webhook malformed body", "POST", gateway.WebhookPath, "", `{"payment_id":`, signed(testWebhookSecret, time.Now(), `{"payment_id":`), 400, "invalid_request"},
+		{"webhook unknown status", "POST", gateway.WebhookPath, "", webhookBody("pay_alice_1", pending.ID, "pending", 250),
+			signed(testWebhookSecret, time.Now(), webhookBody("pay_alice_1", pending.ID, "pending", 250)), 400, "invalid_request"},
+		{"webhook oversized body", "POST", gateway.WebhookPath, "", `{"pad":"` + strings.Repeat("x", 8000) + `"}`, nil, 413, "body_too_large"},
+		{"refund an unpaid order", "POST", "/admin/v1/orders/" + pending.ID + "/refund", testAdminToken, nil, nil, 409, "order_not_refundable"},
+		{"refund unknown order", "POST", "/admin/v1/orders/no-such-order/refund", testAdminToken, nil, nil, 404, "not_found"},
+		{"refund without token", "POST", "/admin/v1/orders/" + paid.ID + "/refund", "", nil, nil, 401, "unauthorized"},
+		{"refund shopper token", "POST", "/admin/v1/orders/" + paid.ID + "/refund", bob, nil, nil, 403, "forbidden"},
+		{"campaign orders bad status", "GET", "/admin/v1/campaigns/" + priced + "/orders?status=lost", testAdminToken, nil, nil, 400, "invalid_request"},
+		{"payments bad status", "GET", "/admin/v1/payments?status=maybe", testAdminToken, nil, nil, 400, "invalid_request"},
+		{"payments without token", "GET", "/admin/v1/payments", "", nil, nil, 401, "unauthorized"},
 	}
-	before := c.stats(open)
+	// The invalid field a refusal names, where the row is about one.
+	wantField := map[string]string{
+		"create negative price": "price", "create huge price": "price", "create price as text": "price",
+		"create window not a duration": "payment_window", "create window as a number": "payment_window",
+		"create window too short": "payment_window", "create window too long": "payment_window",
+		"create window negative": "payment_window", "create window below a millisecond": "payment_window",
+		"orders bad limit": "limit", "orders limit too large": "limit", "orders bad cursor": "cursor",
+		"webhook unknown status": "status", "campaign orders bad status": "status", "payments bad status": "status",
+	}
+	before, pricedBefore := c.stats(open), c.stats(priced)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var got struct {
 				Code    string `json:"code"`
 				Message string `json:"message"`
+				Field   string `json:"field"`
 			}
 			code := c.do(tc.method, tc.path, tc.bearer, tc.body, tc.header, &got)
 			if code != tc.wantCode || got.Code != tc.want {
 				t.Fatalf("got %d %q (%s), want %d %q", code, got.Code, got.Message, tc.wantCode, tc.want)
+			}
+			if f, ok := wantField[tc.name]; ok && got.Field != f {
+				t.Fatalf("got field %q (%s), want %q", got.Field, got.Message, f)
 			}
 		})
 	}
 	after := c.stats(open)
 	if after.Remaining != before.Remaining || after.Admitted != before.Admitted || after.OrdersInDB != 0 || after.Remaining != 10 {
 		t.Fatalf("bad input changed state: before %+v, after %+v", before, after)
+	}
+	// The same report delivered again is no error and changes nothing.
+	if code, p := c.webhook(testWebhookSecret, time.Now(), paidReport); code != http.StatusOK || p.Status != "succeeded" {
+		t.Fatalf("webhook delivered again: got %d %+v, want 200 succeeded", code, p)
+	}
+	if got := c.stats(priced); !reflect.DeepEqual(got, pricedBefore) {
+		t.Fatalf("bad order input changed the sale: before %+v, after %+v", pricedBefore, got)
+	}
+	var o orderBody
+	for _, want := range []struct{ id, owner, status string }{{pending.ID, alice, "pending_payment"}, {paid.ID, bob, "paid"}} {
+		if code := c.do("GET", "/api/v1/orders/"+want.id, want.owner, nil, nil, &o); code != http.StatusOK || o.Status != want.status {
+			t.Errorf("order %s: got %d %s, want %s", want.id, code, o.Status, want.status)
+		}
+	}
+	var payments paymentPageBody
+	if code := c.do("GET", "/admin/v1/payments", testAdminToken, nil, nil, &payments); code != http.StatusOK {
+		t.Fatalf("payments: got %d", code)
+	}
+	for _, p := range payments.Payments {
+		if p.OrderID == pending.ID || (p.OrderID == paid.ID && p.ID != "pay_bob_1") {
+			t.Errorf("bad input recorded a payment: %+v", p)
+		}
 	}
 	// Resetting a started sale would hand its stock out twice.
 	if code := c.do("POST", "/admin/v1/campaigns/"+open+"/preload", testAdminToken, nil, nil, nil); code != http.StatusOK {

@@ -94,7 +94,7 @@ func TestComposeFile(t *testing.T) {
 	t.Run("infrastructure images", func(t *testing.T) {
 		for name, prefix := range map[string]string{
 			"rocketmq-namesrv": "apache/rocketmq:", "rocketmq-broker": "apache/rocketmq:", "rocketmq-init": "apache/rocketmq:",
-			"redis": "redis:", "mysql": "mysql:8",
+			"rocketmq-init-expiry": "apache/rocketmq:", "redis": "redis:", "mysql": "mysql:8",
 		} {
 			if img := svc(name).Image; !strings.HasPrefix(img, prefix) {
 				t.Errorf("service %s: got image %q, want %s…", name, img, prefix)
@@ -137,15 +137,18 @@ func TestComposeFile(t *testing.T) {
 
 	prod, err := config.Load(productionPath, map[string]string{
 		"FLASHSALE_AUTH_JWT_SECRET": strings.Repeat("s", 40), "FLASHSALE_AUTH_ADMIN_TOKEN": "admin-secret-token",
+		"FLASHSALE_PAYMENT_WEBHOOK_SECRET": strings.Repeat("w", 32),
 	})
 	if err != nil {
 		t.Fatalf("load %s: %v", productionPath, err)
 	}
 
-	t.Run("topic created before use", func(t *testing.T) {
-		init := svc("rocketmq-init").command(t)
-		if !slices.Contains(init, "updateTopic") || flagValue(init, "-t") != prod.Queue.Topic || flagValue(init, "-w") == "" {
-			t.Errorf("rocketmq-init: got %v, want mqadmin updateTopic -t %s with a queue count", init, prod.Queue.Topic)
+	t.Run("topics created before use", func(t *testing.T) {
+		for service, topic := range map[string]string{"rocketmq-init": prod.Queue.Topic, "rocketmq-init-expiry": prod.Queue.ExpiryTopic} {
+			init := svc(service).command(t)
+			if !slices.Contains(init, "updateTopic") || flagValue(init, "-t") != topic || flagValue(init, "-w") == "" {
+				t.Errorf("%s: got %v, want mqadmin updateTopic -t %s with a queue count", service, init, topic)
+			}
 		}
 	})
 
@@ -191,12 +194,12 @@ func TestComposeFile(t *testing.T) {
 			if len(cmd) == 0 || cmd[0] != role || !slices.Contains(copied, flagValue(cmd, "--config")) {
 				t.Errorf("service %s: got command %v, want %s --config <production.yaml as copied by the Dockerfile %v>", role, cmd, role, copied)
 			}
-			for _, v := range []string{"FLASHSALE_AUTH_JWT_SECRET", "FLASHSALE_AUTH_ADMIN_TOKEN"} {
+			for _, v := range []string{"FLASHSALE_AUTH_JWT_SECRET", "FLASHSALE_AUTH_ADMIN_TOKEN", "FLASHSALE_PAYMENT_WEBHOOK_SECRET"} {
 				if !strings.Contains(s.Environment[v], "${"+v) {
 					t.Errorf("service %s: %s = %q, want it taken from the environment", role, v, s.Environment[v])
 				}
 			}
-			for _, dep := range []string{"redis", "mysql", "rocketmq-init"} {
+			for _, dep := range []string{"redis", "mysql", "rocketmq-init", "rocketmq-init-expiry"} {
 				if _, ok := s.DependsOn[dep]; !ok {
 					t.Errorf("service %s: does not wait for %s", role, dep)
 				}

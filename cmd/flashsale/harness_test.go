@@ -23,8 +23,9 @@ import (
 )
 
 const (
-	testJWTSecret  = "test-jwt-secret-0123456789abcdef0123456789"
-	testAdminToken = "test-admin-token"
+	testJWTSecret     = "test-jwt-secret-0123456789abcdef0123456789"
+	testAdminToken    = "test-admin-token"
+	testWebhookSecret = "test-webhook-secret-0123456789abcdef01234"
 )
 
 // realConfig returns a config on the test Redis and a fresh MySQL database,
@@ -34,9 +35,11 @@ func realConfig(t *testing.T, queueDriver string) config.Config {
 	cfg := config.Default()
 	cfg.HTTP.Addr = "127.0.0.1:0"
 	cfg.Auth = config.Auth{JWTSecret: testJWTSecret, JWTLeeway: 5 * time.Second, AdminToken: testAdminToken}
+	cfg.Payment.WebhookSecret = testWebhookSecret
 	cfg.Redis.Mode, cfg.Redis.Addr = "server", testenv.RedisAddr(t)
 	cfg.Database.Driver, cfg.Database.DSN = "mysql", testenv.MySQLDSN(t)
 	cfg.Queue.Driver, cfg.Queue.Topic = queueDriver, testenv.Topic(t)
+	cfg.Queue.ExpiryTopic = cfg.Queue.Topic + "-expiry"
 	cfg.Notifier.AllowedOrigins = []string{"*"}
 	cfg.Log.Level = "warn"
 	if err := cfg.Validate(); err != nil {
@@ -174,19 +177,27 @@ func (c *client) do(method, path, bearer string, body any, header map[string]str
 }
 
 type campaignBody struct {
-	ID           string    `json:"id"`
-	Name         string    `json:"name"`
-	Stock        int64     `json:"stock"`
-	PerUserLimit int64     `json:"per_user_limit"`
-	StartAt      time.Time `json:"start_at"`
-	EndAt        time.Time `json:"end_at"`
+	ID            string    `json:"id"`
+	Name          string    `json:"name"`
+	Stock         int64     `json:"stock"`
+	PerUserLimit  int64     `json:"per_user_limit"`
+	Price         int64     `json:"price,omitempty"`
+	PaymentWindow string    `json:"payment_window,omitempty"`
+	StartAt       time.Time `json:"start_at"`
+	EndAt         time.Time `json:"end_at"`
 }
 
 // openCampaign creates and preloads a campaign whose sale is open.
 func (c *client) openCampaign(id string, stock, limit int64) {
 	c.t.Helper()
-	body := campaignBody{ID: id, Name: "Test " + id, Stock: stock, PerUserLimit: limit,
-		StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)}
+	c.openCampaignOf(campaignBody{ID: id, Name: "Test " + id, Stock: stock, PerUserLimit: limit,
+		StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)})
+}
+
+// openCampaignOf creates and preloads the campaign body describes.
+func (c *client) openCampaignOf(body campaignBody) {
+	c.t.Helper()
+	id := body.ID
 	if code := c.do("POST", "/admin/v1/campaigns", c.admin, body, nil, nil); code != http.StatusCreated {
 		c.t.Fatalf("create campaign: got %d, want 201", code)
 	}

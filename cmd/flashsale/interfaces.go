@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/flashsale/flashsale/gateway"
+	"github.com/flashsale/flashsale/internal/lifecycle"
 	"github.com/flashsale/flashsale/internal/reconcile"
 	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/store"
@@ -15,8 +16,12 @@ import (
 var (
 	_ gateway.Stock         = (*store.Store)(nil)
 	_ gateway.Campaigns     = (*sqlstore.DB)(nil)
+	_ gateway.Orders        = (*lifecycle.Service)(nil)
+	_ lifecycle.DB          = (*sqlstore.DB)(nil)
+	_ lifecycle.Stock       = (*store.Store)(nil)
 	_ worker.Stock          = (*store.Store)(nil)
 	_ worker.Orders         = (*sqlstore.DB)(nil)
+	_ worker.Lifecycle      = (*lifecycle.Service)(nil)
 	_ notifier.ResultSource = (*store.Store)(nil)
 	_ reconcile.Redis       = (*store.Store)(nil)
 	_ reconcile.Orders      = (*sqlstore.DB)(nil)

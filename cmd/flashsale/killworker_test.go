@@ -39,8 +39,12 @@ func processEnv(cfg config.Config) []string {
 		"FLASHSALE_AUTH_JWT_SECRET="+cfg.Auth.JWTSecret,
 		"FLASHSALE_AUTH_ADMIN_TOKEN="+cfg.Auth.AdminToken,
 		"FLASHSALE_AUTH_DEV=false",
+		"FLASHSALE_PAYMENT_WEBHOOK_SECRET="+cfg.Payment.WebhookSecret,
+		"FLASHSALE_PAYMENT_GRACE="+cfg.Payment.Grace.String(),
+		"FLASHSALE_PAYMENT_SWEEP_INTERVAL="+cfg.Payment.SweepInterval.String(),
 		"FLASHSALE_QUEUE_DRIVER="+cfg.Queue.Driver,
 		"FLASHSALE_QUEUE_TOPIC="+cfg.Queue.Topic,
+		"FLASHSALE_QUEUE_EXPIRY_TOPIC="+cfg.Queue.ExpiryTopic,
 		"FLASHSALE_QUEUE_LEASE_TTL="+cfg.Queue.LeaseTTL.String(),
 		"FLASHSALE_LOG_LEVEL=error",
 	)

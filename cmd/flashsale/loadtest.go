@@ -51,6 +51,10 @@ type loadtestOptions struct {
 	jwtSecret       string
 	maxSockets      int
 	seed            uint64
+	// lifecycle: --pay-ratio or --payment-window was given (loadtest_lifecycle.go).
+	lifecycle     bool
+	payRatio      float64
+	paymentWindow time.Duration
 }
 
 // secondsOrDuration is a flag that takes "30", meaning seconds, or "30s".
@@ -84,6 +88,11 @@ once: creates and preloads a campaign through the admin API, mints tokens for
 loop with --rate), waits for every admitted request's result over WebSocket or
 polling, prints a report and exits non-zero if an invariant broke.
 
+With --pay-ratio or --payment-window it runs the order lifecycle too: each
+buyer pays with probability --pay-ratio and otherwise lets the order expire,
+shoppers left without an order keep retrying while units come back, and the run
+waits until every order is paid or ended and reports the units resold.
+
 Without --url it starts the embedded serve in this process (or the roles of
 --config) and runs against that.
 
@@ -114,6 +123,8 @@ func parseLoadtestFlags(args []string, stdout io.Writer, env map[string]string) 
 	fs.StringVar(&o.jwtSecret, "jwt-secret", "", "HS256 secret to mint shopper tokens (default: $FLASHSALE_AUTH_JWT_SECRET, else the dev secret; the in-process serve's own)")
 	fs.IntVar(&o.maxSockets, "max-sockets", 0, "sockets the tool may open at once (default: from the open-file limit)")
 	fs.Uint64Var(&o.seed, "seed", 0, "seed that picks repeating and idempotent shoppers (default: random)")
+	fs.Float64Var(&o.payRatio, "pay-ratio", 1, "lifecycle: share of buyers who pay; the others let their order expire")
+	fs.DurationVar(&o.paymentWindow, "payment-window", 0, "lifecycle: the campaign's payment window (default: the server's, 10m)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, loadtestUsage)
@@ -125,6 +136,7 @@ func parseLoadtestFlags(args []string, stdout io.Writer, env map[string]string) 
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	fs.Visit(func(f *flag.Flag) { o.lifecycle = o.lifecycle || f.Name == "pay-ratio" || f.Name == "payment-window" })
 	if o.adminToken == "" {
 		o.adminToken = cmp.Or(env["FLASHSALE_AUTH_ADMIN_TOKEN"], config.DevAdminToken)
 	}
@@ -167,6 +179,10 @@ func (o loadtestOptions) validate() error {
 		return bad("max-sockets", "must not be negative")
 	case o.url != "" && o.configPath != "":
 		return bad("config", "starts an in-process serve, so it cannot go with --url")
+	case o.payRatio < 0 || o.payRatio > 1:
+		return bad("pay-ratio", "must be a share between 0 and 1")
+	case o.paymentWindow != 0 && (o.paymentWindow < time.Second || o.paymentWindow > 24*time.Hour):
+		return bad("payment-window", "must be between 1s and 24h")
 	}
 	if o.url != "" {
 		u, err := url.Parse(o.url)
@@ -194,6 +210,12 @@ func runLoadtest(ctx context.Context, args []string, stdout io.Writer, env map[s
 			return fmt.Errorf("loadtest: %w", err)
 		}
 		cfg.HTTP.Addr = "127.0.0.1:0"
+		if o.lifecycle {
+			// Orders expire through their delayed messages; the sweeper
+			// looks often here too, so that an order whose message was lost
+			// ends in seconds, not after the default grace.
+			cfg.Payment.Grace, cfg.Payment.SweepInterval = min(cfg.Payment.Grace, time.Second), min(cfg.Payment.SweepInterval, 250*time.Millisecond)
+		}
 		sctx, stop := context.WithCancel(ctx)
 		sys, err := start(sctx, cfg, newLog(cfg.Log), roleSet{gateway: true, worker: true, notifier: true})
 		if err != nil {
@@ -313,11 +335,26 @@ func (lt *loadtest) run(ctx context.Context) (*report, error) {
 		fmt.Fprintln(os.Stderr)
 	}
 
-	stats, err := lt.settledStats(ctx, fired.Add(lt.o.settle))
+	if !lt.o.lifecycle {
+		stats, err := lt.settledStats(ctx, fired.Add(lt.o.settle), func(st serverStats) bool { return st.UnitsInDB == st.Sold })
+		if err != nil {
+			return nil, err
+		}
+		return lt.rec.report(stats, nil), nil
+	}
+	waiting := lt.resell(ctx, shoppers)
+	lt.rec.fired(time.Now()) // the retries fire purchases too
+	state, err := lt.awaitFinalOrders(ctx, time.Now().Add(lt.o.settle+lt.o.paymentWindow))
 	if err != nil {
 		return nil, err
 	}
-	return lt.rec.report(stats), nil
+	state.waiting = waiting
+	successes := lt.rec.orderCount()
+	stats, err := lt.settledStats(ctx, time.Now().Add(lt.o.settle), func(st serverStats) bool { return st.OrdersInDB == successes })
+	if err != nil {
+		return nil, err
+	}
+	return lt.rec.report(stats, &state), nil
 }
 
 func (lt *loadtest) progressBar() *progressbar.ProgressBar {
@@ -346,6 +383,9 @@ func (lt *loadtest) planShoppers() ([]*shopper, error) {
 		}
 		out[i] = &shopper{user: user, token: tok,
 			repeat: rng.Float64() < lt.o.repeat, replay: rng.Float64() < lt.o.idempotentShare}
+		if lt.o.lifecycle {
+			out[i].pays = rng.Float64() < lt.o.payRatio
+		}
 	}
 	return out, nil
 }

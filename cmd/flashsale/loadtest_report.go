@@ -47,6 +47,9 @@ type recorder struct {
 	soldOutSeen  bool // a 410 sold_out or a sold_out result
 	soldOutAt    time.Time
 	lastResultAt time.Time
+	// settledOrders counts, in a lifecycle run, what buyers did with their
+	// orders (orderSettled).
+	settledOrders map[string]int
 }
 
 const maxLatencyMicros = int64(10 * time.Minute / time.Microsecond)
@@ -57,7 +60,7 @@ func newRecorder(o loadtestOptions, httpConns, wsCap int) *recorder {
 		admitLat: hdrhistogram.New(1, maxLatencyMicros, 3), resultLat: hdrhistogram.New(1, maxLatencyMicros, 3),
 		owner: map[string]string{}, admittedBy: map[string]int64{}, results: map[string]finalResult{},
 		byChannel: map[string]int{"ws": 0, "poll": 0}, byStatus: map[string]int{}, wsFailures: map[string]int{},
-		units: map[string]int64{}}
+		units: map[string]int64{}, settledOrders: map[string]int{}}
 }
 
 func (r *recorder) start(t time.Time) {
@@ -171,35 +174,36 @@ func (r *recorder) missing(rid string, err error) {
 
 // report is what a run measured and what it proved, as printed.
 type report struct {
-	URL               string         `json:"url"`
-	Campaign          string         `json:"campaign"`
-	Stock             int64          `json:"stock"`
-	PerUserLimit      int64          `json:"per_user_limit"`
-	Shoppers          int            `json:"shoppers"`
-	Mode              string         `json:"mode"`
-	Results           string         `json:"results_channel"`
-	Sockets           socketBudget   `json:"sockets"`
-	Requests          int            `json:"requests"`
-	FireSeconds       float64        `json:"fire_seconds"`
-	RequestsPerSec    float64        `json:"requests_per_second"`
-	Admitted          int            `json:"admitted"`
-	AdmittedPerSec    float64        `json:"admitted_per_second"`
-	Replayed          int            `json:"replayed"`
-	Refused           map[string]int `json:"refused"`
-	TransportErrors   map[string]int `json:"transport_errors"`
-	SellOutMillis     *float64       `json:"time_to_sell_out_ms"`
-	AllAnsweredMs     float64        `json:"all_answered_ms"`
-	AllResultsMs      *float64       `json:"all_results_ms"`
-	AdmitLatency      percentiles    `json:"admit_latency_ms"`
-	ResultLatency     percentiles    `json:"time_to_result_ms"`
-	Delivered         int            `json:"results_delivered"`
-	ByChannel         map[string]int `json:"results_by_channel"`
-	WSFallbacks       map[string]int `json:"ws_fallbacks"`
-	ByStatus          map[string]int `json:"results_by_status"`
-	Successes         int64          `json:"successes"`
-	Server            serverStats    `json:"server"`
-	Invariants        []invariant    `json:"invariants"`
-	InvariantsHolding bool           `json:"ok"`
+	URL               string           `json:"url"`
+	Campaign          string           `json:"campaign"`
+	Stock             int64            `json:"stock"`
+	PerUserLimit      int64            `json:"per_user_limit"`
+	Shoppers          int              `json:"shoppers"`
+	Mode              string           `json:"mode"`
+	Results           string           `json:"results_channel"`
+	Sockets           socketBudget     `json:"sockets"`
+	Requests          int              `json:"requests"`
+	FireSeconds       float64          `json:"fire_seconds"`
+	RequestsPerSec    float64          `json:"requests_per_second"`
+	Admitted          int              `json:"admitted"`
+	AdmittedPerSec    float64          `json:"admitted_per_second"`
+	Replayed          int              `json:"replayed"`
+	Refused           map[string]int   `json:"refused"`
+	TransportErrors   map[string]int   `json:"transport_errors"`
+	SellOutMillis     *float64         `json:"time_to_sell_out_ms"`
+	AllAnsweredMs     float64          `json:"all_answered_ms"`
+	AllResultsMs      *float64         `json:"all_results_ms"`
+	AdmitLatency      percentiles      `json:"admit_latency_ms"`
+	ResultLatency     percentiles      `json:"time_to_result_ms"`
+	Delivered         int              `json:"results_delivered"`
+	ByChannel         map[string]int   `json:"results_by_channel"`
+	WSFallbacks       map[string]int   `json:"ws_fallbacks"`
+	ByStatus          map[string]int   `json:"results_by_status"`
+	Successes         int64            `json:"successes"`
+	Server            serverStats      `json:"server"`
+	Lifecycle         *lifecycleReport `json:"lifecycle,omitempty"`
+	Invariants        []invariant      `json:"invariants"`
+	InvariantsHolding bool             `json:"ok"`
 }
 
 type socketBudget struct {
@@ -228,8 +232,9 @@ type invariant struct {
 }
 
 // report computes the report and checks every invariant against what the
-// shoppers saw and what the server's stats say.
-func (r *recorder) report(st serverStats) *report {
+// shoppers saw and what the server's stats say; lc is the sale's end state
+// in a lifecycle run, nil otherwise.
+func (r *recorder) report(st serverStats, lc *lifecycleState) *report {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -247,7 +252,8 @@ func (r *recorder) report(st serverStats) *report {
 	if secs := fire.Seconds(); secs > 0 {
 		rep.RequestsPerSec, rep.AdmittedPerSec = float64(r.requests)/secs, float64(r.admittedN)/secs
 	}
-	if r.successes == r.o.stock && !r.soldOutAt.IsZero() {
+	// In a lifecycle run units come back and successes pass the stock.
+	if (r.successes == r.o.stock || r.o.lifecycle && r.successes > r.o.stock) && !r.soldOutAt.IsZero() {
 		v := ms(r.soldOutAt.Sub(r.t0))
 		rep.SellOutMillis = &v
 	}
@@ -266,7 +272,17 @@ func (r *recorder) report(st serverStats) *report {
 	if r.wsOverCap > 0 {
 		rep.WSFallbacks["socket budget used up"] = r.wsOverCap
 	}
-	rep.Invariants = r.invariants(st)
+	if lc == nil {
+		rep.Invariants = r.invariants(st)
+	} else {
+		rep.Invariants = r.lifecycleInvariants(st, lc)
+		rep.Lifecycle = &lifecycleReport{PaymentWindow: r.o.paymentWindow.String(), PayRatio: r.o.payRatio,
+			Orders: r.successes, Paid: lc.paid, Ended: r.successes - lc.paid - lc.pending,
+			UnitsResold: max(r.successes-r.o.stock, 0), Settled: r.settledOrders, Waiting: lc.waiting}
+		if r.o.paymentWindow == 0 {
+			rep.Lifecycle.PaymentWindow = "server default"
+		}
+	}
 	rep.InvariantsHolding = true
 	for _, inv := range rep.Invariants {
 		rep.InvariantsHolding = rep.InvariantsHolding && inv.OK
@@ -291,15 +307,7 @@ func (r *recorder) invariants(st serverStats) []invariant {
 	out = append(out, check("no undersell", !mustSellOut || r.successes == r.o.stock,
 		"successes %d, stock %d, demand %d, sold out announced %v", r.successes, r.o.stock, demand, r.soldOutSeen))
 
-	missing := len(r.owner) - countSettled(r.owner, r.results)
-	var finished int64
-	for _, n := range st.FinishedByStatus {
-		finished += n
-	}
-	out = append(out, check("one final result per admitted request within --settle",
-		missing == 0 && r.duplicates == 0 && st.Queued == 0 && finished == st.Admitted,
-		"admitted %d, results %d, missing %d%s, duplicates %d; server: admitted %d, finished %d, queued %d",
-		len(r.owner), len(r.results), missing, firstMissing(r.missingOne), r.duplicates, st.Admitted, finished, st.Queued))
+	out = append(out, r.resultInvariant(st))
 
 	var over []string
 	for user, n := range r.units {
@@ -315,9 +323,26 @@ func (r *recorder) invariants(st serverStats) []invariant {
 		"orders_in_db %d, successes %d, units_in_db %d, sold %d", st.OrdersInDB, r.successes, st.UnitsInDB, st.Sold))
 	out = append(out, check("server counters agree with the shoppers", st.Sold == r.successes && st.Admitted == int64(len(r.owner)),
 		"server sold %d admitted %d; shoppers saw %d successes, %d admitted", st.Sold, st.Admitted, r.successes, len(r.owner)))
-	out = append(out, check("a replayed Idempotency-Key never starts a second request", r.idemBroken == 0,
-		"%d broken%s", r.idemBroken, listed(r.idemExamples)))
+	out = append(out, r.idempotencyInvariant())
 	return out
+}
+
+// resultInvariant: every admitted request got exactly one final result.
+func (r *recorder) resultInvariant(st serverStats) invariant {
+	missing := len(r.owner) - countSettled(r.owner, r.results)
+	var finished int64
+	for _, n := range st.FinishedByStatus {
+		finished += n
+	}
+	return invariant{Name: "one final result per admitted request within --settle",
+		OK: missing == 0 && r.duplicates == 0 && st.Queued == 0 && finished == st.Admitted,
+		Detail: fmt.Sprintf("admitted %d, results %d, missing %d%s, duplicates %d; server: admitted %d, finished %d, queued %d",
+			len(r.owner), len(r.results), missing, firstMissing(r.missingOne), r.duplicates, st.Admitted, finished, st.Queued)}
+}
+
+func (r *recorder) idempotencyInvariant() invariant {
+	return invariant{Name: "a replayed Idempotency-Key never starts a second request", OK: r.idemBroken == 0,
+		Detail: fmt.Sprintf("%d broken%s", r.idemBroken, listed(r.idemExamples))}
 }
 
 func countSettled(owner map[string]string, results map[string]finalResult) int {
@@ -393,6 +418,10 @@ func (rep *report) writeText(w io.Writer) {
 	p("  sockets         up to %d HTTP connections, %d WebSockets", rep.Sockets.HTTPConns, rep.Sockets.WebSockets)
 	p("  successes       %d of %d units; server: sold %d, remaining %d, admitted %d, orders in DB %d",
 		rep.Successes, rep.Stock, rep.Server.Sold, rep.Server.Remaining, rep.Server.Admitted, rep.Server.OrdersInDB)
+	if lc := rep.Lifecycle; lc != nil {
+		p("  lifecycle       window %s, pay ratio %.2f: %d orders, %d paid, %d expired or ended unpaid; %d units resold; buyers: %s; %d shoppers still waiting",
+			lc.PaymentWindow, lc.PayRatio, lc.Orders, lc.Paid, lc.Ended, lc.UnitsResold, countsText(lc.Settled), lc.Waiting)
+	}
 	p("invariants:")
 	for _, inv := range rep.Invariants {
 		mark := "ok  "

@@ -26,6 +26,8 @@ type shopper struct {
 	// replay: sends the first purchase with an Idempotency-Key and resends
 	// it, as a client retrying after a lost answer would.
 	replay bool
+	// pays: in a lifecycle run, pays for an order rather than let it expire.
+	pays bool
 }
 
 // purchaseAnswer is the gateway's answer to one purchase.
@@ -157,6 +159,7 @@ func (lt *loadtest) awaitResult(ctx context.Context, s *shopper, rid string, sen
 			<-lt.wsSlots
 			if err == nil {
 				lt.rec.result(s.user, r, "ws", sent)
+				lt.afterResult(ctx, s, r)
 				return
 			}
 			lt.rec.wsFailed(err)
@@ -170,6 +173,14 @@ func (lt *loadtest) awaitResult(ctx context.Context, s *shopper, rid string, sen
 		return
 	}
 	lt.rec.result(s.user, r, "poll", sent)
+	lt.afterResult(ctx, s, r)
+}
+
+// afterResult settles a new order in a lifecycle run.
+func (lt *loadtest) afterResult(ctx context.Context, s *shopper, r finalResult) {
+	if lt.o.lifecycle && r.Status == "success" {
+		lt.settleOrder(ctx, s, r.OrderID)
+	}
 }
 
 // wsResult subscribes to rid on its own WebSocket and reads until the result.
@@ -336,6 +347,12 @@ func (lt *loadtest) setUp(ctx context.Context) error {
 	now := time.Now().UTC()
 	c := map[string]any{"id": lt.o.campaign, "name": "loadtest " + lt.o.campaign, "stock": lt.o.stock,
 		"per_user_limit": lt.o.perUserLimit, "start_at": now.Add(-time.Second), "end_at": now.Add(24 * time.Hour)}
+	if lt.o.lifecycle {
+		c["price"] = lifecyclePrice
+		if lt.o.paymentWindow > 0 {
+			c["payment_window"] = lt.o.paymentWindow.String()
+		}
+	}
 	if err := lt.adminCall(ctx, http.MethodPost, "/admin/v1/campaigns", c, nil); err != nil {
 		return fmt.Errorf("create campaign: %w", err)
 	}
@@ -359,12 +376,13 @@ type serverStats struct {
 }
 
 // settledStats reads the campaign's stats until nothing is queued and MySQL
-// holds every sale, or until deadline; then it returns the last reading.
-func (lt *loadtest) settledStats(ctx context.Context, deadline time.Time) (serverStats, error) {
+// holds every sale (stored says so), or until deadline; then it returns the
+// last reading.
+func (lt *loadtest) settledStats(ctx context.Context, deadline time.Time, stored func(serverStats) bool) (serverStats, error) {
 	for {
 		var st serverStats
 		err := lt.adminCall(ctx, http.MethodGet, "/admin/v1/campaigns/"+lt.o.campaign+"/stats", nil, &st)
-		if err == nil && st.Queued == 0 && st.UnitsInDB == st.Sold {
+		if err == nil && st.Queued == 0 && stored(st) {
 			return st, nil
 		}
 		if !time.Now().Before(deadline) || ctx.Err() != nil {

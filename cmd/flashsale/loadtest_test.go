@@ -78,13 +78,40 @@ func TestLoadtestEmbedded(t *testing.T) {
 	}
 }
 
+// TestLoadtestLifecycle runs the order lifecycle against the in-process
+// serve: buyers pay or let their orders expire, waiting shoppers buy the
+// units that come back, and every lifecycle invariant holds.
+func TestLoadtestLifecycle(t *testing.T) {
+	out, err := runLoadtestCmd(t, "--json", "--shoppers", "400", "--stock", "40", "--per-user-limit", "1",
+		"--pay-ratio", "0.7", "--payment-window", "2s", "--results", "poll", "--settle", "20s")
+	if err != nil {
+		t.Fatalf("loadtest: got error %v, want none; output:\n%s", err, out)
+	}
+	var rep report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, out)
+	}
+	if !rep.InvariantsHolding || len(rep.Invariants) == 0 || rep.Lifecycle == nil {
+		t.Fatalf("invariants: got ok=%v %+v, lifecycle %+v; want all holding", rep.InvariantsHolding, rep.Invariants, rep.Lifecycle)
+	}
+	lc := rep.Lifecycle
+	if lc.Paid != 40 || lc.UnitsResold <= 0 || lc.Orders != rep.Server.OrdersInDB || lc.Orders != lc.Paid+lc.Ended {
+		t.Errorf("lifecycle: got %+v (orders in DB %d), want 40 paid, units resold, every order paid or ended", lc, rep.Server.OrdersInDB)
+	}
+	if rep.Server.Sold != 40 || rep.Server.Remaining != 0 {
+		t.Errorf("server: got sold %d, remaining %d; want 40, 0", rep.Server.Sold, rep.Server.Remaining)
+	}
+}
+
 // fakeGateway is a gateway that answers the loadtest's API with a chosen
 // defect, so the invariant checks can be seen to fail.
 type fakeGateway struct {
-	stock    int64
-	oversell bool // every request succeeds, whatever the stock
-	loseOne  bool // one admitted request never gets a final result
-	noOrders bool // the database never holds the orders
+	stock        int64
+	oversell     bool // every request succeeds, whatever the stock
+	loseOne      bool // one admitted request never gets a final result
+	noOrders     bool // the database never holds the orders
+	releaseTwice bool // lifecycle: Redis counts one unit fewer sold than paid
+	paid         []string
 
 	mu       sync.Mutex
 	next     atomic.Int64
@@ -109,12 +136,29 @@ func (f *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case strings.HasSuffix(r.URL.Path, "/preload"):
 		reply(http.StatusOK, map[string]string{"outcome": "loaded"})
 	case strings.HasSuffix(r.URL.Path, "/stats"):
-		orders := f.sold
+		orders, sold := f.sold, f.sold
 		if f.noOrders {
 			orders = 0
 		}
-		reply(http.StatusOK, serverStats{Stock: f.stock, Sold: f.sold, Admitted: f.admitted, OrdersInDB: orders,
+		if f.releaseTwice {
+			sold--
+		}
+		reply(http.StatusOK, serverStats{Stock: f.stock, Sold: sold, Remaining: f.stock - sold, Admitted: f.admitted, OrdersInDB: orders,
 			UnitsInDB: f.sold, FinishedByStatus: map[string]int64{"success": f.sold, "sold_out": f.admitted - f.sold}})
+	case strings.HasSuffix(r.URL.Path, "/pay"):
+		f.paid = append(f.paid, r.URL.Path)
+		reply(http.StatusOK, map[string]string{"status": "paid"})
+	case strings.HasSuffix(r.URL.Path, "/orders"):
+		var page orderListing
+		if r.URL.Query().Get("status") == "paid" {
+			for range f.paid {
+				page.Orders = append(page.Orders, struct {
+					UserID   string `json:"user_id"`
+					Quantity int64  `json:"quantity"`
+				}{UserID: fmt.Sprintf("u%d", len(page.Orders)), Quantity: 1})
+			}
+		}
+		reply(http.StatusOK, page)
 	case strings.HasSuffix(r.URL.Path, "/purchases"):
 		n := f.next.Add(1)
 		rid := fmt.Sprintf("c.%032x", n)
@@ -148,14 +192,19 @@ func TestLoadtestCatchesBrokenGateway(t *testing.T) {
 		{"oversells", &fakeGateway{oversell: true}, "no oversell"},
 		{"loses a result", &fakeGateway{loseOne: true}, "one final result per admitted request"},
 		{"orders missing from the database", &fakeGateway{noOrders: true}, "orders in the database = successes"},
+		{"lifecycle: a unit released twice", &fakeGateway{releaseTwice: true}, "no unit released twice: Redis = MySQL"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.gateway.stock, tt.gateway.results = 5, map[string]string{}
 			srv := httptest.NewServer(tt.gateway)
 			defer srv.Close()
-			out, err := runLoadtestCmd(t, "--url", srv.URL, "--results", "poll", "--stock", "5", "--shoppers", "20",
-				"--concurrency", "4", "--repeat", "0", "--idempotent-share", "0", "--settle", "1s")
+			args := []string{"--url", srv.URL, "--results", "poll", "--stock", "5", "--shoppers", "20",
+				"--concurrency", "4", "--repeat", "0", "--idempotent-share", "0", "--settle", "1s"}
+			if tt.gateway.releaseTwice {
+				args = append(args, "--pay-ratio", "1")
+			}
+			out, err := runLoadtestCmd(t, args...)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("loadtest: got error %v, want one naming %q", err, tt.want)
 			}
@@ -183,6 +232,8 @@ func TestLoadtestBadInvocation(t *testing.T) {
 		{"url without scheme", []string{"--url", "localhost:8080"}, "--url:"},
 		{"config with url", []string{"--url", "http://127.0.0.1:1", "--config", "x.yaml"}, "--config:"},
 		{"stray argument", []string{"now"}, `unexpected argument "now"`},
+		{"pay ratio above one", []string{"--pay-ratio", "1.5"}, "--pay-ratio: must be a share between 0 and 1"},
+		{"payment window too short", []string{"--payment-window", "500ms"}, "--payment-window: must be between 1s and 24h"},
 		{"unreachable gateway", []string{"--url", "http://127.0.0.1:1"}, "gateway http://127.0.0.1:1 unreachable"},
 	}
 	for _, tt := range tests {

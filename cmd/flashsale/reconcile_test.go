@@ -28,13 +28,14 @@ func TestReconcileCommand(t *testing.T) {
 	}
 	c.settle(campaign, 10*time.Second)
 	env := map[string]string{
-		"FLASHSALE_REDIS_MODE":       "server",
-		"FLASHSALE_REDIS_ADDR":       cfg.Redis.Addr,
-		"FLASHSALE_DATABASE_DRIVER":  "mysql",
-		"FLASHSALE_DATABASE_DSN":     cfg.Database.DSN,
-		"FLASHSALE_AUTH_JWT_SECRET":  testJWTSecret,
-		"FLASHSALE_AUTH_ADMIN_TOKEN": testAdminToken,
-		"FLASHSALE_AUTH_DEV":         "false",
+		"FLASHSALE_REDIS_MODE":             "server",
+		"FLASHSALE_REDIS_ADDR":             cfg.Redis.Addr,
+		"FLASHSALE_DATABASE_DRIVER":        "mysql",
+		"FLASHSALE_DATABASE_DSN":           cfg.Database.DSN,
+		"FLASHSALE_AUTH_JWT_SECRET":        testJWTSecret,
+		"FLASHSALE_AUTH_ADMIN_TOKEN":       testAdminToken,
+		"FLASHSALE_AUTH_DEV":               "false",
+		"FLASHSALE_PAYMENT_WEBHOOK_SECRET": testWebhookSecret,
 	}
 	reconcile := func() (string, error) {
 		var out bytes.Buffer

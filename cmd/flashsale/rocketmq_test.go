@@ -35,10 +35,16 @@ import (
 func startRocketMQProcess(t *testing.T, cfg config.Config) *client {
 	t.Helper()
 	srv := startBrokerDouble(t, rmqtest.Options{})
-	// Operators create the topic (docker-compose's rocketmq-init does).
-	srv.CreateTopic(cfg.Queue.Topic, cfg.Queue.Partitions)
+	createTopics(srv, cfg)
 	p := startRocketMQRole(t, buildBinary(t), "serve", rocketMQEnv(cfg, srv.Addr()))
 	return p.client(t, cfg)
+}
+
+// createTopics creates the purchase and the expiry topic, as operators do
+// (docker-compose's rocketmq-init and rocketmq-init-expiry).
+func createTopics(srv *rmqtest.Server, cfg config.Config) {
+	srv.CreateTopic(cfg.Queue.Topic, cfg.Queue.Partitions)
+	srv.CreateTopic(cfg.Queue.ExpiryTopic, cfg.Queue.Partitions)
 }
 
 // startBrokerDouble starts a RocketMQ broker double for one test. Register

@@ -24,6 +24,7 @@ import (
 	"github.com/flashsale/flashsale/internal/auth"
 	"github.com/flashsale/flashsale/internal/config"
 	"github.com/flashsale/flashsale/internal/httpapi"
+	"github.com/flashsale/flashsale/internal/lifecycle"
 	"github.com/flashsale/flashsale/internal/metrics"
 	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/store"
@@ -107,16 +108,22 @@ type system struct {
 	db          *sqlstore.DB // nil unless a gateway or worker runs
 	pub         queue.Publisher
 	newConsumer func(name string) queue.Consumer
-	queuePing   queue.Pinger
+	// newExpiryConsumer consumes queue.expiry_topic (its own consumer
+	// group on RocketMQ).
+	newExpiryConsumer func(name string) queue.Consumer
+	queuePing         queue.Pinger
 
 	// The HTTP engines and the roles, from mount; a role that does not run
 	// is nil.
-	engine      *gin.Engine
-	adminEngine *gin.Engine // engine itself unless http.admin_addr is set
-	notifier    *notifier.Notifier
-	gateway     *gateway.Service
-	worker      *worker.Worker
-	consumer    queue.Consumer
+	engine         *gin.Engine
+	adminEngine    *gin.Engine // engine itself unless http.admin_addr is set
+	notifier       *notifier.Notifier
+	gateway        *gateway.Service
+	worker         *worker.Worker
+	consumer       queue.Consumer
+	lifecycle      *lifecycle.Service // with a gateway or a worker
+	expiry         *worker.Expiry     // with a worker
+	expiryConsumer queue.Consumer
 
 	// The listeners, from listen.
 	addr      string
@@ -184,7 +191,7 @@ func (s *system) open(ctx context.Context, so startOptions) error {
 		}
 		s.closers = append(s.closers, s.db.Close)
 	}
-	if s.pub, s.newConsumer, s.queuePing, err = openQueue(s.cfg.Queue, rdb, s.log, s); err != nil {
+	if s.pub, s.newConsumer, s.newExpiryConsumer, s.queuePing, err = openQueue(s.cfg.Queue, rdb, s.log, s); err != nil {
 		return err
 	}
 	if so.wrapPublisher != nil {
@@ -218,15 +225,33 @@ func (s *system) mount() error {
 	if s.roles.notifier {
 		checks["notifier"] = s.mountNotifier(jwt)
 	}
+	if s.db != nil {
+		s.lifecycle = lifecycle.New(s.db, s.store, lifecycleOptions(s.cfg), s.log.With("component", "lifecycle"))
+	}
 	if s.roles.gateway {
 		s.mountGateway(jwt)
 	}
 	registerOps(s.engine, s.Metrics, checks)
 	if s.roles.worker {
-		s.worker = worker.New(s.log.With("role", "worker"), s.store, s.db, s.Metrics, worker.Options{MaxAttempts: s.cfg.Worker.MaxAttempts})
-		s.consumer = s.newConsumer(consumerName())
+		s.mountWorker()
 	}
 	return nil
+}
+
+// mountWorker builds the worker, which decides purchases and schedules the
+// expiry of the orders they make, and the expiry consumer and sweeper.
+func (s *system) mountWorker() {
+	log := s.log.With("role", "worker")
+	s.worker = worker.New(log, s.store, s.db, s.Metrics, worker.Options{MaxAttempts: s.cfg.Worker.MaxAttempts,
+		Expiry: s.pub, ExpiryTopic: s.cfg.Queue.ExpiryTopic})
+	s.consumer = s.newConsumer(consumerName())
+	if _, ok := s.pub.(queue.DelayPublisher); !ok {
+		log.Info("the queue driver has no delayed delivery: unpaid orders expire through the sweeper, payment.grace after their window",
+			"driver", s.cfg.Queue.Driver, "grace", s.cfg.Payment.Grace)
+	}
+	s.expiry = worker.NewExpiry(log, s.lifecycle, worker.ExpiryOptions{Topic: s.cfg.Queue.ExpiryTopic, Publisher: s.pub,
+		MaxAttempts: s.cfg.Worker.MaxAttempts})
+	s.expiryConsumer = s.newExpiryConsumer(consumerName())
 }
 
 // mountNotifier builds the notifier and registers its WebSocket and poll
@@ -251,9 +276,25 @@ func (s *system) mountNotifier(jwt *auth.JWT) func(context.Context) error {
 // mountGateway builds the gateway and registers its admin and shopper routes.
 func (s *system) mountGateway(jwt *auth.JWT) {
 	s.gateway = gateway.New(s.log.With("role", "gateway"), s.store, s.db, s.pub, s.Metrics, gatewayOptions(s.cfg))
-	h := gateway.NewHandlers(s.log.With("role", "gateway"), s.gateway)
-	h.RegisterAdmin(s.adminEngine, httpapi.Admin(s.log, s.cfg.Auth.AdminToken))
-	h.RegisterShopper(s.engine, httpapi.Shopper(s.log, jwt, false))
+	log := s.log.With("role", "gateway")
+	admin, shopper := httpapi.Admin(s.log, s.cfg.Auth.AdminToken), httpapi.Shopper(s.log, jwt, false)
+	h := gateway.NewHandlers(log, s.gateway)
+	h.RegisterAdmin(s.adminEngine, admin)
+	h.RegisterShopper(s.engine, shopper)
+	oh := gateway.NewOrderHandlers(log, s.lifecycle)
+	oh.RegisterAdmin(s.adminEngine, admin)
+	oh.RegisterShopper(s.engine, shopper)
+	oh.RegisterWebhook(s.engine)
+}
+
+// lifecycleOptions is the order lifecycle's part of the config.
+func lifecycleOptions(cfg config.Config) lifecycle.Options {
+	return lifecycle.Options{
+		Provider:      cfg.Payment.Provider,
+		WebhookSecret: cfg.Payment.WebhookSecret,
+		Tolerance:     cfg.Payment.WebhookTolerance,
+		Grace:         cfg.Payment.Grace,
+	}
 }
 
 // gatewayOptions is the gateway's part of the config.
@@ -315,6 +356,8 @@ func (s *system) run(ctx context.Context) {
 	// servers drain.
 	if s.worker != nil {
 		g.Go(func() error { return s.worker.Run(gctx, s.consumer, s.cfg.Queue.Topic) })
+		g.Go(func() error { return s.expiry.Run(gctx, s.expiryConsumer) })
+		g.Go(func() error { return s.expiry.Sweep(gctx, s.cfg.Payment.SweepInterval) })
 	}
 	for _, l := range s.listeners {
 		g.Go(func() error {
@@ -441,37 +484,59 @@ func consumerName() string {
 	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
 }
 
-// openQueue is the one place that picks a queue driver.
-func openQueue(c config.Queue, rdb redis.UniversalClient, log *slog.Logger, sys *system) (queue.Publisher, func(name string) queue.Consumer, queue.Pinger, error) {
+// openQueue is the one place that picks a queue driver. It returns the
+// publisher, the constructors of the purchase topic's and the expiry
+// topic's consumers, and the readiness check.
+func openQueue(c config.Queue, rdb redis.UniversalClient, log *slog.Logger, sys *system) (queue.Publisher, func(name string) queue.Consumer, func(name string) queue.Consumer, queue.Pinger, error) {
 	switch c.Driver {
 	case "memqueue":
 		q := memqueue.New(memqueue.Options{Partitions: c.Partitions, BatchSize: c.BatchSize})
 		sys.closers = append(sys.closers, q.Close)
-		return q, func(name string) queue.Consumer { return q.Consumer(name) }, q, nil
+		consumer := func(name string) queue.Consumer { return q.Consumer(name) }
+		return q, consumer, consumer, q, nil
 	case "redisstream":
 		q := redisstream.New(rdb, redisstream.Options{Partitions: c.Partitions, BatchSize: c.BatchSize, Group: c.Group,
 			LeaseTTL: c.LeaseTTL, Logger: log.With("component", "redisstream")})
-		return q, func(name string) queue.Consumer { return q.Consumer(name) }, q, nil
+		consumer := func(name string) queue.Consumer { return q.Consumer(name) }
+		return q, consumer, consumer, q, nil
 	case "rocketmq":
 		r := c.RocketMQ
 		var libLevel slog.Level
 		_ = libLevel.UnmarshalText([]byte(r.LogLevel)) // validated by config
-		// New only resolves the name servers' host names; the clients connect
-		// lazily, and readiness (Ping) reports an unreachable broker.
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		q, err := rocketmq.New(ctx, rocketmq.Options{
+		opts := rocketmq.Options{
 			NameServers: r.NameServers, ProducerGroup: r.ProducerGroup, ConsumerGroup: c.Group,
 			ProducerInstance: r.ProducerInstance, ConsumerInstance: r.ConsumerInstance,
 			Queues: c.Partitions, BatchSize: c.BatchSize, SendAttempts: 1 + r.Retries,
 			MaxReconsumeTimes: r.MaxReconsumeTimes, SuspendTime: r.SuspendTime, ProbeTopic: c.Topic,
 			Logger: log.With("component", "rocketmq"), LibraryLogLevel: libLevel,
-		})
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("queue: %w", err)
 		}
-		sys.closers = append(sys.closers, q.Close)
-		return q, func(name string) queue.Consumer { return q.Consumer(name) }, q, nil
+		q, err := openRocketMQ(opts, sys)
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		// The expiry topic's consumers form a group of their own: a
+		// RocketMQ group's members must all subscribe to the same topics.
+		opts.ConsumerGroup, opts.ProbeTopic = c.Group+config.ExpiryGroupSuffix, c.ExpiryTopic
+		eq, err := openRocketMQ(opts, sys)
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		return q, func(name string) queue.Consumer { return q.Consumer(name) },
+			func(name string) queue.Consumer { return eq.Consumer(name) }, q, nil
 	}
-	return nil, nil, nil, fmt.Errorf("queue driver %q: unknown", c.Driver)
+	return nil, nil, nil, nil, fmt.Errorf("queue driver %q: unknown", c.Driver)
+}
+
+// openRocketMQ returns a RocketMQ queue and registers its closer. New only
+// resolves the name servers' host names; the clients connect lazily, and
+// readiness (Ping) reports an unreachable broker.
+func openRocketMQ(opts rocketmq.Options, sys *system) (*rocketmq.Queue, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	q, err := rocketmq.New(ctx, opts)
+	if err != nil {
+		return nil, fmt.Errorf("queue: %w", err)
+	}
+	sys.closers = append(sys.closers, q.Close)
+	return q, nil
 }

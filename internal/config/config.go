@@ -30,6 +30,7 @@ type Config struct {
 	Queue    Queue    `yaml:"queue" envPrefix:"QUEUE_"`
 	Gateway  Gateway  `yaml:"gateway" envPrefix:"GATEWAY_"`
 	Worker   Worker   `yaml:"worker" envPrefix:"WORKER_"`
+	Payment  Payment  `yaml:"payment" envPrefix:"PAYMENT_"`
 	Notifier Notifier `yaml:"notifier" envPrefix:"NOTIFIER_"`
 	Log      Log      `yaml:"log" envPrefix:"LOG_"`
 }
@@ -84,6 +85,11 @@ type Queue struct {
 	// LeaseTTL bounds how long a dead worker's partitions wait before another
 	// worker takes them over (redisstream).
 	LeaseTTL time.Duration `yaml:"lease_ttl" env:"LEASE_TTL"`
+	// ExpiryTopic carries one message per order, delayed by its payment
+	// window, that expires the order if it is still unpaid. The workers
+	// consume it in queue.group, on RocketMQ in <group>-expiry
+	// (ExpiryGroupSuffix).
+	ExpiryTopic string `yaml:"expiry_topic" env:"EXPIRY_TOPIC"`
 	// RocketMQ configures the rocketmq driver.
 	RocketMQ RocketMQ `yaml:"rocketmq" envPrefix:"ROCKETMQ_"`
 }
@@ -122,6 +128,24 @@ type Worker struct {
 	MaxAttempts int `yaml:"max_attempts" env:"MAX_ATTEMPTS"`
 }
 
+// Payment configures what follows a success: the payment provider, the
+// signed webhook it reports payments through, and the sweeper that expires
+// unpaid orders whose expiry message was lost. The webhook secret is masked
+// whenever the config is logged.
+type Payment struct {
+	// Provider is the payment provider; "fake" (the only one so far)
+	// completes a payment at once through the webhook path.
+	Provider      string `yaml:"provider" env:"PROVIDER"`
+	WebhookSecret string `yaml:"webhook_secret" env:"WEBHOOK_SECRET"`
+	// WebhookTolerance is how far a webhook's signed timestamp may be from
+	// now, against replays.
+	WebhookTolerance time.Duration `yaml:"webhook_tolerance" env:"WEBHOOK_TOLERANCE"`
+	// Grace is how long past an order's expiry the sweeper leaves it to its
+	// expiry message; SweepInterval how often it looks.
+	Grace         time.Duration `yaml:"grace" env:"GRACE"`
+	SweepInterval time.Duration `yaml:"sweep_interval" env:"SWEEP_INTERVAL"`
+}
+
 // Notifier tunes WebSocket delivery.
 type Notifier struct {
 	AllowedOrigins          []string      `yaml:"allowed_origins" env:"ALLOWED_ORIGINS"`
@@ -139,8 +163,9 @@ type Log struct {
 // Development secrets of the embedded default. Never valid in production:
 // Validate refuses them unless Redis is embedded.
 const (
-	DevJWTSecret  = "flashsale-dev-only-jwt-secret-do-not-use-in-production"
-	DevAdminToken = "dev-admin-token"
+	DevJWTSecret     = "flashsale-dev-only-jwt-secret-do-not-use-in-production"
+	DevAdminToken    = "dev-admin-token"
+	DevWebhookSecret = "flashsale-dev-only-webhook-secret-do-not-use-in-production"
 )
 
 // Default returns the built-in configuration: everything in one process with
@@ -152,13 +177,14 @@ func Default() Config {
 		Auth:     Auth{JWTSecret: DevJWTSecret, JWTLeeway: 30 * time.Second, AdminToken: DevAdminToken, Dev: true},
 		Redis:    Redis{Mode: "embedded", PoolSize: 64},
 		Database: Database{Driver: "sqlite", DSN: ":memory:"},
-		Queue: Queue{Driver: "redisstream", Topic: "flashsale-purchases", Partitions: 8, BatchSize: 128, Group: "workers", LeaseTTL: 10 * time.Second,
+		Queue: Queue{Driver: "redisstream", Topic: "flashsale-purchases", ExpiryTopic: "flashsale-expiry", Partitions: 8, BatchSize: 128, Group: "workers", LeaseTTL: 10 * time.Second,
 			RocketMQ: RocketMQ{NameServers: []string{"127.0.0.1:9876"}, ProducerGroup: "flashsale-gateway",
 				Retries: 2, MaxReconsumeTimes: 16, SuspendTime: time.Second, LogLevel: "warn"}},
 		Gateway: Gateway{RateLimits: model.RateLimits{UserRate: 5, UserBurst: 10}, PublishTimeout: 2 * time.Second,
 			CampaignCacheTTL: 2 * time.Second, SoldOutRecheck: time.Second, AdmitBatch: 256, AdmitConcurrency: 2, AdmitLinger: 500 * time.Microsecond,
 			BreakerFailures: 3, BreakerOpenFor: 2 * time.Second},
 		Worker:   Worker{MaxAttempts: 10},
+		Payment:  Payment{Provider: "fake", WebhookSecret: DevWebhookSecret, WebhookTolerance: 5 * time.Minute, Grace: 30 * time.Second, SweepInterval: 5 * time.Second},
 		Notifier: Notifier{MaxSubscriptionsPerConn: 256, PingInterval: 20 * time.Second, RecheckInterval: time.Second},
 		Log:      Log{Level: "info", Format: "text"},
 	}
@@ -227,6 +253,8 @@ func (c Config) Validate() error {
 		return bad("queue.driver", `must be "redisstream", "memqueue" or "rocketmq"`)
 	case c.Queue.Topic == "" || strings.ContainsAny(c.Queue.Topic, "{} "):
 		return bad("queue.topic", "must be non-empty without braces or spaces")
+	case c.Queue.ExpiryTopic == "" || strings.ContainsAny(c.Queue.ExpiryTopic, "{} ") || c.Queue.ExpiryTopic == c.Queue.Topic:
+		return bad("queue.expiry_topic", "must be non-empty without braces or spaces, and not queue.topic")
 	case c.Queue.Partitions < 1 || c.Queue.Partitions > 1024:
 		return bad("queue.partitions", "must be between 1 and 1024")
 	case c.Queue.BatchSize < 1 || c.Queue.BatchSize > 4096:
@@ -258,6 +286,18 @@ func (c Config) Validate() error {
 		return bad("gateway.breaker_open_for", "must be positive")
 	case c.Worker.MaxAttempts < 1:
 		return bad("worker.max_attempts", "must be at least 1")
+	case c.Payment.Provider != "fake":
+		return bad("payment.provider", `must be "fake"`)
+	case len(c.Payment.WebhookSecret) < 32:
+		return bad("payment.webhook_secret", "must be at least 32 bytes")
+	case c.Redis.Mode == "server" && c.Payment.WebhookSecret == DevWebhookSecret:
+		return bad("payment.webhook_secret", "the development secret is only allowed with redis.mode embedded")
+	case c.Payment.WebhookTolerance < time.Second || c.Payment.WebhookTolerance > time.Hour:
+		return bad("payment.webhook_tolerance", "must be between 1s and 1h")
+	case c.Payment.Grace <= 0 || c.Payment.Grace > time.Hour:
+		return bad("payment.grace", "must be positive, at most 1h")
+	case c.Payment.SweepInterval < 10*time.Millisecond || c.Payment.SweepInterval > time.Hour:
+		return bad("payment.sweep_interval", "must be between 10ms and 1h")
 	case c.Notifier.MaxSubscriptionsPerConn < 1:
 		return bad("notifier.max_subscriptions_per_conn", "must be at least 1")
 	case c.Notifier.PingInterval <= 0 || c.Notifier.RecheckInterval <= 0:
@@ -270,6 +310,11 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// ExpiryGroupSuffix names, after queue.group, the RocketMQ consumer group of
+// the expiry topic: a RocketMQ group's members must all subscribe to the
+// same topics, or the broker hands queues to members that never read them.
+const ExpiryGroupSuffix = "-expiry"
+
 // rocketMQName is what RocketMQ accepts as a topic or group name.
 var rocketMQName = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,127}$`)
 
@@ -281,8 +326,10 @@ func (c Config) validateRocketMQ() error {
 	switch {
 	case !rocketMQName.MatchString(c.Queue.Topic):
 		return bad("queue.topic", "must be 1-127 of [a-zA-Z0-9_-] with the rocketmq driver")
-	case !rocketMQName.MatchString(c.Queue.Group):
-		return bad("queue.group", "must be 1-127 of [a-zA-Z0-9_-] with the rocketmq driver")
+	case !rocketMQName.MatchString(c.Queue.ExpiryTopic):
+		return bad("queue.expiry_topic", "must be 1-127 of [a-zA-Z0-9_-] with the rocketmq driver")
+	case !rocketMQName.MatchString(c.Queue.Group + ExpiryGroupSuffix):
+		return bad("queue.group", "must be 1-120 of [a-zA-Z0-9_-] with the rocketmq driver")
 	case c.Queue.BatchSize > 1024:
 		return bad("queue.batch_size", "must be at most 1024 with the rocketmq driver")
 	case len(r.NameServers) == 0:
@@ -317,6 +364,7 @@ func (c Config) Masked() Config {
 	}
 	c.Auth.JWTSecret = mask(c.Auth.JWTSecret)
 	c.Auth.AdminToken = mask(c.Auth.AdminToken)
+	c.Payment.WebhookSecret = mask(c.Payment.WebhookSecret)
 	c.Redis.Password = mask(c.Redis.Password)
 	c.Database.DSN = maskDSN(c.Database.DSN)
 	return c

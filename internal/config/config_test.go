@@ -37,10 +37,15 @@ func TestProductionYAML(t *testing.T) {
 	if _, err := Load(path, map[string]string{}); err == nil || !strings.Contains(err.Error(), "auth.jwt_secret") {
 		t.Fatalf("without secrets: got %v, want an error naming auth.jwt_secret", err)
 	}
-	cfg, err := Load(path, map[string]string{
+	secrets := map[string]string{
 		"FLASHSALE_AUTH_JWT_SECRET":  strings.Repeat("s", 40),
 		"FLASHSALE_AUTH_ADMIN_TOKEN": "admin-secret-token",
-	})
+	}
+	if _, err := Load(path, secrets); err == nil || !strings.Contains(err.Error(), "payment.webhook_secret") {
+		t.Fatalf("without a webhook secret: got %v, want an error naming payment.webhook_secret", err)
+	}
+	secrets["FLASHSALE_PAYMENT_WEBHOOK_SECRET"] = strings.Repeat("w", 32)
+	cfg, err := Load(path, secrets)
 	if err != nil {
 		t.Fatalf("load production.yaml: %v", err)
 	}
@@ -64,6 +69,8 @@ func TestEnvOverrides(t *testing.T) {
 		"FLASHSALE_QUEUE_ROCKETMQ_NAME_SERVERS":         "10.0.0.2:9876,10.0.0.3:9876",
 		"FLASHSALE_QUEUE_ROCKETMQ_SUSPEND_TIME":         "250ms",
 		"FLASHSALE_GATEWAY_ADMIT_LINGER":                "0",
+		"FLASHSALE_PAYMENT_GRACE":                       "250ms",
+		"FLASHSALE_QUEUE_EXPIRY_TOPIC":                  "expiries",
 	})
 	if err != nil {
 		t.Fatalf("load: %v", err)
@@ -83,6 +90,8 @@ func TestEnvOverrides(t *testing.T) {
 		{"queue.rocketmq.name_servers", cfg.Queue.RocketMQ.NameServers, []string{"10.0.0.2:9876", "10.0.0.3:9876"}},
 		{"queue.rocketmq.suspend_time", cfg.Queue.RocketMQ.SuspendTime, 250 * time.Millisecond},
 		{"gateway.admit_linger (0 turns it off)", cfg.Gateway.AdmitLinger, time.Duration(0)},
+		{"payment.grace", cfg.Payment.Grace, 250 * time.Millisecond},
+		{"queue.expiry_topic", cfg.Queue.ExpiryTopic, "expiries"},
 	}
 	for _, c := range checks {
 		if !reflect.DeepEqual(c.got, c.want) {
@@ -148,6 +157,15 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 		{name: "rocketmq batch above the client's limit", yaml: "queue:\n  driver: rocketmq\n  batch_size: 2048\n", wantKey: "queue.batch_size"},
 		{name: "rocketmq suspend too long", yaml: "queue:\n  driver: rocketmq\n  rocketmq:\n    suspend_time: 1h\n", wantKey: "queue.rocketmq.suspend_time"},
 		{name: "rocketmq bad topic", yaml: "queue:\n  driver: rocketmq\n  topic: a.b\n", wantKey: "queue.topic"},
+		{name: "unknown payment provider", yaml: "payment:\n  provider: paypal\n", wantKey: "payment.provider"},
+		{name: "short webhook secret", env: map[string]string{"FLASHSALE_PAYMENT_WEBHOOK_SECRET": "short"}, wantKey: "payment.webhook_secret"},
+		{name: "dev webhook secret with real redis", yaml: "redis:\n  mode: server\n  addr: r:6379\nauth:\n  jwt_secret: " + strings.Repeat("j", 32) + "\n  admin_token: admin-token\n", wantKey: "payment.webhook_secret"},
+		{name: "webhook tolerance zero", yaml: "payment:\n  webhook_tolerance: 0s\n", wantKey: "payment.webhook_tolerance"},
+		{name: "grace zero", yaml: "payment:\n  grace: 0s\n", wantKey: "payment.grace"},
+		{name: "sweep interval too short", yaml: "payment:\n  sweep_interval: 1ms\n", wantKey: "payment.sweep_interval"},
+		{name: "expiry topic is the purchase topic", yaml: "queue:\n  expiry_topic: flashsale-purchases\n", wantKey: "queue.expiry_topic"},
+		{name: "rocketmq bad expiry topic", yaml: "queue:\n  driver: rocketmq\n  expiry_topic: a.b\n", wantKey: "queue.expiry_topic"},
+		{name: "rocketmq group too long for its expiry group", yaml: "queue:\n  driver: rocketmq\n  group: " + strings.Repeat("g", 125) + "\n", wantKey: "queue.group"},
 		{name: "rocketmq bad log level", yaml: "queue:\n  driver: rocketmq\n  rocketmq:\n    log_level: loud\n", wantKey: "queue.rocketmq.log_level"},
 	}
 	for _, tc := range tests {
@@ -176,8 +194,8 @@ func TestMaskedHidesSecrets(t *testing.T) {
 	c.Database.DSN = "flashsale:hunter2@tcp(mysql:3306)/flashsale"
 	c.Redis.Password = "redispw"
 	m := c.Masked()
-	s := strings.Join([]string{m.Auth.JWTSecret, m.Auth.AdminToken, m.Redis.Password, m.Database.DSN}, " ")
-	for _, secret := range []string{DevJWTSecret, DevAdminToken, "hunter2", "redispw"} {
+	s := strings.Join([]string{m.Auth.JWTSecret, m.Auth.AdminToken, m.Redis.Password, m.Database.DSN, m.Payment.WebhookSecret}, " ")
+	for _, secret := range []string{DevJWTSecret, DevAdminToken, "hunter2", "redispw", DevWebhookSecret} {
 		if strings.Contains(s, secret) {
 			t.Errorf("masked config still contains %q: %s", secret, s)
 		}

@@ -314,18 +314,12 @@ func (s *Service) release(ctx context.Context, o *model.Order, now time.Time) er
 	return nil
 }
 
-// Swept counts what one Sweep did.
-type Swept struct {
-	Expired  int // pending orders past their window + grace, expired
-	Released int // final orders whose release had not completed
-}
-
 // Sweep expires the pending orders whose window closed more than the grace
 // ago (their expiry message was lost, or its consumer is down), then
 // completes every release a crash interrupted. It stops at the first error;
 // what it did not reach, the next Sweep does.
-func (s *Service) Sweep(ctx context.Context, now time.Time) (Swept, error) {
-	var out Swept
+func (s *Service) Sweep(ctx context.Context, now time.Time) (model.Swept, error) {
+	var out model.Swept
 	for {
 		due, err := s.db.DuePending(ctx, now.Add(-s.opts.Grace), s.opts.SweepBatch)
 		if err != nil {

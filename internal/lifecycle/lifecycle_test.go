@@ -222,7 +222,7 @@ func TestExpiryAndSweepAtOnce(t *testing.T) {
 		if after := b.redis(t); after.remaining != before.remaining+10 || after.soldOut {
 			t.Fatalf("got remaining %d (was %d), sold out %v; want +10, not sold out", after.remaining, before.remaining, after.soldOut)
 		}
-		if sw, err := b.svc.Sweep(t.Context(), now); err != nil || sw != (Swept{}) {
+		if sw, err := b.svc.Sweep(t.Context(), now); err != nil || sw != (model.Swept{}) {
 			t.Fatalf("sweep after: got %+v, %v; want nothing to do", sw, err)
 		}
 	})
@@ -237,7 +237,7 @@ func TestSweepExpiresDuePending(t *testing.T) {
 		inGrace := b.sell(t, "b", 1, now.Add(-time.Second)) // its message may still come
 		open := b.sell(t, "c", 1, now.Add(time.Minute))
 		sw, err := b.svc.Sweep(t.Context(), now)
-		if err != nil || sw != (Swept{Expired: 1}) {
+		if err != nil || sw != (model.Swept{Expired: 1}) {
 			t.Fatalf("sweep: got %+v, %v; want 1 expired", sw, err)
 		}
 		for _, tc := range []struct {
@@ -275,10 +275,10 @@ func TestCrashBetweenTransitionAndRelease(t *testing.T) {
 					t.Fatalf("after the crash: got %s, returned %v, %d releases", got.Status, got.Returned, b.stock.releases(o.ID))
 				}
 				sw, err := b.svc.Sweep(t.Context(), time.Now())
-				if err != nil || sw != (Swept{Released: 1}) {
+				if err != nil || sw != (model.Swept{Released: 1}) {
 					t.Fatalf("sweep: got %+v, %v; want 1 released", sw, err)
 				}
-				if sw, err := b.svc.Sweep(t.Context(), time.Now()); err != nil || sw != (Swept{}) {
+				if sw, err := b.svc.Sweep(t.Context(), time.Now()); err != nil || sw != (model.Swept{}) {
 					t.Fatalf("second sweep: got %+v, %v; want nothing", sw, err)
 				}
 				after := b.redis(t, "alice")

@@ -17,55 +17,38 @@ import (
 	"github.com/flashsale/flashsale/model"
 )
 
-// Checkout is what the payment step needs: what to pay for which order,
-// and, with the fake provider, how it ended.
-type Checkout struct {
-	OrderID  string
-	Amount   int64
-	Provider string
-	// PayBy is the order's ExpiresAt: a payment after it may come too late.
-	PayBy time.Time
-	// PaymentID is the payment the fake provider made; "" with another
-	// provider, whose webhook reports it later.
-	PaymentID string
-	// Status is the order's state after the step: paid when the fake
-	// provider completed it, pending_payment while a real provider's
-	// payment is under way.
-	Status model.OrderStatus
-}
-
 // Pay starts paying a shopper's pending order. With ProviderFake the
 // payment completes at once, through the same path as a provider's
 // webhook. Another shopper's order is model.ErrNotFound; one no longer
 // pending, or whose window has passed, is model.ErrNotPayable.
-func (s *Service) Pay(ctx context.Context, userID, orderID string) (Checkout, error) {
+func (s *Service) Pay(ctx context.Context, userID, orderID string) (model.Checkout, error) {
 	o, err := s.Order(ctx, userID, orderID)
 	if err != nil {
-		return Checkout{}, err
+		return model.Checkout{}, err
 	}
 	now := s.opts.Now()
 	if o.Status != model.OrderPendingPayment || (!o.ExpiresAt.IsZero() && !now.Before(o.ExpiresAt)) {
-		return Checkout{}, fmt.Errorf("pay order %s (%s): %w", orderID, o.Status, model.ErrNotPayable)
+		return model.Checkout{}, fmt.Errorf("pay order %s (%s): %w", orderID, o.Status, model.ErrNotPayable)
 	}
-	c := Checkout{OrderID: o.ID, Amount: o.Amount, Provider: s.opts.Provider, PayBy: o.ExpiresAt, Status: o.Status}
+	c := model.Checkout{OrderID: o.ID, Amount: o.Amount, Provider: s.opts.Provider, PayBy: o.ExpiresAt, Status: o.Status}
 	if s.opts.Provider != ProviderFake {
 		return c, nil
 	}
 	if s.opts.WebhookSecret == "" {
-		return Checkout{}, errors.New("pay: the fake provider needs payment.webhook_secret")
+		return model.Checkout{}, errors.New("pay: the fake provider needs payment.webhook_secret")
 	}
 	body, err := json.Marshal(webhookBody{PaymentID: "fake_" + randomHex(12), OrderID: o.ID,
 		Status: model.PaymentSucceeded, Amount: &o.Amount})
 	if err != nil {
-		return Checkout{}, fmt.Errorf("pay order %s: %w", orderID, err)
+		return model.Checkout{}, fmt.Errorf("pay order %s: %w", orderID, err)
 	}
 	p, err := s.HandleWebhook(ctx, SignWebhook(s.opts.WebhookSecret, now, body), body, now)
 	if err != nil {
-		return Checkout{}, fmt.Errorf("pay order %s: %w", orderID, err)
+		return model.Checkout{}, fmt.Errorf("pay order %s: %w", orderID, err)
 	}
 	if p.Status != model.PaymentSucceeded {
 		// It expired or was cancelled between the check and the payment.
-		return Checkout{}, fmt.Errorf("pay order %s: payment %s is %s: %w", orderID, p.ID, p.Status, model.ErrNotPayable)
+		return model.Checkout{}, fmt.Errorf("pay order %s: payment %s is %s: %w", orderID, p.ID, p.Status, model.ErrNotPayable)
 	}
 	c.PaymentID, c.Status = p.ID, model.OrderPaid
 	return c, nil

@@ -55,7 +55,7 @@ type Report struct {
 	CampaignID  string
 	Stock       int64
 	RedisSold   int64
-	DBUnits     int64
+	DBUnits     int64 // units of active orders (pending payment or paid)
 	DBOrders    int
 	Differences []Difference
 }
@@ -113,9 +113,13 @@ func compare(st state) Report {
 	dbUnits := map[string]int64{}
 	byRequest := map[string]model.Order{}
 	for _, o := range st.orders {
-		rep.DBUnits += o.Quantity
-		dbUnits[o.UserID] += o.Quantity
 		byRequest[o.RequestID] = o
+		// Only an active order holds its units: those of one cancelled,
+		// expired or refunded are back on sale (release.lua).
+		if o.Status.Active() {
+			rep.DBUnits += o.Quantity
+			dbUnits[o.UserID] += o.Quantity
+		}
 	}
 	if rep.DBUnits > c.Stock {
 		add(KindOversold, "MySQL holds %d units, stock is %d", rep.DBUnits, c.Stock)

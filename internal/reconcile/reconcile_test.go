@@ -187,3 +187,31 @@ func TestRepairRefusesOversell(t *testing.T) {
 		t.Fatalf("refused repair changed MySQL: %d rows (%v), want 6", len(rows), err)
 	}
 }
+
+// TestCheckCountsActiveOrders: the units of an order that ended unsold are
+// back on sale once released, so Redis and MySQL agree when MySQL counts
+// only active orders; between the transition and the release they differ.
+func TestCheckCountsActiveOrders(t *testing.T) {
+	f := newFixture(t)
+	moved, err := f.db.TransitionOrder(t.Context(), "o1", model.OrderPendingPayment, model.OrderCancelled, time.Now())
+	if err != nil || !moved {
+		t.Fatalf("cancel: got %v, %v; want moved", moved, err)
+	}
+	rep, err := f.rc.Check(t.Context(), f.campaign.ID)
+	if err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	if got, want := fmt.Sprint(kinds(rep)), fmt.Sprint(map[string]int{KindSoldMismatch: 1, KindUserUnits: 1}); got != want {
+		t.Fatalf("before the release: got differences %v (%+v), want %v", got, rep.Differences, want)
+	}
+	if ok, err := f.st.Release(t.Context(), f.campaign.ID, "o1", "u1", 1); err != nil || !ok {
+		t.Fatalf("release: got %v, %v; want released", ok, err)
+	}
+	rep, err = f.rc.Check(t.Context(), f.campaign.ID)
+	if err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	if !rep.Consistent() || rep.DBUnits != 5 || rep.RedisSold != 5 || rep.DBOrders != 6 {
+		t.Fatalf("after the release: got %+v, want consistent, 5 units of 6 orders", rep)
+	}
+}
