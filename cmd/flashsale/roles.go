@@ -226,7 +226,9 @@ func (s *system) mount() error {
 		checks["notifier"] = s.mountNotifier(jwt)
 	}
 	if s.db != nil {
-		s.lifecycle = lifecycle.New(s.db, s.store, lifecycleOptions(s.cfg), s.log.With("component", "lifecycle"))
+		opts := lifecycleOptions(s.cfg)
+		opts.LatePayments = s.Metrics.LatePayments
+		s.lifecycle = lifecycle.New(s.db, s.store, opts, s.log.With("component", "lifecycle"))
 	}
 	if s.roles.gateway {
 		s.mountGateway(jwt)

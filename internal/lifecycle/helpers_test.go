@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale/flashsale/internal/sqlstore"
@@ -34,6 +35,7 @@ type testBundle struct {
 	st       *store.Store
 	stock    *faultyStock
 	campaign model.Campaign
+	late     prometheus.Counter // the service's LatePayments
 }
 
 // env is a pair of stores the service runs on: MariaDB and Redis in
@@ -92,8 +94,10 @@ func newBundle(t *testing.T, db *sqlstore.DB, st *store.Store) *testBundle {
 		t.Fatalf("preload: %v", err)
 	}
 	stock := &faultyStock{Stock: st, released: map[string]int{}}
-	svc := New(db, stock, Options{Provider: ProviderFake, WebhookSecret: testSecret}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	return &testBundle{svc: svc, db: db, st: st, stock: stock, campaign: c}
+	late := prometheus.NewCounter(prometheus.CounterOpts{Name: "late"})
+	svc := New(db, stock, Options{Provider: ProviderFake, WebhookSecret: testSecret, LatePayments: late},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	return &testBundle{svc: svc, db: db, st: st, stock: stock, campaign: c, late: late}
 }
 
 // sell makes an order as the worker does: units deducted in Redis, the

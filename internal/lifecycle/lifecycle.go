@@ -18,6 +18,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -83,6 +85,9 @@ type Options struct {
 	Grace time.Duration
 	// SweepBatch is how many orders one sweeper query reads: 500.
 	SweepBatch int
+	// LatePayments, when set, counts the payments recorded refund_required
+	// (once per payment, however often the provider repeats it).
+	LatePayments prometheus.Counter
 	// Now is the clock: time.Now.
 	Now func() time.Time
 }

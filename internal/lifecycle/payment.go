@@ -184,6 +184,9 @@ func (s *Service) HandleWebhook(ctx context.Context, header string, body []byte,
 	}
 	if created && stored.Status == model.PaymentRefundRequired {
 		s.log.Warn("late payment: refund required", "order_id", o.ID, "payment_id", p.ID)
+		if s.opts.LatePayments != nil {
+			s.opts.LatePayments.Inc()
+		}
 	}
 	return stored, nil
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -163,6 +165,9 @@ func TestLatePayment(t *testing.T) {
 		list, _, err := b.svc.Payments(t.Context(), model.PaymentRefundRequired, "", 0)
 		if err != nil || len(list) != 1 || list[0].ID != "pi_late" {
 			t.Fatalf("refund_required payments: got %+v, %v", list, err)
+		}
+		if got := testutil.ToFloat64(b.late); got != 1 {
+			t.Fatalf("late payments counted: got %v, want 1 (the payment, delivered twice)", got)
 		}
 	})
 }

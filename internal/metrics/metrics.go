@@ -25,6 +25,7 @@ type Metrics struct {
 	ResultsDelivered *CounterVec          // channel: ws, poll
 	WebSocketClients prometheus.Gauge     //
 	PoisonMessages   prometheus.Counter   //
+	LatePayments     prometheus.Counter   // payments for orders that had ended
 }
 
 // New creates and registers the collectors on a fresh registry.
@@ -64,9 +65,13 @@ func New() *Metrics {
 		PoisonMessages: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_worker_poison_messages_total", Help: "Messages given up after repeated failures.",
 		}),
+		LatePayments: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flashsale_late_payments_total",
+			Help: "Payments that arrived for an order already expired or cancelled, recorded refund_required.",
+		}),
 	}
 	for _, c := range []prometheus.Collector{m.Requests, m.Refusals, m.PublishLatency, m.WorkerBatchSize,
-		m.Deductions, m.PersistLatency, m.ResultsDelivered, m.WebSocketClients, m.PoisonMessages} {
+		m.Deductions, m.PersistLatency, m.ResultsDelivered, m.WebSocketClients, m.PoisonMessages, m.LatePayments} {
 		f(c)
 	}
 	return m
