@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -54,9 +55,32 @@ func testOrders(campaignID string, from, n int) []model.Order {
 
 func mustInsert(t *testing.T, db *DB, orders []model.Order) {
 	t.Helper()
-	if err := db.InsertOrders(t.Context(), orders); err != nil {
+	if err := db.InsertOrders(t.Context(), orders, mustEpochs(t, db, orders)); err != nil {
 		t.Fatalf("InsertOrders(%d): %v", len(orders), err)
 	}
+}
+
+// mustEpochs returns the current epoch of each campaign of orders, storing
+// the campaigns that are not stored yet (the tests name campaigns freely).
+func mustEpochs(t testing.TB, db *DB, orders []model.Order) map[string]int64 {
+	t.Helper()
+	epochs := map[string]int64{}
+	for _, o := range orders {
+		if _, ok := epochs[o.CampaignID]; ok {
+			continue
+		}
+		c, err := db.Campaign(t.Context(), o.CampaignID)
+		if errors.Is(err, model.ErrNotFound) {
+			start := time.Now().Add(-time.Hour)
+			c, err = db.CreateCampaign(t.Context(), model.Campaign{ID: o.CampaignID, Name: "orders", Stock: model.MaxStock,
+				PerUserLimit: 1000, StartAt: start, EndAt: start.Add(24 * time.Hour)})
+		}
+		if err != nil {
+			t.Fatalf("campaign %s: %v", o.CampaignID, err)
+		}
+		epochs[c.ID] = c.Epoch
+	}
+	return epochs
 }
 
 // TestInsertOrders: rows arrive as given, a redelivered order (same request
@@ -120,7 +144,7 @@ func TestInsertOrdersFailsOnBadRow(t *testing.T) {
 	db := openDBs(t)[DriverMySQL](t)
 	bad := testOrders("c1", 0, 2)
 	bad[1].UserID = string(make([]byte, 200)) // user_id is 128 wide
-	if err := db.InsertOrders(t.Context(), bad); err == nil {
+	if err := db.InsertOrders(t.Context(), bad, mustEpochs(t, db, bad)); err == nil {
 		t.Fatalf("got nil, want an error for a 200-byte user id")
 	}
 }
@@ -147,6 +171,7 @@ func BenchmarkInsertOrders(b *testing.B) {
 				if impl == "text" {
 					_ = db.inserts.close()
 				}
+				epochs := mustEpochs(b, db, testOrders("bench", 0, 1))
 				n := 0
 				for b.Loop() {
 					orders := testOrders("bench", n, size)
@@ -155,7 +180,7 @@ func BenchmarkInsertOrders(b *testing.B) {
 					if impl == "gorm" {
 						err = db.gormInsertOrders(b.Context(), orders)
 					} else {
-						err = db.InsertOrders(b.Context(), orders)
+						err = db.InsertOrders(b.Context(), orders, epochs)
 					}
 					if err != nil {
 						b.Fatal(err)

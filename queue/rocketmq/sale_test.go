@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/reconcile"
 	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/internal/testenv"
@@ -48,8 +49,8 @@ func newSale(t *testing.T, stock int64, n int) *sale {
 	if _, err := db.CreateCampaign(ctx, s.campaign); err != nil {
 		t.Fatalf("create campaign: %v", err)
 	}
-	if _, err := s.st.Preload(ctx, s.campaign, time.Now(), false); err != nil {
-		t.Fatalf("preload: %v", err)
+	if s.campaign, err = reconcile.Load(ctx, db, s.st, s.campaign.ID); err != nil {
+		t.Fatalf("load: %v", err)
 	}
 	for i := range n {
 		id := uuid.Must(uuid.NewV7())
