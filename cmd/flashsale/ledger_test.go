@@ -268,6 +268,13 @@ func TestRedisLostMidSale(t *testing.T) {
 	wg.Wait()
 	st := c.settle(campaign, 60*time.Second)
 
+	var finished int64
+	for _, n := range st.FinishedByStatus {
+		finished += n
+	}
+	if st.Admitted != finished {
+		t.Errorf("Redis counts %d admitted, %d final results: want one final result per admitted request", st.Admitted, finished)
+	}
 	perUser, total := unitsByUser(t, db, campaign)
 	if total != stock || st.Sold != stock || st.Remaining != 0 {
 		t.Errorf("units in orders %d, Redis sold %d, remaining %d; want %d sold (demand outlasted the stock), none left",

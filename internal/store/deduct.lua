@@ -7,7 +7,7 @@
 -- KEYS[2] users     hash user id -> units bought
 -- KEYS[3] results   hash request id -> "status|qty|order_id|reason|user"
 -- KEYS[4] soldout   flag, set to "1" when stock reaches zero
--- KEYS[5] counters  hash: sold, fin:<status>
+-- KEYS[5] counters  hash: sold, admitted, fin:<status>
 -- KEYS[6] meta      hash: stock, limit, start_ms, end_ms, epoch, paused
 -- ARGV[1]           number of requests n
 -- ARGV[2+4i .. 5+4i] request i: request id, user id, quantity, order id to use on success
@@ -77,6 +77,10 @@ local results = {}  -- field/value pairs of the results decided by this call
 local buyers = {}   -- field/value pairs: each buyer's units after this call
 local bought_now = {} -- users already in buyers
 local fin = {}      -- status -> results decided by this call
+-- Requests decided without the queued marker admit.lua stores: a rebuild
+-- wiped it (or a withdraw raced a publish that went through). They count
+-- as admitted now, so every final result has its admission.
+local unmarked = 0
 local sold = 0
 
 for i = 1, n do
@@ -96,6 +100,9 @@ for i = 1, n do
   end
 
   if not status then
+    if not stored[i] then
+      unmarked = unmarked + 1
+    end
     if not qty or qty < 1 then
       status, reason = 'rejected', 'bad_message'
     elseif remaining <= 0 then
@@ -149,6 +156,9 @@ hset_all(KEYS[3], results)
 -- status rather than one per request.
 if sold > 0 then
   redis.call('HINCRBY', KEYS[5], 'sold', sold)
+end
+if unmarked > 0 then
+  redis.call('HINCRBY', KEYS[5], 'admitted', unmarked)
 end
 for status, count in pairs(fin) do
   redis.call('HINCRBY', KEYS[5], 'fin:' .. status, count)

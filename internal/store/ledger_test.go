@@ -253,3 +253,31 @@ func TestProjection(t *testing.T) {
 		}
 	})
 }
+
+// TestDecidedWithoutMarker: a request decided (or given up on) without the
+// queued marker admit.lua stores — a rebuild wiped it — counts as admitted
+// then, once, so every final result has its admission and none is queued.
+func TestDecidedWithoutMarker(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		c := newCampaign(5, 5)
+		mustLoad(t, s, c)
+		ids := newLabels(c.ID)
+		mustAdmit(t, s, model.AdmitRequest{RequestID: ids.rid("marked"), CampaignID: c.ID, UserID: "u1", Quantity: 1})
+		batch := []model.Deduction{
+			{RequestID: ids.rid("marked"), UserID: "u1", Quantity: 1, OrderID: "o1"},
+			{RequestID: ids.rid("bare"), UserID: "u2", Quantity: 1, OrderID: "o2"},
+			{RequestID: ids.rid("bare"), UserID: "u2", Quantity: 1, OrderID: "o3"},
+		}
+		mustDeduct(t, s, c.ID, batch)
+		mustDeduct(t, s, c.ID, batch) // a redelivery counts nothing again
+		r, err := s.Reject(t.Context(), model.Deduction{RequestID: ids.rid("poison"), UserID: "u3", Quantity: 1}, c.ID, model.ReasonPoison)
+		if err != nil || r.Status != model.StatusRejected {
+			t.Fatalf("Reject: got %+v, %v", r, err)
+		}
+		st := mustStats(t, s, c.ID)
+		if st.Admitted != 3 || st.Queued() != 0 {
+			t.Fatalf("got admitted %d, queued %d; want 3, 0", st.Admitted, st.Queued())
+		}
+		checkFinished(t, st, map[model.Status]int64{model.StatusSuccess: 2, model.StatusRejected: 1})
+	})
+}
