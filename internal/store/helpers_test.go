@@ -42,7 +42,7 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, s *Store)) {
 }
 
 // testStart is a sale start in the future, on a whole millisecond so that it
-// survives the round trip through preload.lua unchanged.
+// survives the round trip through rebuild.lua unchanged.
 func testStart() time.Time { return time.Now().Add(time.Hour).Truncate(time.Millisecond) }
 
 func newCampaign(stock, limit int64) model.Campaign {

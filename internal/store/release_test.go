@@ -103,9 +103,9 @@ func TestRelease(t *testing.T) {
 			}
 		})
 		t.Run("never above stock", func(t *testing.T) {
-			// An order Redis never deducted (decided before a forced
-			// reload): remaining stops at the stock, the buyer's units
-			// and the sold counter at zero.
+			// An order Redis never deducted (decided under an earlier
+			// load): remaining stops at the stock, the buyer's units and
+			// the sold counter at zero.
 			c := newCampaign(4, 2)
 			mustLoad(t, s, c)
 			o := sell(t, s, c.ID, "carol", 1)
