@@ -206,7 +206,7 @@ func (s *Service) admitGroup(group []*pendingPurchase) []*pendingPurchase {
 		case model.AdmitExisting:
 			p.done <- admitAnswer{admitted: Admitted{RequestID: a.RequestID, Existing: true}}
 		case model.AdmitNotLoaded:
-			p.done <- admitAnswer{err: s.refuse("not_loaded", fmt.Errorf("admit %s: %w", p.req.RequestID, model.ErrNotLoaded))}
+			p.done <- admitAnswer{err: s.notLoaded(p.req)}
 		case model.AdmitUserRateLimited, model.AdmitCampaignRateLimited, model.AdmitIPRateLimited:
 			reason := map[model.AdmitCode]string{model.AdmitUserRateLimited: "rate_user",
 				model.AdmitCampaignRateLimited: "rate_campaign", model.AdmitIPRateLimited: "rate_ip"}[a.Code]

@@ -71,17 +71,15 @@ func (p *gatePublisher) sizes() []int {
 func newAdmitService(t *testing.T, pub queue.Publisher, opts Options) (*Service, *store.Store, model.Campaign) {
 	t.Helper()
 	st := store.New(testenv.Redis(t))
-	c := model.Campaign{ID: testenv.UniqueName("adm"), Name: "t", Stock: 100, PerUserLimit: 1,
-		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}
-	if _, err := st.Preload(t.Context(), c, time.Now(), false); err != nil {
-		t.Fatalf("preload: %v", err)
-	}
+	campaigns := &memCampaigns{c: model.Campaign{ID: testenv.UniqueName("adm"), Name: "t", Stock: 100, PerUserLimit: 1,
+		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}}
+	c := mustLoad(t, campaigns, st)
 	opts.Topic = "t"
 	if opts.AdmitConcurrency == 0 {
 		opts.AdmitConcurrency = 1
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return New(log, st, memCampaigns{c}, pub, metrics.New(), opts), st, c
+	return New(log, st, campaigns, pub, metrics.New(), opts), st, c
 }
 
 type purchaseOutcome struct {
@@ -245,18 +243,32 @@ func TestAdmitPublishFailure(t *testing.T) {
 }
 
 // TestAdmitNotLoaded: a campaign without stock in Redis is refused per
-// request, and nothing is published.
+// request and nothing is published: never loaded, it is not_loaded (409);
+// loaded before, Redis lost it and it is unavailable (503) until a preload
+// rebuilds it.
 func TestAdmitNotLoaded(t *testing.T) {
-	pub := newGatePublisher(false)
-	svc, _, c := newAdmitService(t, pub, Options{})
-	if err := testenv.Redis(t).Del(t.Context(), "fs:{"+c.ID+"}:stock").Err(); err != nil {
-		t.Fatalf("unload: %v", err)
-	}
-	_, err := svc.Purchase(t.Context(), Purchase{UserID: "u1", CampaignID: c.ID, Quantity: 1}, nil)
-	if !errors.Is(err, model.ErrNotLoaded) {
-		t.Fatalf("got %v, want %v", err, model.ErrNotLoaded)
-	}
-	if got := pub.sizes(); len(got) != 0 {
-		t.Errorf("publishes: got %v, want none", got)
+	for _, tc := range []struct {
+		name  string
+		epoch int64 // the campaign's in MySQL
+		want  error
+	}{
+		{name: "never loaded", epoch: 0, want: model.ErrNotLoaded},
+		{name: "lost", epoch: 1, want: model.ErrUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pub := newGatePublisher(false)
+			svc, _, c := newAdmitService(t, pub, Options{})
+			svc.campaigns.(*memCampaigns).c.Epoch = tc.epoch
+			if err := testenv.Redis(t).Del(t.Context(), "fs:{"+c.ID+"}:stock", "fs:{"+c.ID+"}:meta").Err(); err != nil {
+				t.Fatalf("unload: %v", err)
+			}
+			_, err := svc.Purchase(t.Context(), Purchase{UserID: "u1", CampaignID: c.ID, Quantity: 1}, nil)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+			if got := pub.sizes(); len(got) != 0 {
+				t.Errorf("publishes: got %v, want none", got)
+			}
+		})
 	}
 }

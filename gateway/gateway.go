@@ -19,13 +19,16 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/reconcile"
 	"github.com/flashsale/flashsale/model"
 	"github.com/flashsale/flashsale/queue"
 )
 
-// Stock is what the gateway needs from the Redis store.
+// Stock is what the gateway needs from the Redis store. Projection and
+// the reconcile.Projection methods load campaigns (ledger.go).
 type Stock interface {
-	Preload(ctx context.Context, c model.Campaign, now time.Time, force bool) (model.PreloadOutcome, error)
+	reconcile.Projection
+	Projection(ctx context.Context, campaignID string) (model.Projection, error)
 	Admit(ctx context.Context, campaignID string, batch []model.AdmitRequest, limits model.RateLimits) ([]model.AdmitReply, error)
 	Withdraw(ctx context.Context, batch []model.AdmitRequest) error
 	IdempotentRequest(ctx context.Context, campaignID, userID, key string) (string, bool, error)
@@ -35,11 +38,14 @@ type Stock interface {
 	SubscribeEvents(ctx context.Context, ready func(), fn func(model.Event)) error
 }
 
-// Campaigns is what the gateway needs from the relational store.
+// Campaigns is what the gateway needs from the relational store. The
+// reconcile.Ledger methods load campaigns and SetPaused pauses them
+// (ledger.go).
 type Campaigns interface {
+	reconcile.Ledger
 	CreateCampaign(ctx context.Context, c model.Campaign) (model.Campaign, error)
-	Campaign(ctx context.Context, id string) (model.Campaign, error)
 	CampaignOrderStats(ctx context.Context, campaignID string) (model.OrderStats, error)
+	SetPaused(ctx context.Context, id string, paused bool) (model.Campaign, error)
 }
 
 // Options tune how purchases are admitted.
@@ -200,6 +206,10 @@ func (s *Service) applyEvent(e model.Event) {
 		cc.refreshMu.Lock()
 		cc.snap.Store(nil) // reload the campaign on next use
 		cc.refreshMu.Unlock()
+	case model.EventChanged:
+		cc.refreshMu.Lock()
+		cc.snap.Store(nil)
+		cc.refreshMu.Unlock()
 	}
 }
 
@@ -298,28 +308,6 @@ func (s *Service) CreateCampaign(ctx context.Context, c model.Campaign) (model.C
 		return model.Campaign{}, err
 	}
 	return s.campaigns.CreateCampaign(ctx, c)
-}
-
-// Preload loads a campaign's stock into Redis and tells every gateway.
-func (s *Service) Preload(ctx context.Context, id string, force bool) (model.PreloadOutcome, error) {
-	if !model.ValidCampaignID(id) {
-		return "", model.ErrNotFound
-	}
-	c, err := s.campaigns.Campaign(ctx, id)
-	if err != nil {
-		return "", err
-	}
-	out, err := s.stock.Preload(ctx, c, s.opts.Now(), force)
-	if err != nil {
-		return "", err
-	}
-	if out == model.PreloadLoaded {
-		s.applyEvent(model.Event{Type: model.EventReset, CampaignID: id})
-		if err := s.stock.PublishEvent(ctx, model.Event{Type: model.EventReset, CampaignID: id}); err != nil {
-			s.log.Warn("publish reset event", "campaign_id", id, "err", err)
-		}
-	}
-	return out, nil
 }
 
 // CampaignStats combines Redis counters and MySQL orders.

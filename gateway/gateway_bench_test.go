@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/flashsale/flashsale/internal/auth"
 	"github.com/flashsale/flashsale/internal/httpapi"
 	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/reconcile"
 	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
@@ -30,24 +32,59 @@ import (
 
 const benchSecret = "bench-jwt-secret-0123456789abcdef0123456789"
 
-// memCampaigns is an in-memory Campaigns holding one campaign.
-type memCampaigns struct{ c model.Campaign }
+// memCampaigns is an in-memory Campaigns holding one campaign and no
+// orders.
+type memCampaigns struct {
+	mu sync.Mutex
+	c  model.Campaign
+}
 
-var _ Campaigns = memCampaigns{}
+var _ Campaigns = (*memCampaigns)(nil)
 
-func (m memCampaigns) CreateCampaign(context.Context, model.Campaign) (model.Campaign, error) {
+func (m *memCampaigns) CreateCampaign(context.Context, model.Campaign) (model.Campaign, error) {
 	return model.Campaign{}, model.ErrConflict
 }
 
-func (m memCampaigns) Campaign(_ context.Context, id string) (model.Campaign, error) {
+func (m *memCampaigns) Campaign(_ context.Context, id string) (model.Campaign, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if id != m.c.ID {
 		return model.Campaign{}, model.ErrNotFound
 	}
 	return m.c, nil
 }
 
-func (m memCampaigns) CampaignOrderStats(context.Context, string) (model.OrderStats, error) {
+func (m *memCampaigns) CampaignOrderStats(context.Context, string) (model.OrderStats, error) {
 	return model.OrderStats{}, nil
+}
+
+func (m *memCampaigns) BumpEpoch(ctx context.Context, id string) (model.Campaign, []model.Order, error) {
+	m.mu.Lock()
+	m.c.Epoch++
+	m.mu.Unlock()
+	c, err := m.Campaign(ctx, id)
+	return c, nil, err
+}
+
+func (m *memCampaigns) CampaignOrders(context.Context, string) ([]model.Order, error) {
+	return nil, nil
+}
+
+func (m *memCampaigns) SetPaused(ctx context.Context, id string, paused bool) (model.Campaign, error) {
+	m.mu.Lock()
+	m.c.Paused = paused
+	m.mu.Unlock()
+	return m.Campaign(ctx, id)
+}
+
+// mustLoad loads the campaign of m into st, as a first preload does.
+func mustLoad(tb testing.TB, m *memCampaigns, st *store.Store) model.Campaign {
+	tb.Helper()
+	c, err := reconcile.Load(tb.Context(), m, st, m.c.ID)
+	if err != nil {
+		tb.Fatalf("load: %v", err)
+	}
+	return c
 }
 
 // benchGateway serves the shopper API of a Service on a preloaded campaign
@@ -65,11 +102,9 @@ func benchEngine(b *testing.B, stock int64) (*Service, *gin.Engine, model.Campai
 	b.Helper()
 	rdb := testenv.Redis(b)
 	st := store.New(rdb)
-	c := model.Campaign{ID: testenv.UniqueName("bench"), Name: "bench", Stock: stock, PerUserLimit: 1,
-		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}
-	if _, err := st.Preload(b.Context(), c, time.Now(), false); err != nil {
-		b.Fatalf("preload: %v", err)
-	}
+	campaigns := &memCampaigns{c: model.Campaign{ID: testenv.UniqueName("bench"), Name: "bench", Stock: stock, PerUserLimit: 1,
+		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}}
+	c := mustLoad(b, campaigns, st)
 	topic := testenv.Topic(b)
 	b.Cleanup(func() {
 		ctx := context.Background()
@@ -83,7 +118,7 @@ func benchEngine(b *testing.B, stock int64) (*Service, *gin.Engine, model.Campai
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	m := metrics.New()
 	// Limits on, but high: the limiter's work is part of the path measured.
-	svc := New(log, st, memCampaigns{c}, redisstream.New(rdb, redisstream.Options{}), m, Options{
+	svc := New(log, st, campaigns, redisstream.New(rdb, redisstream.Options{}), m, Options{
 		Topic: topic, RateLimits: model.RateLimits{UserRate: 1_000_000, UserBurst: 1_000_000, CampaignRate: 10_000_000, CampaignBurst: 10_000_000},
 	})
 	gin.SetMode(gin.ReleaseMode)

@@ -26,6 +26,7 @@ func (h *Handlers) RegisterAdmin(r gin.IRouter, admin gin.HandlerFunc) {
 	g.POST("/campaigns", h.createCampaign)
 	g.POST("/campaigns/:id/preload", h.preload)
 	g.GET("/campaigns/:id/stats", h.stats)
+	h.registerLedger(g)
 }
 
 // RegisterShopper mounts the shopper API; shopper wraps a handler in the JWT

@@ -116,6 +116,9 @@ func (s *Service) Purchase(ctx context.Context, p Purchase, read func() (quantit
 	if err := c.Window(s.opts.Now()); err != nil {
 		return Admitted{}, s.refuse("window", err)
 	}
+	if c.Paused {
+		return Admitted{}, s.refuse("paused", model.ErrPaused)
+	}
 	if cc.soldOut.Load() {
 		// A shopper repeating a request whose answer it lost must get that
 		// request back, not "sold out": it may well have succeeded.

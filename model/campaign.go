@@ -23,6 +23,13 @@ type Campaign struct {
 	StartAt       time.Time
 	EndAt         time.Time
 	CreatedAt     time.Time
+	// Epoch counts the campaign's loads into Redis (0: never loaded). Each
+	// load starts a new one, and an order decided under an older one is
+	// refused (ErrLedgerMoved): the fence between the ledger and Redis.
+	Epoch int64
+	// Paused holds the sale: the gateway refuses purchases and workers
+	// hold the campaign's messages until it resumes.
+	Paused bool
 }
 
 // ValidCampaignID reports whether id may name a campaign. Campaign ids end up

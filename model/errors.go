@@ -34,6 +34,13 @@ var (
 	ErrStaleSignature  = errors.New("webhook timestamp outside the tolerance")
 	ErrAmountMismatch  = errors.New("payment amount does not match the order")
 	ErrPaymentConflict = errors.New("payment id already recorded with other details")
+
+	// The ledger's: a paused sale refuses purchases (workers hold its
+	// messages), and an order decided under an epoch the campaign has left
+	// is refused, because Redis was rebuilt from MySQL since and the
+	// request must be decided again there.
+	ErrPaused      = errors.New("sale paused")
+	ErrLedgerMoved = errors.New("campaign reloaded since the decision")
 )
 
 // InvalidError reports one invalid input field. It is always a client error.

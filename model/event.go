@@ -12,6 +12,9 @@ const (
 	// EventReturned: units came back on sale (an order expired, was
 	// cancelled or refunded); cached sold-out flags must be dropped.
 	EventReturned EventType = "returned"
+	// EventChanged: the campaign was paused or resumed; cached copies of
+	// it must be dropped.
+	EventChanged EventType = "changed"
 )
 
 // Event is a campaign-level broadcast between instances.

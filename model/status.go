@@ -31,7 +31,6 @@ func (s Status) Valid() bool { return s == StatusQueued || s.Final() }
 // Reasons carried by StatusRejected results.
 const (
 	ReasonInsufficientStock = "insufficient_stock" // fewer units left than asked for, but not zero
-	ReasonNotLoaded         = "not_loaded"         // stock was never preloaded into Redis
 	ReasonPoison            = "undeliverable"      // the worker gave up after repeated failures
 	ReasonBadMessage        = "bad_message"        // the message could not be decoded
 )

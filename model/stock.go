@@ -1,5 +1,7 @@
 package model
 
+import "time"
+
 // PreloadOutcome says what loading a campaign's stock did.
 type PreloadOutcome string
 
@@ -7,6 +9,9 @@ type PreloadOutcome string
 const (
 	PreloadLoaded    PreloadOutcome = "loaded"
 	PreloadUnchanged PreloadOutcome = "unchanged"
+	// PreloadRebuilt: Redis had lost the campaign (or held an older
+	// epoch of it); it was rebuilt from the orders in MySQL.
+	PreloadRebuilt PreloadOutcome = "rebuilt"
 )
 
 // Deduction is one request of a batch the worker decides.
@@ -24,6 +29,20 @@ type DeductReply struct {
 	Results []Result // one per Deduction, same order
 	// SoldOutNow is true when this batch took the stock to zero.
 	SoldOutNow bool
+	// Epoch is the campaign's epoch in Redis the batch was decided under;
+	// its orders are stored only while MySQL is at the same one.
+	Epoch int64
+}
+
+// Projection is what Redis holds of a campaign's definition: the values
+// and the epoch it was last loaded with.
+type Projection struct {
+	Loaded         bool
+	Epoch          int64
+	Stock          int64
+	Limit          int64
+	StartAt, EndAt time.Time
+	Paused         bool
 }
 
 // Stats is a campaign's live counters (in Redis).
@@ -56,6 +75,7 @@ type OrderStats struct {
 // reconciliation with the order table.
 type Snapshot struct {
 	Loaded    bool
+	Epoch     int64
 	Stock     int64
 	Limit     int64
 	Remaining int64

@@ -180,8 +180,8 @@ func redisEnv(t *testing.T) env {
 	now := time.Now()
 	c := model.Campaign{ID: campaign, Name: "notifier test", Stock: 1000, PerUserLimit: 1000,
 		StartAt: now.Add(-time.Hour), EndAt: now.Add(time.Hour)}
-	if _, err := st.Preload(ctx, c, now, false); err != nil {
-		t.Fatalf("preload: %v", err)
+	if _, err := st.Rebuild(ctx, c, nil); err != nil {
+		t.Fatalf("load: %v", err)
 	}
 	return env{
 		src: st, campaign: campaign,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/flashsale/flashsale/internal/lifecycle"
 	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/reconcile"
 	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/internal/testenv"
@@ -105,8 +106,8 @@ func newLifecycleBundle(t *testing.T, stock int64) *lifecycleBundle {
 	if err != nil {
 		t.Fatalf("create campaign: %v", err)
 	}
-	if _, err := st.Preload(t.Context(), c, time.Now(), false); err != nil {
-		t.Fatalf("preload: %v", err)
+	if c, err = reconcile.Load(t.Context(), db, st, c.ID); err != nil {
+		t.Fatalf("load: %v", err)
 	}
 	b := &lifecycleBundle{fixture: &fixture{st: st, db: db, campaign: c}, scheduled: &delayRecorder{},
 		stock: &countingStock{Stock: st, released: map[string]int{}}}

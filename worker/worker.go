@@ -39,16 +39,20 @@ type Stock interface {
 }
 
 // Orders is what the worker needs from the relational model: it stores
-// orders, priced and timed by their campaign.
+// orders, priced and timed by their campaign. InsertOrders stores orders only
+// while each campaign's epoch in MySQL is the one given, model.ErrLedgerMoved
+// otherwise.
 type Orders interface {
-	InsertOrders(ctx context.Context, orders []model.Order) error
+	InsertOrders(ctx context.Context, orders []model.Order, epochs map[string]int64) error
 	Campaigns
 }
 
 // Options tune the worker.
 type Options struct {
 	// MaxAttempts is how many deliveries a message gets before the worker
-	// gives up on it and records a final rejected result. Default 10.
+	// gives up on it and records a final rejected result. Default 10. A
+	// delivery held because its campaign is not loaded or paused never
+	// ends in a give-up: a request is rejected only for failing alone.
 	MaxAttempts int
 	// PersistAttempts and PersistBackoff bound the in-handler retries of an
 	// order insert before the batch is handed back for redelivery.
@@ -109,29 +113,36 @@ type campaignBatch struct {
 
 // Decide is the queue.PipelineHandler: it decides the batch in Redis and
 // returns the step that persists and publishes the results.
+//
+// A campaign whose stock is not in Redis (never loaded, or lost until a
+// preload rebuilds it) or that is paused is held: nothing is decided and
+// the batch comes back later.
 func (w *Worker) Decide(ctx context.Context, msgs []queue.Message) (queue.Finish, error) {
 	batches := w.group(msgs)
 	results := make([]model.Result, 0, len(msgs))
+	epochs := make(map[string]int64, len(batches))
 	for _, b := range batches {
-		rs, err := w.decide(ctx, b)
+		rs, epoch, err := w.decide(ctx, b)
 		if err != nil {
 			return nil, err
 		}
 		results = append(results, rs...)
+		epochs[b.campaignID] = epoch
 	}
-	return func(ctx context.Context) error { return w.finish(ctx, results) }, nil
+	return func(ctx context.Context) error { return w.finish(ctx, results, epochs) }, nil
 }
 
-// finish stores the successes of decided results, publishes them all and
-// schedules the new orders' expiry.
-func (w *Worker) finish(ctx context.Context, results []model.Result) error {
+// finish stores the successes of decided results, fenced by the epochs
+// they were decided under, publishes them all and schedules the new orders'
+// expiry.
+func (w *Worker) finish(ctx context.Context, results []model.Result, epochs map[string]int64) error {
 	orders, now := ordersOf(results), time.Now()
 	if err := w.applyTerms(ctx, orders, now); err != nil {
 		return err
 	}
 	// Successes must be in MySQL before the batch is acknowledged: the
 	// shopper may already have seen them through the poll endpoint.
-	if err := w.persist(ctx, orders); err != nil {
+	if err := w.persist(ctx, orders, epochs); err != nil {
 		return err
 	}
 	w.count(results)
@@ -229,7 +240,16 @@ func (w *Worker) group(msgs []queue.Message) []*campaignBatch {
 	return order
 }
 
-func (w *Worker) decide(ctx context.Context, b *campaignBatch) ([]model.Result, error) {
+// held reports whether err holds a batch: its campaign is not in Redis or
+// paused. Giving up on it would store a final rejected result that a
+// rebuild wipes, or decide a paused sale, so it never counts as a failure.
+func held(err error) bool {
+	return errors.Is(err, model.ErrNotLoaded) || errors.Is(err, model.ErrPaused)
+}
+
+// decide decides one campaign's share of a batch and returns the results
+// and the epoch they were decided under.
+func (w *Worker) decide(ctx context.Context, b *campaignBatch) ([]model.Result, int64, error) {
 	deductions := make([]model.Deduction, len(b.requests))
 	orderIDs := newOrderIDs(len(b.requests))
 	exhausted := false
@@ -240,8 +260,8 @@ func (w *Worker) decide(ctx context.Context, b *campaignBatch) ([]model.Result, 
 	w.m.WorkerBatchSize.Observe(float64(len(deductions)))
 	reply, err := w.stock.Deduct(ctx, b.campaignID, deductions)
 	if err != nil {
-		if !exhausted {
-			return nil, fmt.Errorf("worker: %w", err)
+		if !exhausted || held(err) {
+			return nil, 0, fmt.Errorf("worker: %w", err)
 		}
 		return w.giveUp(ctx, b.campaignID, deductions, err)
 	}
@@ -253,35 +273,52 @@ func (w *Worker) decide(ctx context.Context, b *campaignBatch) ([]model.Result, 
 	}
 	if w.opts.AfterDeduct != nil {
 		if err := w.opts.AfterDeduct(b.campaignID, reply.Results); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
-	return reply.Results, nil
+	return reply.Results, reply.Epoch, nil
 }
 
 // giveUp decides each request of a batch that keeps failing on its own, so
 // one poison request cannot block its campaign: a request that still fails
-// alone gets a final rejected result.
-func (w *Worker) giveUp(ctx context.Context, campaignID string, ds []model.Deduction, cause error) ([]model.Result, error) {
+// alone gets a final rejected result. A hold stops it: the batch comes
+// back.
+func (w *Worker) giveUp(ctx context.Context, campaignID string, ds []model.Deduction, cause error) ([]model.Result, int64, error) {
 	out := make([]model.Result, 0, len(ds))
+	// The epoch of the requests decided; -1 until one is. Decided under
+	// two loads, it is -2, an epoch MySQL never has: nothing is stored
+	// and the batch is decided again.
+	epoch := int64(-1)
 	for _, d := range ds {
 		reply, err := w.stock.Deduct(ctx, campaignID, []model.Deduction{d})
 		if err == nil {
 			out = append(out, reply.Results...)
+			switch {
+			case epoch == -1:
+				epoch = reply.Epoch
+			case epoch != reply.Epoch:
+				epoch = -2
+			}
 			continue
+		}
+		if held(err) {
+			return nil, 0, fmt.Errorf("worker: %w", err)
 		}
 		r, rerr := w.stock.Reject(ctx, d, campaignID, model.ReasonPoison)
 		if rerr != nil {
-			return nil, fmt.Errorf("worker: give up on %s: %w", d.RequestID, errors.Join(cause, rerr))
+			return nil, 0, fmt.Errorf("worker: give up on %s: %w", d.RequestID, errors.Join(cause, rerr))
 		}
 		w.m.PoisonMessages.Inc()
 		w.log.Error("request given up after repeated failures", "request_id", d.RequestID, "campaign_id", campaignID, "err", err)
 		out = append(out, r)
 	}
-	return out, nil
+	return out, epoch, nil
 }
 
-func (w *Worker) persist(ctx context.Context, orders []model.Order) error {
+// persist stores orders, retrying an insert that failed, except when the
+// ledger moved on: the batch must be decided again against the rebuilt
+// Redis, which a retry cannot do.
+func (w *Worker) persist(ctx context.Context, orders []model.Order, epochs map[string]int64) error {
 	if len(orders) == 0 {
 		return nil
 	}
@@ -289,9 +326,13 @@ func (w *Worker) persist(ctx context.Context, orders []model.Order) error {
 	var err error
 	for attempt := 1; attempt <= w.opts.PersistAttempts; attempt++ {
 		start := time.Now()
-		if err = w.orders.InsertOrders(ctx, orders); err == nil {
+		if err = w.orders.InsertOrders(ctx, orders, epochs); err == nil {
 			metrics.Since(w.m.PersistLatency, start)
 			return nil
+		}
+		if errors.Is(err, model.ErrLedgerMoved) {
+			w.log.Warn("orders decided before the campaign was reloaded; deciding them again", "count", len(orders), "err", err)
+			return fmt.Errorf("worker: persist %d orders: %w", len(orders), err)
 		}
 		w.log.Warn("persist orders failed, retrying", "count", len(orders), "attempt", attempt, "err", err)
 		if attempt == w.opts.PersistAttempts {

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/reconcile"
 	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/internal/testenv"
@@ -174,8 +175,9 @@ func benchSetup(b *testing.B, stock int64) (*store.Store, *sqlstore.DB, model.Ca
 	if _, err := db.CreateCampaign(b.Context(), c); err != nil {
 		b.Fatalf("create campaign: %v", err)
 	}
-	if _, err := st.Preload(b.Context(), c, time.Now(), false); err != nil {
-		b.Fatalf("preload: %v", err)
+	c, err = reconcile.Load(b.Context(), db, st, c.ID)
+	if err != nil {
+		b.Fatalf("load: %v", err)
 	}
 	b.Cleanup(func() { deleteKeys(rdb, "fs:{"+c.ID+"}*") })
 	return st, db, c

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/reconcile"
 	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/internal/testenv"
@@ -41,8 +42,9 @@ func newFixture(t *testing.T, stock, limit int64) *fixture {
 	if _, err := db.CreateCampaign(t.Context(), c); err != nil {
 		t.Fatalf("create campaign: %v", err)
 	}
-	if _, err := st.Preload(t.Context(), c, time.Now(), false); err != nil {
-		t.Fatalf("preload: %v", err)
+	c, err = reconcile.Load(t.Context(), db, st, c.ID)
+	if err != nil {
+		t.Fatalf("load: %v", err)
 	}
 	return &fixture{st: st, db: db, campaign: c}
 }
@@ -108,8 +110,8 @@ type crashOrders struct {
 	crashes atomic.Int32
 }
 
-func (c *crashOrders) InsertOrders(ctx context.Context, orders []model.Order) error {
-	if err := c.Orders.InsertOrders(ctx, orders); err != nil {
+func (c *crashOrders) InsertOrders(ctx context.Context, orders []model.Order, epochs map[string]int64) error {
+	if err := c.Orders.InsertOrders(ctx, orders, epochs); err != nil {
 		return err
 	}
 	if c.crashes.Add(-1) >= 0 {
@@ -418,7 +420,7 @@ type stallingOrders struct {
 	fail          atomic.Int32
 }
 
-func (s *stallingOrders) InsertOrders(ctx context.Context, orders []model.Order) error {
+func (s *stallingOrders) InsertOrders(ctx context.Context, orders []model.Order, epochs map[string]int64) error {
 	s.once.Do(func() {
 		select {
 		case <-s.laterDeducted:
@@ -429,7 +431,7 @@ func (s *stallingOrders) InsertOrders(ctx context.Context, orders []model.Order)
 	if s.fail.Add(-1) >= 0 {
 		return errors.New("MySQL unavailable")
 	}
-	return s.Orders.InsertOrders(ctx, orders)
+	return s.Orders.InsertOrders(ctx, orders, epochs)
 }
 
 // TestPipelinedRun: on a pipelining queue the worker deducts a campaign's

@@ -32,6 +32,11 @@ func TestBadInput(t *testing.T) {
 	if code := c.do("POST", "/admin/v1/campaigns", testAdminToken, body, nil, nil); code != http.StatusCreated {
 		t.Fatalf("create future campaign: got %d", code)
 	}
+	paused := testenv.UniqueName("paused-")
+	c.openCampaign(paused, 10, 2)
+	if code := c.do("POST", "/admin/v1/campaigns/"+paused+"/pause", testAdminToken, nil, nil, nil); code != http.StatusOK {
+		t.Fatalf("pause: got %d", code)
+	}
 	unloaded := testenv.UniqueName("unloaded-")
 	body = campaignBody{ID: unloaded, Name: "no stock yet", Stock: 5, PerUserLimit: 1,
 		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}
@@ -97,6 +102,7 @@ func TestBadInput(t *testing.T) {
 		{"purchase campaign id too long", "POST", "/api/v1/campaigns/" + strings.Repeat("a", 65) + "/purchases", alice, `{"quantity":1}`, nil, 404, "not_found"},
 		{"purchase before start", "POST", "/api/v1/campaigns/" + future + "/purchases", alice, `{"quantity":1}`, nil, 409, "not_started"},
 		{"purchase not preloaded", "POST", "/api/v1/campaigns/" + unloaded + "/purchases", alice, `{"quantity":1}`, nil, 409, "not_loaded"},
+		{"purchase paused", "POST", "/api/v1/campaigns/" + paused + "/purchases", alice, `{"quantity":1}`, nil, 409, "paused"},
 		{"poll unknown request", "GET", "/api/v1/purchases/" + open + ".0123456789abcdef0123456789abcdef", alice, nil, nil, 404, "not_found"},
 		{"poll malformed request id", "GET", "/api/v1/purchases/garbage", alice, nil, nil, 404, "not_found"},
 		{"poll without token", "GET", "/api/v1/purchases/garbage", "", nil, nil, 401, "unauthorized"},
@@ -121,6 +127,9 @@ func TestBadInput(t *testing.T) {
 		{"create window below a millisecond", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"payment_window":"1.0005s"`), nil, 400, "invalid_request"},
 		{"preload unknown campaign", "POST", "/admin/v1/campaigns/nope-x/preload", testAdminToken, nil, nil, 404, "not_found"},
 		{"preload bad force", "POST", "/admin/v1/campaigns/" + open + "/preload?force=maybe", testAdminToken, nil, nil, 400, "invalid_request"},
+		{"pause unknown campaign", "POST", "/admin/v1/campaigns/nope-x/pause", testAdminToken, nil, nil, 404, "not_found"},
+		{"resume unknown campaign", "POST", "/admin/v1/campaigns/nope-x/resume", testAdminToken, nil, nil, 404, "not_found"},
+		{"pause without token", "POST", "/admin/v1/campaigns/" + open + "/pause", "", nil, nil, 401, "unauthorized"},
 		{"stats unknown campaign", "GET", "/admin/v1/campaigns/nope-x/stats", testAdminToken, nil, nil, 404, "not_found"},
 		{"public unknown campaign", "GET", "/api/v1/campaigns/nope-x", "", nil, nil, 404, "not_found"},
 		{"unknown route", "GET", "/api/v1/nothing", "", nil, nil, 404, "not_found"},

@@ -17,7 +17,7 @@ func runReconcile(ctx context.Context, args []string, stdout io.Writer, env map[
 	fs.SetOutput(stdout)
 	configPath := fs.String("config", "", "config file naming the real Redis and MySQL")
 	campaign := fs.String("campaign", "", "campaign id (required)")
-	repair := fs.Bool("repair", false, "after the sale has ended: restore missing orders and rebuild Redis from MySQL")
+	repair := fs.Bool("repair", false, "once the sale has ended or is paused: restore missing orders and rebuild Redis from MySQL")
 	fs.Usage = func() {
 		fmt.Fprintln(stdout, "Usage: flashsale reconcile --config FILE --campaign ID [--repair]\n\n"+
 			"Compares a campaign's sales in Redis (remaining, sold, per-user units, results) with its orders\n"+

@@ -37,9 +37,9 @@ func TestReconcileCommand(t *testing.T) {
 		"FLASHSALE_AUTH_DEV":               "false",
 		"FLASHSALE_PAYMENT_WEBHOOK_SECRET": testWebhookSecret,
 	}
-	reconcile := func() (string, error) {
+	reconcile := func(flags ...string) (string, error) {
 		var out bytes.Buffer
-		err := run(context.Background(), []string{"reconcile", "--campaign", campaign}, &out, env, logTo(io.Discard))
+		err := run(context.Background(), append([]string{"reconcile", "--campaign", campaign}, flags...), &out, env, logTo(io.Discard))
 		return out.String(), err
 	}
 	if out, err := reconcile(); err != nil || !strings.Contains(out, "0 differences") {
@@ -51,6 +51,19 @@ func TestReconcileCommand(t *testing.T) {
 	out, err := reconcile()
 	if err == nil || !strings.Contains(out, "sold_mismatch") {
 		t.Fatalf("corrupted Redis: got %v\n%s\nwant a failure naming sold_mismatch", err, out)
+	}
+	// Repair needs a sale no worker decides: ended, or paused.
+	if out, err := reconcile("--repair"); err == nil {
+		t.Fatalf("repair of an open sale: got nil\n%s\nwant a refusal", out)
+	}
+	if code := c.do("POST", "/admin/v1/campaigns/"+campaign+"/pause", c.admin, nil, nil, nil); code != http.StatusOK {
+		t.Fatalf("pause: got %d", code)
+	}
+	if out, err := reconcile("--repair"); err != nil || !strings.Contains(out, "after repair: campaign "+campaign+": stock 5, Redis sold 2") {
+		t.Fatalf("repair of a paused sale: got %v\n%s\nwant 2 sold, no difference left", err, out)
+	}
+	if out, err := reconcile(); err != nil || !strings.Contains(out, "0 differences") {
+		t.Fatalf("after repair: got %v\n%s\nwant agreement", err, out)
 	}
 	var helpOut bytes.Buffer
 	if err := run(context.Background(), []string{"reconcile"}, &helpOut, env, logTo(io.Discard)); err == nil || !strings.Contains(helpOut.String(), "Usage: flashsale reconcile") {

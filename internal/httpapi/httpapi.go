@@ -46,6 +46,7 @@ var mapping = renderBodies([]sentinel{
 	{err: model.ErrNotStarted, status: http.StatusConflict, code: "not_started"},
 	{err: model.ErrEnded, status: http.StatusConflict, code: "ended"},
 	{err: model.ErrNotLoaded, status: http.StatusConflict, code: "not_loaded"},
+	{err: model.ErrPaused, status: http.StatusConflict, code: "paused"},
 	{err: model.ErrLimitExceeded, status: http.StatusConflict, code: "limit_exceeded"},
 	{err: model.ErrConflict, status: http.StatusConflict, code: "conflict"},
 	{err: model.ErrNotPayable, status: http.StatusConflict, code: "order_not_payable"},

@@ -33,6 +33,7 @@ func TestClassify(t *testing.T) {
 		{"not started", model.ErrNotStarted, 409, "not_started"},
 		{"ended", model.ErrEnded, 409, "ended"},
 		{"not loaded", model.ErrNotLoaded, 409, "not_loaded"},
+		{"paused", model.ErrPaused, 409, "paused"},
 		{"conflict", model.ErrConflict, 409, "conflict"},
 		{"not payable", fmt.Errorf("pay order x: %w", model.ErrNotPayable), 409, "order_not_payable"},
 		{"not cancellable", model.ErrNotCancellable, 409, "order_not_cancellable"},

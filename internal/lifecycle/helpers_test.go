@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/flashsale/flashsale/internal/reconcile"
 	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/internal/testenv"
@@ -90,8 +91,8 @@ func newBundle(t *testing.T, db *sqlstore.DB, st *store.Store) *testBundle {
 	if err != nil {
 		t.Fatalf("create campaign: %v", err)
 	}
-	if _, err := st.Preload(t.Context(), c, now, false); err != nil {
-		t.Fatalf("preload: %v", err)
+	if c, err = reconcile.Load(t.Context(), db, st, c.ID); err != nil {
+		t.Fatalf("load: %v", err)
 	}
 	stock := &faultyStock{Stock: st, released: map[string]int{}}
 	late := prometheus.NewCounter(prometheus.CounterOpts{Name: "late"})
@@ -111,7 +112,7 @@ func (b *testBundle) sell(t *testing.T, user string, units int64, expiresAt time
 	}
 	o := model.Order{ID: r.Results[0].OrderID, RequestID: rid, CampaignID: b.campaign.ID, UserID: user, Quantity: units,
 		Amount: units * b.campaign.Price, Status: model.OrderPendingPayment, ExpiresAt: expiresAt}
-	if err := b.db.InsertOrders(t.Context(), []model.Order{o}); err != nil {
+	if err := b.db.InsertOrders(t.Context(), []model.Order{o}, map[string]int64{b.campaign.ID: r.Epoch}); err != nil {
 		t.Fatalf("insert order: %v", err)
 	}
 	return b.order(t, o.ID)

@@ -1,9 +1,12 @@
-// Package reconcile compares a campaign's sales in Redis with its orders in
-// MySQL and, for a finished campaign, repairs Redis from the order table.
+// Package reconcile keeps a campaign's sales in Redis a projection of its
+// orders in MySQL: Load writes the orders into Redis under a new epoch
+// (every preload, a rebuild after Redis lost the campaign), Check compares
+// the two sides, and Repair, for a finished or paused campaign, makes Redis
+// agree with MySQL.
 //
 // MySQL is the ledger. A success that Redis recorded but MySQL lacks was told
 // to a shopper (guarantee 4), so repair first inserts it — unless that would
-// exceed the stock — and then rebuilds Redis's counters from the orders.
+// exceed the stock — and then loads Redis from the orders.
 package reconcile
 
 import (
@@ -15,17 +18,89 @@ import (
 	"github.com/flashsale/flashsale/model"
 )
 
+// Ledger is the MySQL side of a load (sqlstore.DB). BumpEpoch starts a
+// campaign's next epoch and returns the campaign and its orders read after
+// the bump committed.
+type Ledger interface {
+	Campaign(ctx context.Context, id string) (model.Campaign, error)
+	BumpEpoch(ctx context.Context, id string) (model.Campaign, []model.Order, error)
+	CampaignOrders(ctx context.Context, campaignID string) ([]model.Order, error)
+}
+
+// Projection is the Redis side of a load (store.Store).
+type Projection interface {
+	Rebuild(ctx context.Context, c model.Campaign, orders []model.Order) (loaded bool, err error)
+	Release(ctx context.Context, campaignID, orderID, userID string, units int64) (released bool, err error)
+	SetPaused(ctx context.Context, c model.Campaign) (written bool, err error)
+}
+
 // Redis is what reconciliation reads and writes in Redis.
 type Redis interface {
+	Projection
 	Snapshot(ctx context.Context, campaignID string) (model.Snapshot, error)
-	Rebuild(ctx context.Context, campaignID string, stock int64, orders []model.Order) error
 }
 
 // Orders is what reconciliation reads and writes in MySQL.
 type Orders interface {
-	Campaign(ctx context.Context, id string) (model.Campaign, error)
-	CampaignOrders(ctx context.Context, campaignID string) ([]model.Order, error)
-	InsertOrders(ctx context.Context, orders []model.Order) error
+	Ledger
+	InsertOrders(ctx context.Context, orders []model.Order, epochs map[string]int64) error
+}
+
+// Load loads campaign id into Redis from its orders under a new epoch, and
+// returns the campaign as loaded. The steps make it safe against everything
+// that runs meanwhile:
+//
+//  1. BumpEpoch commits the new epoch in MySQL first. From then on MySQL
+//     refuses every order decided under an older one, and the orders it
+//     reads after the bump include every order stored under one.
+//  2. Rebuild writes the campaign into Redis from those orders, in one
+//     atomic step, unless a concurrent load got there with a later epoch
+//     (it read the ledger later and does the rest).
+//  3. An order that left the active states between the read and the write
+//     had its release meet Redis before the write (or meet nothing), so
+//     the write counted its units again: they are released now, once
+//     (release.lua is idempotent per order id).
+//  4. A pause or resume committed after the read has its flag written.
+//
+// A failure after step 1 leaves Redis at an older epoch, where workers
+// decide nothing that MySQL stores: loading again completes it.
+func Load(ctx context.Context, ledger Ledger, proj Projection, id string) (model.Campaign, error) {
+	c, orders, err := ledger.BumpEpoch(ctx, id)
+	if err != nil {
+		return model.Campaign{}, fmt.Errorf("load %s: %w", id, err)
+	}
+	loaded, err := proj.Rebuild(ctx, c, orders)
+	if err != nil || !loaded {
+		return c, err
+	}
+	active := map[string]bool{}
+	for _, o := range orders {
+		if !o.Status.Final() {
+			active[o.ID] = true
+		}
+	}
+	now, err := ledger.CampaignOrders(ctx, id)
+	if err != nil {
+		return c, fmt.Errorf("load %s: %w", id, err)
+	}
+	for _, o := range now {
+		if o.Status.Final() && active[o.ID] {
+			if _, err := proj.Release(ctx, id, o.ID, o.UserID, o.Quantity); err != nil {
+				return c, fmt.Errorf("load %s: %w", id, err)
+			}
+		}
+	}
+	cur, err := ledger.Campaign(ctx, id)
+	if err != nil {
+		return c, fmt.Errorf("load %s: %w", id, err)
+	}
+	if cur.Paused != c.Paused {
+		if _, err := proj.SetPaused(ctx, cur); err != nil {
+			return c, fmt.Errorf("load %s: %w", id, err)
+		}
+		c.Paused = cur.Paused
+	}
+	return c, nil
 }
 
 // Difference is one disagreement between the two sides.
@@ -37,14 +112,15 @@ type Difference struct {
 // Kinds of difference.
 const (
 	KindNotLoaded       = "not_loaded"        // Redis has no stock for the campaign
+	KindEpochMismatch   = "epoch_mismatch"    // Redis holds another load than MySQL's epoch
 	KindMissingInDB     = "missing_in_db"     // a Redis success without an order row
 	KindMissingInRedis  = "missing_in_redis"  // an order row without a Redis success
 	KindOrderMismatch   = "order_mismatch"    // both have it, with different order ids or quantities
-	KindSoldMismatch    = "sold_mismatch"     // Redis sold counter vs units in MySQL
+	KindSoldMismatch    = "sold_mismatch"     // Redis sold counter vs units of active orders in MySQL
 	KindStockMismatch   = "stock_mismatch"    // remaining + sold != stock
-	KindUserUnits       = "user_units"        // a user's Redis counter vs units in MySQL
-	KindOverLimit       = "over_limit"        // a user holds more units than the limit
-	KindOversold        = "oversold"          // more units sold than stock
+	KindUserUnits       = "user_units"        // a user's Redis counter vs units of their active orders
+	KindOverLimit       = "over_limit"        // a user's active orders hold more units than the limit
+	KindOversold        = "oversold"          // active orders hold more units than stock
 	KindSoldOutFlag     = "sold_out_flag"     // flag disagrees with remaining
 	KindStillQueued     = "still_queued"      // requests without a final result
 	KindCampaignUnknown = "campaign_mismatch" // Redis stock/limit differ from the campaign row
@@ -52,10 +128,12 @@ const (
 
 // Report is the outcome of Check.
 type Report struct {
-	CampaignID  string
-	Stock       int64
-	RedisSold   int64
-	DBUnits     int64 // units of active orders (pending payment or paid)
+	CampaignID string
+	Stock      int64
+	RedisSold  int64
+	// DBUnits are the units of the active orders (pending payment, paid):
+	// those that hold stock. DBOrders counts every order.
+	DBUnits     int64
 	DBOrders    int
 	Differences []Difference
 }
@@ -110,6 +188,8 @@ func compare(st state) Report {
 	add := func(kind, format string, args ...any) {
 		rep.Differences = append(rep.Differences, Difference{Kind: kind, Detail: fmt.Sprintf(format, args...)})
 	}
+	// Every order keeps its request's success; only active ones hold
+	// units (a final one's went back on sale).
 	dbUnits := map[string]int64{}
 	byRequest := map[string]model.Order{}
 	for _, o := range st.orders {
@@ -135,6 +215,9 @@ func compare(st state) Report {
 	}
 	if snap.Stock != c.Stock || snap.Limit != c.PerUserLimit {
 		add(KindCampaignUnknown, "Redis stock/limit %d/%d, campaign row %d/%d", snap.Stock, snap.Limit, c.Stock, c.PerUserLimit)
+	}
+	if snap.Epoch != c.Epoch {
+		add(KindEpochMismatch, "Redis holds epoch %d, MySQL is at %d", snap.Epoch, c.Epoch)
 	}
 	if snap.Queued > 0 {
 		add(KindStillQueued, "%d requests have no final result yet (differences may be in flight)", snap.Queued)
@@ -179,30 +262,50 @@ func compare(st state) Report {
 	return rep
 }
 
-// Repair makes Redis agree with MySQL for a campaign whose sale has ended,
-// after inserting successes shoppers were told about but MySQL lacks. It
-// returns the report from before and after the repair.
+// Repair makes Redis agree with MySQL for a campaign whose sale has ended
+// or is paused (so no worker decides meanwhile), after inserting the
+// successes shoppers were told about but MySQL lacks; it loads Redis from
+// the orders (Load). It returns the report from before and after the
+// repair.
 func (rc *Reconciler) Repair(ctx context.Context, id string) (before, after Report, err error) {
 	st, err := rc.load(ctx, id)
 	if err != nil {
 		return Report{}, Report{}, err
 	}
 	before = compare(st)
-	if rc.now().Before(st.campaign.EndAt) {
-		return before, Report{}, fmt.Errorf("repair %s: the sale ends at %s; repair only a finished sale, while no worker deducts: %w",
+	if rc.now().Before(st.campaign.EndAt) && !st.campaign.Paused {
+		return before, Report{}, fmt.Errorf("repair %s: the sale ends at %s; repair a finished or paused sale only, while no worker decides: %w",
 			id, st.campaign.EndAt.Format(time.RFC3339), model.ErrConflict)
 	}
 	if before.Consistent() {
 		return before, before, nil
 	}
-	if !st.snap.Loaded {
-		return before, Report{}, fmt.Errorf("repair %s: %w", id, model.ErrNotLoaded)
+	// Successes of another epoch than MySQL's were decided against a
+	// projection since replaced: MySQL refuses their orders, and their
+	// requests are decided again.
+	if st.snap.Loaded && st.snap.Epoch == st.campaign.Epoch {
+		if err := rc.restore(ctx, st); err != nil {
+			return before, Report{}, err
+		}
 	}
+	if _, err := Load(ctx, rc.orders, rc.redis, id); err != nil {
+		return before, Report{}, err
+	}
+	after, err = rc.Check(ctx, id)
+	return before, after, err
+}
+
+// restore inserts the successes Redis holds and MySQL lacks, unless the
+// active orders would then hold more than the stock.
+func (rc *Reconciler) restore(ctx context.Context, st state) error {
+	id := st.campaign.ID
 	known := map[string]bool{}
 	units := int64(0)
 	for _, o := range st.orders {
 		known[o.RequestID] = true
-		units += o.Quantity
+		if !o.Status.Final() {
+			units += o.Quantity
+		}
 	}
 	var missing []model.Order
 	for _, rid := range sortedKeys(st.snap.Successes) {
@@ -215,21 +318,10 @@ func (rc *Reconciler) Repair(ctx context.Context, id string) (before, after Repo
 		units += r.Quantity
 	}
 	if units > st.campaign.Stock {
-		return before, Report{}, fmt.Errorf("repair %s: restoring %d missing orders would sell %d of %d units; resolve by hand: %w",
+		return fmt.Errorf("repair %s: restoring %d missing orders would sell %d of %d units; resolve by hand: %w",
 			id, len(missing), units, st.campaign.Stock, model.ErrConflict)
 	}
-	if err := rc.orders.InsertOrders(ctx, missing); err != nil {
-		return before, Report{}, err
-	}
-	orders, err := rc.orders.CampaignOrders(ctx, id)
-	if err != nil {
-		return before, Report{}, err
-	}
-	if err := rc.redis.Rebuild(ctx, id, st.campaign.Stock, orders); err != nil {
-		return before, Report{}, err
-	}
-	after, err = rc.Check(ctx, id)
-	return before, after, err
+	return rc.orders.InsertOrders(ctx, missing, map[string]int64{id: st.snap.Epoch})
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -49,8 +49,8 @@ func newFixture(t *testing.T) *fixture {
 	if _, err := db.CreateCampaign(t.Context(), f.campaign); err != nil {
 		t.Fatalf("create: %v", err)
 	}
-	if _, err := f.st.Preload(t.Context(), f.campaign, start.Add(-time.Minute), false); err != nil {
-		t.Fatalf("preload: %v", err)
+	if f.campaign, err = Load(t.Context(), db, f.st, f.campaign.ID); err != nil {
+		t.Fatalf("load: %v", err)
 	}
 	var batch []model.Deduction
 	for i := range 6 {
@@ -67,7 +67,7 @@ func newFixture(t *testing.T) *fixture {
 		orders = append(orders, model.Order{ID: r.OrderID, RequestID: r.RequestID, CampaignID: r.CampaignID,
 			UserID: r.UserID, Quantity: r.Quantity, Status: model.OrderPendingPayment})
 	}
-	if err := db.InsertOrders(t.Context(), orders); err != nil {
+	if err := db.InsertOrders(t.Context(), orders, f.epochs()); err != nil {
 		t.Fatalf("insert: %v", err)
 	}
 	f.rc = New(f.st, db)
@@ -75,6 +75,9 @@ func newFixture(t *testing.T) *fixture {
 }
 
 func (f *fixture) key(name string) string { return "fs:{" + f.campaign.ID + "}:" + name }
+
+// epochs fences an insert with the campaign's epoch as loaded.
+func (f *fixture) epochs() map[string]int64 { return map[string]int64{f.campaign.ID: f.campaign.Epoch} }
 
 func kinds(r Report) map[string]int {
 	out := map[string]int{}
@@ -124,7 +127,7 @@ func TestCheckAndRepair(t *testing.T) {
 			corrupt: func(t *testing.T, f *fixture) {
 				rid := model.FormatRequestID(f.campaign.ID, fmt.Sprintf("%032x", 99))
 				err := f.db.InsertOrders(context.Background(), []model.Order{{ID: "o99", RequestID: rid, CampaignID: f.campaign.ID,
-					UserID: "late", Quantity: 1, Status: model.OrderPendingPayment}})
+					UserID: "late", Quantity: 1, Status: model.OrderPendingPayment}}, f.epochs())
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -214,4 +217,143 @@ func TestCheckCountsActiveOrders(t *testing.T) {
 	if !rep.Consistent() || rep.DBUnits != 5 || rep.RedisSold != 5 || rep.DBOrders != 6 {
 		t.Fatalf("after the release: got %+v, want consistent, 5 units of 6 orders", rep)
 	}
+}
+
+// TestRepairPausedSale: an open sale may be repaired once paused (no worker
+// decides), and stays paused.
+func TestRepairPausedSale(t *testing.T) {
+	f := newFixture(t)
+	f.rc.now = func() time.Time { return f.campaign.EndAt.Add(-time.Minute) }
+	f.rdb.HIncrBy(t.Context(), f.key("counters"), "sold", 1)
+	c, err := f.db.SetPaused(t.Context(), f.campaign.ID, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := f.st.SetPaused(t.Context(), c); err != nil || !ok {
+		t.Fatalf("pause in Redis: %v, %v", ok, err)
+	}
+	_, after, err := f.rc.Repair(t.Context(), f.campaign.ID)
+	if err != nil || !after.Consistent() || after.RedisSold != 6 {
+		t.Fatalf("repair of a paused sale: got %+v, %v; want consistent with 6 sold", after, err)
+	}
+	if p, err := f.st.Projection(t.Context(), f.campaign.ID); err != nil || !p.Paused || p.Epoch != f.campaign.Epoch+1 {
+		t.Fatalf("after repair: got %+v, %v; want paused at epoch %d", p, err, f.campaign.Epoch+1)
+	}
+}
+
+// hookedProjection runs before, once, ahead of the first Rebuild: what
+// happens between a load's read of the ledger and its write.
+type hookedProjection struct {
+	Projection
+	before func()
+}
+
+func (h *hookedProjection) Rebuild(ctx context.Context, c model.Campaign, orders []model.Order) (bool, error) {
+	if h.before != nil {
+		h.before()
+		h.before = nil
+	}
+	return h.Projection.Rebuild(ctx, c, orders)
+}
+
+// TestLoad: a load rebuilds a lost or stale Redis from the ledger, orders
+// in every state, and stays right when orders move, a pause lands, or
+// another load runs between its read and its write.
+func TestLoad(t *testing.T) {
+	expire := func(t *testing.T, f *fixture, i int) model.Order {
+		t.Helper()
+		o, err := f.db.Order(t.Context(), fmt.Sprintf("o%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := f.db.TransitionOrder(t.Context(), o.ID, model.OrderPendingPayment, model.OrderExpired, time.Now()); err != nil || !ok {
+			t.Fatalf("expire %s: %v, %v", o.ID, ok, err)
+		}
+		return o
+	}
+	check := func(t *testing.T, f *fixture, remaining int64) {
+		t.Helper()
+		rep, err := f.rc.Check(t.Context(), f.campaign.ID)
+		if err != nil || !rep.Consistent() {
+			t.Fatalf("check: %+v, %v", rep.Differences, err)
+		}
+		snap, err := f.st.Snapshot(t.Context(), f.campaign.ID)
+		if err != nil || snap.Remaining != remaining {
+			t.Fatalf("remaining: got %d (%v), want %d", snap.Remaining, err, remaining)
+		}
+		for _, rid := range f.rids {
+			if r, err := f.st.Result(t.Context(), rid); err != nil || r.Status != model.StatusSuccess {
+				t.Fatalf("result of %s: got %+v, %v; want its success", rid, r, err)
+			}
+		}
+	}
+	t.Run("lost", func(t *testing.T) {
+		f := newFixture(t)
+		expire(t, f, 1)
+		f.rdb.Del(t.Context(), f.key("meta"), f.key("stock"), f.key("results"), f.key("users"), f.key("counters"))
+		c, err := Load(t.Context(), f.db, f.st, f.campaign.ID)
+		if err != nil || c.Epoch != f.campaign.Epoch+1 {
+			t.Fatalf("load: got epoch %d, %v; want %d", c.Epoch, err, f.campaign.Epoch+1)
+		}
+		check(t, f, 5)
+	})
+	t.Run("order expired between read and write", func(t *testing.T) {
+		// The expiry's release meets the old Redis (or none at all) and is
+		// marked done; the load must give the units back itself, once.
+		f := newFixture(t)
+		proj := &hookedProjection{Projection: f.st, before: func() {
+			o := expire(t, f, 2)
+			if ok, err := f.st.Release(t.Context(), f.campaign.ID, o.ID, o.UserID, o.Quantity); err != nil || !ok {
+				t.Errorf("release on the old state: %v, %v", ok, err)
+			}
+		}}
+		if _, err := Load(t.Context(), f.db, proj, f.campaign.ID); err != nil {
+			t.Fatalf("load: %v", err)
+		}
+		check(t, f, 5)
+		if ok, err := f.st.Release(t.Context(), f.campaign.ID, "o2", "u2", 1); err != nil || ok {
+			t.Fatalf("release of o2 again: got %v, %v; want false", ok, err)
+		}
+		check(t, f, 5)
+	})
+	t.Run("paused between read and write", func(t *testing.T) {
+		f := newFixture(t)
+		proj := &hookedProjection{Projection: f.st, before: func() {
+			c, err := f.db.SetPaused(t.Context(), f.campaign.ID, true)
+			if err != nil {
+				t.Error(err)
+			}
+			// The pause's own write meets the old epoch in Redis.
+			if ok, err := f.st.SetPaused(t.Context(), c); err != nil || ok {
+				t.Errorf("pause in Redis under the new epoch before the write: got %v, %v; want false", ok, err)
+			}
+		}}
+		c, err := Load(t.Context(), f.db, proj, f.campaign.ID)
+		if err != nil || !c.Paused {
+			t.Fatalf("load: got paused %v, %v; want true", c.Paused, err)
+		}
+		if p, err := f.st.Projection(t.Context(), f.campaign.ID); err != nil || !p.Paused {
+			t.Fatalf("projection: got %+v, %v; want paused", p, err)
+		}
+	})
+	t.Run("concurrent loads", func(t *testing.T) {
+		f := newFixture(t)
+		expire(t, f, 3)
+		errs := make(chan error, 4)
+		for range cap(errs) {
+			go func() {
+				_, err := Load(context.Background(), f.db, f.st, f.campaign.ID)
+				errs <- err
+			}()
+		}
+		for range cap(errs) {
+			if err := <-errs; err != nil {
+				t.Fatalf("load: %v", err)
+			}
+		}
+		check(t, f, 5)
+		if snap, _ := f.st.Snapshot(t.Context(), f.campaign.ID); snap.Epoch != f.campaign.Epoch+4 {
+			t.Fatalf("epoch in Redis: got %d, want %d", snap.Epoch, f.campaign.Epoch+4)
+		}
+	})
 }

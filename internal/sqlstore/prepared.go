@@ -43,50 +43,37 @@ type insertStmts struct {
 
 const maxPrepareFailures = 3
 
-// exec runs the prepared INSERT of n orders with args. prepared is false
-// when n has no statement and gets none; the caller then sends the text form.
-func (c *insertStmts) exec(ctx context.Context, pool *sql.DB, n int, args []any) (prepared bool, err error) {
+// prepare makes sure the INSERT of n orders has a statement, if the cache
+// takes that size. It runs before the insert's transaction begins:
+// preparing takes a connection of the pool, and an insert that waited for
+// one while holding its transaction's could wait for the last of them.
+func (c *insertStmts) prepare(ctx context.Context, pool *sql.DB, n int) {
 	if n < minPreparedRows {
-		return false, nil
+		return
 	}
-	for range 2 {
-		c.mu.RLock()
-		if st := c.byRows[n]; st != nil {
-			_, err := st.ExecContext(ctx, args...)
-			c.mu.RUnlock()
-			return true, err
-		}
-		c.mu.RUnlock()
-		if !c.add(ctx, pool, n) {
-			return false, nil
-		}
+	c.mu.RLock()
+	ok := c.byRows[n] != nil
+	c.mu.RUnlock()
+	if ok {
+		return
 	}
-	return false, nil // evicted between add and use: rare, and text works
-}
-
-// add prepares the INSERT of n orders if the cache takes that size, and
-// reports whether it holds one now.
-func (c *insertStmts) add(ctx context.Context, pool *sql.DB, n int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.off {
-		return false
-	}
-	if c.byRows[n] != nil {
-		return true
+	if c.off || c.byRows[n] != nil {
+		return
 	}
 	evict := 0
 	if len(c.byRows) >= maxPreparedSizes {
 		evict = slices.Min(slices.Collect(maps.Keys(c.byRows)))
 		if n < evict {
-			return false
+			return
 		}
 	}
 	st, err := pool.PrepareContext(ctx, insertOrdersSQL(DriverMySQL, n))
 	if err != nil {
 		c.failures++
 		c.off = c.failures >= maxPrepareFailures
-		return false
+		return
 	}
 	if c.byRows == nil {
 		c.byRows = make(map[int]*sql.Stmt, maxPreparedSizes)
@@ -96,7 +83,22 @@ func (c *insertStmts) add(ctx context.Context, pool *sql.DB, n int) bool {
 		delete(c.byRows, evict)
 	}
 	c.byRows[n] = st
-	return true
+}
+
+// exec runs the prepared INSERT of n orders with args in tx. prepared is
+// false when n has no statement (the cache did not take the size, or
+// evicted it since prepare); the caller then sends the text form.
+// tx.StmtContext reuses the statement on tx's connection once it is
+// prepared there, and otherwise prepares it there once.
+func (c *insertStmts) exec(ctx context.Context, tx *sql.Tx, n int, args []any) (prepared bool, err error) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	st := c.byRows[n]
+	if st == nil {
+		return false, nil
+	}
+	_, err = tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+	return true, err
 }
 
 // close closes every statement; inserts after it are sent as text.

@@ -35,7 +35,7 @@ func TestInsertOrdersPrepared(t *testing.T) {
 
 	bad := testOrders(c, 1000, len(first))
 	bad[3].UserID = string(make([]byte, 200)) // user_id is 128 wide
-	if err := db.InsertOrders(t.Context(), bad); err == nil {
+	if err := db.InsertOrders(t.Context(), bad, mustEpochs(t, db, bad)); err == nil {
 		t.Fatalf("got nil, want an error for a 200-byte user id")
 	}
 	if st, _ := db.CampaignOrderStats(t.Context(), c); st.Orders != int64(len(first)+8) {
@@ -82,6 +82,7 @@ func TestPreparedInsertsConcurrently(t *testing.T) {
 	const goroutines, rounds = 16, 6
 	var wg sync.WaitGroup
 	total := 0
+	epochs := mustEpochs(t, db, testOrders("cc", 0, 1))
 	for g := range goroutines {
 		for r := range rounds {
 			n := minPreparedRows + (g*rounds+r)%(3*maxPreparedSizes)
@@ -90,7 +91,7 @@ func TestPreparedInsertsConcurrently(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := db.InsertOrders(t.Context(), testOrders("cc", from, n)); err != nil {
+				if err := db.InsertOrders(t.Context(), testOrders("cc", from, n), epochs); err != nil {
 					t.Errorf("InsertOrders(%d): %v", n, err)
 				}
 			}()

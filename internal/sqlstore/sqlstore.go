@@ -8,6 +8,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -34,6 +35,10 @@ type campaignRow struct {
 	EndAt           time.Time
 	CreatedAt       time.Time
 	UpdatedAt       time.Time
+	// LedgerEpoch is model.Campaign.Epoch: BumpEpoch moves it, and
+	// InsertOrders refuses orders decided under another one.
+	LedgerEpoch int64 `gorm:"column:ledger_epoch;not null;default:0"`
+	Paused      bool  `gorm:"not null;default:false"`
 }
 
 func (campaignRow) TableName() string { return "campaigns" }
@@ -70,6 +75,10 @@ type DB struct {
 	// inserts holds the prepared order INSERTs (MySQL only: SQLite runs in
 	// the process, so there is no text to send and parse).
 	inserts insertStmts
+	// afterEpochCheck, set by tests only, runs inside InsertOrders'
+	// transaction once the epochs are checked: an insert held there holds
+	// its locking read.
+	afterEpochCheck func()
 }
 
 // Driver names accepted by Open.
@@ -200,7 +209,8 @@ func (db *DB) Campaign(ctx context.Context, id string) (model.Campaign, error) {
 func (r campaignRow) toModel() model.Campaign {
 	return model.Campaign{ID: r.ID, Name: r.Name, Stock: r.Stock, PerUserLimit: r.PerUserLimit,
 		Price: r.Price, PaymentWindow: time.Duration(r.PaymentWindowMS) * time.Millisecond,
-		StartAt: r.StartAt.UTC(), EndAt: r.EndAt.UTC(), CreatedAt: r.CreatedAt.UTC()}
+		StartAt: r.StartAt.UTC(), EndAt: r.EndAt.UTC(), CreatedAt: r.CreatedAt.UTC(),
+		Epoch: r.LedgerEpoch, Paused: r.Paused}
 }
 
 // now is the time gorm and InsertOrders stamp rows with: UTC, at the
@@ -216,15 +226,43 @@ const maxOrdersPerInsert = 1000
 const orderColumns = "(`id`,`request_id`,`campaign_id`,`user_id`,`quantity`,`amount`,`status`,`expires_at`,`created_at`,`updated_at`)"
 
 // InsertOrders stores orders with one multi-row INSERT per
-// maxOrdersPerInsert. Orders whose request id is already stored are
-// skipped, so a redelivered batch inserts nothing twice. Each order's
-// Amount and ExpiresAt are stored as given (a zero ExpiresAt as none);
-// created_at and updated_at are the time of the call.
+// maxOrdersPerInsert, fenced by the ledger epoch: epochs names, for every
+// campaign of orders, the epoch its orders were decided under (what Redis
+// said, model.DeductReply.Epoch), and nothing is stored unless each is the
+// campaign's epoch in MySQL, model.ErrLedgerMoved otherwise. Orders whose
+// request id is already stored are skipped, so a redelivered batch inserts
+// nothing twice. Each order's Amount and ExpiresAt are stored as given (a
+// zero ExpiresAt as none); created_at and updated_at are the time of the
+// call.
+//
+// The check and the INSERTs share one transaction, and on MySQL the check
+// is a locking read: a load's BumpEpoch waits for the inserts that read the
+// old epoch to commit, and every insert after it sees the new one. So the
+// orders a load reads after its bump are every order that will ever be
+// stored under an earlier epoch.
 //
 // It is written in SQL rather than through gorm's CreateInBatches because it
 // runs for every batch of successes: gorm reflects over every row and field
 // to build the same statement.
-func (db *DB) InsertOrders(ctx context.Context, orders []model.Order) error {
+func (db *DB) InsertOrders(ctx context.Context, orders []model.Order, epochs map[string]int64) error {
+	if len(orders) == 0 {
+		return nil
+	}
+	if db.driver == DriverMySQL {
+		db.inserts.prepare(ctx, db.pool, min(len(orders), maxOrdersPerInsert))
+		db.inserts.prepare(ctx, db.pool, len(orders)%maxOrdersPerInsert)
+	}
+	tx, err := db.pool.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("insert %d orders: %w", len(orders), err)
+	}
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
+	if err := db.checkEpochs(ctx, tx, orders, epochs); err != nil {
+		return fmt.Errorf("insert %d orders: %w", len(orders), err)
+	}
+	if db.afterEpochCheck != nil {
+		db.afterEpochCheck()
+	}
 	at := now()
 	for start := 0; start < len(orders); start += maxOrdersPerInsert {
 		chunk := orders[start:min(start+maxOrdersPerInsert, len(orders))]
@@ -232,14 +270,66 @@ func (db *DB) InsertOrders(ctx context.Context, orders []model.Order) error {
 		prepared := false
 		var err error
 		if db.driver == DriverMySQL {
-			prepared, err = db.inserts.exec(ctx, db.pool, len(chunk), args)
+			prepared, err = db.inserts.exec(ctx, tx, len(chunk), args)
 		}
 		if !prepared {
-			_, err = db.pool.ExecContext(ctx, insertOrdersSQL(db.driver, len(chunk)), args...)
+			_, err = tx.ExecContext(ctx, insertOrdersSQL(db.driver, len(chunk)), args...)
 		}
 		if err != nil {
 			return fmt.Errorf("insert %d orders: %w", len(orders), err)
 		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("insert %d orders: commit: %w", len(orders), err)
+	}
+	return nil
+}
+
+// checkEpochs reads, inside tx, the epoch of every campaign of orders (on
+// MySQL with a shared lock, held to the commit) and compares each with
+// epochs.
+func (db *DB) checkEpochs(ctx context.Context, tx *sql.Tx, orders []model.Order, epochs map[string]int64) error {
+	// A batch is nearly always one campaign's.
+	ids := []string{orders[0].CampaignID}
+	for _, o := range orders[1:] {
+		if o.CampaignID != ids[len(ids)-1] && !slices.Contains(ids, o.CampaignID) {
+			ids = append(ids, o.CampaignID)
+		}
+	}
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		if _, ok := epochs[id]; !ok {
+			return fmt.Errorf("orders of campaign %s: no epoch given", id)
+		}
+		args[i] = id
+	}
+	q := "SELECT `id`, `ledger_epoch` FROM `campaigns` WHERE `id` IN (?" + strings.Repeat(",?", len(ids)-1) + ")"
+	if db.driver == DriverMySQL {
+		// SQLite needs no lock: it runs one writer at a time.
+		q += " LOCK IN SHARE MODE"
+	}
+	rows, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("campaign epochs: %w", err)
+	}
+	defer rows.Close()
+	found := 0
+	for rows.Next() {
+		var id string
+		var epoch int64
+		if err := rows.Scan(&id, &epoch); err != nil {
+			return fmt.Errorf("campaign epochs: %w", err)
+		}
+		if epoch != epochs[id] {
+			return fmt.Errorf("orders of campaign %s decided under epoch %d, now %d: %w", id, epochs[id], epoch, model.ErrLedgerMoved)
+		}
+		found++
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("campaign epochs: %w", err)
+	}
+	if found != len(ids) {
+		return fmt.Errorf("orders of campaigns %v: %w", ids, model.ErrNotFound)
 	}
 	return nil
 }

@@ -37,7 +37,7 @@ func TestAdmitLimiterMatchesRedisRate(t *testing.T) {
 			s := New(rdb)
 			lib := redis_rate.NewLimiter(rdb)
 			c := newCampaign(1_000_000, 1_000_000)
-			mustPreload(t, s, c)
+			mustLoad(t, s, c)
 			limits := model.RateLimits{UserRate: tc.rate, UserBurst: tc.burst}
 			libLimit := redis_rate.Limit{Rate: tc.rate, Burst: tc.burst, Period: time.Second}
 

@@ -124,7 +124,7 @@ func TestAdmit(t *testing.T) {
 			t.Run(tt.name, func(t *testing.T) {
 				c := newCampaign(10, 2)
 				if !tt.notLoaded {
-					mustPreload(t, s, c)
+					mustLoad(t, s, c)
 				}
 				ids := newLabels(c.ID)
 				batch := make([]model.AdmitRequest, len(tt.calls))
@@ -255,7 +255,7 @@ func TestAdmitAcrossCalls(t *testing.T) {
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
 				c := newCampaign(10, 2)
-				mustPreload(t, s, c)
+				mustLoad(t, s, c)
 				ids := newLabels(c.ID)
 				for i, call := range tt.calls {
 					rid, existing := mustAdmit(t, s, model.AdmitRequest{
@@ -317,7 +317,7 @@ func TestAdmitIdempotencyRace(t *testing.T) {
 	const goroutines, perBatch = 32, 8
 	s := New(testenv.Redis(t))
 	c := newCampaign(10, 1)
-	mustPreload(t, s, c)
+	mustLoad(t, s, c)
 	var (
 		mu       sync.Mutex
 		admitted []string
@@ -361,7 +361,7 @@ func TestAdmitIdempotencyRace(t *testing.T) {
 func TestWithdrawBatch(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(10, 1)
-		mustPreload(t, s, c)
+		mustLoad(t, s, c)
 		var batch []model.AdmitRequest
 		for i := range 3 {
 			batch = append(batch, model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: fmt.Sprintf("u%d", i), Quantity: 1, IdempotencyKey: "k"})
@@ -417,7 +417,7 @@ func TestWithdraw(t *testing.T) {
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
 				c := newCampaign(10, 1)
-				mustPreload(t, s, c)
+				mustLoad(t, s, c)
 				a := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: tt.key}
 				mustAdmit(t, s, a)
 				if tt.decide {

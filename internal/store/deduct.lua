@@ -3,20 +3,28 @@
 -- final result gets that result again and changes nothing, so at-least-once
 -- redelivery never deducts twice.
 --
--- KEYS[1] stock     remaining units (string integer); missing = not preloaded
+-- KEYS[1] stock     remaining units (string integer); missing = not loaded
 -- KEYS[2] users     hash user id -> units bought
 -- KEYS[3] results   hash request id -> "status|qty|order_id|reason|user"
 -- KEYS[4] soldout   flag, set to "1" when stock reaches zero
--- KEYS[5] counters  hash: sold, fin:<status>
--- KEYS[6] meta      hash: stock, limit, start_ms, end_ms
+-- KEYS[5] counters  hash: sold, admitted, fin:<status>
+-- KEYS[6] meta      hash: stock, limit, start_ms, end_ms, epoch, paused
 -- ARGV[1]           number of requests n
 -- ARGV[2+4i .. 5+4i] request i: request id, user id, quantity, order id to use on success
 --
--- Reply: { soldout_now, status_1, order_id_1, reason_1, ..., status_n, order_id_n, reason_n }
+-- Reply: { soldout_now, epoch, status_1, order_id_1, reason_1, ..., status_n, order_id_n, reason_n }
 --   soldout_now  1 when this call took the stock to zero, else 0
+--   epoch        the campaign's epoch in meta (0 when it has none): the
+--                worker stores the successes only while MySQL is at it
 --   status       success | sold_out | limit_exceeded | rejected
 --   order_id     set for success, "" otherwise
---   reason       set for rejected (insufficient_stock, not_loaded, bad_message), "" otherwise
+--   reason       set for rejected (insufficient_stock, bad_message), "" otherwise
+-- or, deciding nothing and writing nothing (the worker holds the batch):
+--   { -1 }       not loaded: Redis has no stock for the campaign. It was
+--                never loaded, or Redis lost it and a preload will rebuild
+--                it from MySQL; a final result decided now would be decided
+--                against nothing.
+--   { -2 }       paused (meta paused = "1")
 --
 -- Cost: every redis.call is the expensive part of a script, so the batch reads
 -- its stored results and its users' units with one HMGET each, decides in Lua
@@ -29,14 +37,17 @@
 -- success whose units were not taken.
 
 local n = tonumber(ARGV[1])
-local reply = { 0 }
 local remaining = redis.call('GET', KEYS[1])
-local limit = redis.call('HGET', KEYS[6], 'limit')
-local loaded = remaining and limit
-if loaded then
-  remaining = tonumber(remaining)
-  limit = tonumber(limit)
+local meta = redis.call('HMGET', KEYS[6], 'limit', 'epoch', 'paused')
+if not remaining or not meta[1] then
+  return { -1 }
 end
+if meta[3] == '1' then
+  return { -2 }
+end
+remaining = tonumber(remaining)
+local limit = tonumber(meta[1])
+local reply = { 0, tonumber(meta[2] or '0') }
 
 local rids, users = {}, {}
 local seen_user, distinct_users = {}, {}
@@ -52,7 +63,7 @@ end
 local stored = redis.call('HMGET', KEYS[3], unpack(rids))
 local bought = {}
 -- Once sold out no request reaches the limit check: skip reading the units.
-if loaded and remaining > 0 then
+if remaining > 0 then
   local units = redis.call('HMGET', KEYS[2], unpack(distinct_users))
   for j, user in ipairs(distinct_users) do
     bought[user] = tonumber(units[j] or '0')
@@ -66,6 +77,10 @@ local results = {}  -- field/value pairs of the results decided by this call
 local buyers = {}   -- field/value pairs: each buyer's units after this call
 local bought_now = {} -- users already in buyers
 local fin = {}      -- status -> results decided by this call
+-- Requests decided without the queued marker admit.lua stores: a rebuild
+-- wiped it (or a withdraw raced a publish that went through). They count
+-- as admitted now, so every final result has its admission.
+local unmarked = 0
 local sold = 0
 
 for i = 1, n do
@@ -85,10 +100,11 @@ for i = 1, n do
   end
 
   if not status then
+    if not stored[i] then
+      unmarked = unmarked + 1
+    end
     if not qty or qty < 1 then
       status, reason = 'rejected', 'bad_message'
-    elseif not loaded then
-      status, reason = 'rejected', 'not_loaded'
     elseif remaining <= 0 then
       status = 'sold_out'
     elseif qty > remaining then
@@ -140,6 +156,9 @@ hset_all(KEYS[3], results)
 -- status rather than one per request.
 if sold > 0 then
   redis.call('HINCRBY', KEYS[5], 'sold', sold)
+end
+if unmarked > 0 then
+  redis.call('HINCRBY', KEYS[5], 'admitted', unmarked)
 end
 for status, count in pairs(fin) do
   redis.call('HINCRBY', KEYS[5], 'fin:' .. status, count)

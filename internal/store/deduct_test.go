@@ -33,7 +33,6 @@ func TestDeduct(t *testing.T) {
 	tests := []struct {
 		name         string
 		stock, limit int64
-		notLoaded    bool
 		batches      [][]delivery
 		want         [][]outcome
 		wantSoldOut  []bool // SoldOutNow of each batch
@@ -88,14 +87,6 @@ func TestDeduct(t *testing.T) {
 			wantSoldOut:  []bool{false},
 			wantRemain:   2,
 			wantFinished: map[model.Status]int64{reject: 1},
-			wantUnits:    map[string]int64{"u1": 0},
-		},
-		{
-			name: "not loaded", notLoaded: true,
-			batches:      [][]delivery{{{"r1", "u1", 1, "o1"}, {"r2", "u2", 1, "o2"}}},
-			want:         [][]outcome{{{reject, "", model.ReasonNotLoaded}, {reject, "", model.ReasonNotLoaded}}},
-			wantSoldOut:  []bool{false},
-			wantFinished: map[model.Status]int64{reject: 2},
 			wantUnits:    map[string]int64{"u1": 0},
 		},
 		{
@@ -183,9 +174,7 @@ func TestDeduct(t *testing.T) {
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
 				c := newCampaign(tt.stock, tt.limit)
-				if !tt.notLoaded {
-					mustPreload(t, s, c)
-				}
+				mustLoad(t, s, c)
 				ids := newLabels(c.ID)
 				last := map[string]model.Result{} // latest reply per request id
 				for i, b := range tt.batches {
@@ -196,6 +185,9 @@ func TestDeduct(t *testing.T) {
 					got := mustDeduct(t, s, c.ID, batch)
 					if got.SoldOutNow != tt.wantSoldOut[i] {
 						t.Errorf("batch %d: SoldOutNow got %v, want %v", i, got.SoldOutNow, tt.wantSoldOut[i])
+					}
+					if got.Epoch != c.Epoch {
+						t.Errorf("batch %d: Epoch got %d, want %d", i, got.Epoch, c.Epoch)
 					}
 					for j, d := range batch {
 						w := tt.want[i][j]
@@ -216,8 +208,8 @@ func TestDeduct(t *testing.T) {
 					}
 				}
 				st := mustStats(t, s, c.ID)
-				if st.Loaded != !tt.notLoaded {
-					t.Errorf("Loaded: got %v, want %v", st.Loaded, !tt.notLoaded)
+				if !st.Loaded {
+					t.Errorf("Loaded: got false, want true")
 				}
 				if st.Stock != tt.stock {
 					t.Errorf("Stock: got %d, want %d", st.Stock, tt.stock)
@@ -225,13 +217,11 @@ func TestDeduct(t *testing.T) {
 				if st.Remaining != tt.wantRemain {
 					t.Errorf("Remaining: got %d, want %d", st.Remaining, tt.wantRemain)
 				}
-				if !tt.notLoaded && st.Sold != tt.wantSold {
+				if st.Sold != tt.wantSold {
 					t.Errorf("Sold: got %d, want %d", st.Sold, tt.wantSold)
 				}
-				if !tt.notLoaded {
-					checkFinished(t, st, tt.wantFinished)
-				}
-				wantFlag := tt.wantRemain == 0 && !tt.notLoaded
+				checkFinished(t, st, tt.wantFinished)
+				wantFlag := tt.wantRemain == 0
 				if st.SoldOut != wantFlag {
 					t.Errorf("Stats.SoldOut: got %v, want %v", st.SoldOut, wantFlag)
 				}
@@ -252,7 +242,7 @@ func TestDeduct(t *testing.T) {
 func TestDeductRedeliveryChangesNothing(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(2, 1)
-		mustPreload(t, s, c)
+		mustLoad(t, s, c)
 		r1, r2 := newRequestID(c.ID), newRequestID(c.ID)
 		first := mustDeduct(t, s, c.ID, []model.Deduction{
 			{RequestID: r1, UserID: "u1", Quantity: 1, OrderID: "o1"},
@@ -285,7 +275,7 @@ func TestDeductRedeliveryChangesNothing(t *testing.T) {
 func TestDeductErrorChangesNothing(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(5, 2)
-		mustPreload(t, s, c)
+		mustLoad(t, s, c)
 		k := campaignKeys(c.ID)
 		if err := s.rdb.HSet(t.Context(), k.users, "u2", "not-a-number").Err(); err != nil {
 			t.Fatal(err)
@@ -325,7 +315,7 @@ func TestStats(t *testing.T) {
 		if st := mustStats(t, s, c.ID); st.Loaded || st.Queued() != 0 || !reflect.DeepEqual(st.FinishedByStatus, finished(nil)) {
 			t.Errorf("Stats before preload: got %+v, want not loaded with zero counts", st)
 		}
-		mustPreload(t, s, c)
+		mustLoad(t, s, c)
 		users := []string{"u1", "u2", "u1", "u3", "u4", "u5"}
 		batch := make([]model.Deduction, 0, len(users))
 		for i, u := range users {

@@ -40,7 +40,7 @@ func FuzzParseDeductReply(f *testing.F) {
 	f.Add(int64(7), "", "", "", uint8(0))
 	f.Fuzz(func(t *testing.T, flag int64, status, order, reason string, n uint8) {
 		batch := make([]model.Deduction, int(n%8))
-		reply := []any{flag}
+		reply := []any{flag, int64(n)}
 		for i := range batch {
 			batch[i] = model.Deduction{RequestID: "r", UserID: "u", Quantity: 1}
 			reply = append(reply, status, order, reason)

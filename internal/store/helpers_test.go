@@ -42,7 +42,7 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, s *Store)) {
 }
 
 // testStart is a sale start in the future, on a whole millisecond so that it
-// survives the round trip through preload.lua unchanged.
+// survives the round trip through rebuild.lua unchanged.
 func testStart() time.Time { return time.Now().Add(time.Hour).Truncate(time.Millisecond) }
 
 func newCampaign(stock, limit int64) model.Campaign {
@@ -54,6 +54,7 @@ func newCampaign(stock, limit int64) model.Campaign {
 		PerUserLimit: limit,
 		StartAt:      start,
 		EndAt:        start.Add(time.Hour),
+		Epoch:        1, // what a first load bumps it to
 	}
 }
 
@@ -83,15 +84,18 @@ func (l *labels) rid(label string) string {
 	return id
 }
 
-// mustPreload loads c before its sale starts and checks that it was loaded.
-func mustPreload(t *testing.T, s *Store, c model.Campaign) {
+// mustLoad loads c without orders, as its first load does, and checks that
+// it was loaded.
+func mustLoad(t *testing.T, s *Store, c model.Campaign) {
 	t.Helper()
-	got, err := s.Preload(t.Context(), c, c.StartAt.Add(-time.Minute), false)
-	if err != nil {
-		t.Fatalf("Preload(%s): %v", c.ID, err)
-	}
-	if got != model.PreloadLoaded {
-		t.Fatalf("Preload(%s) = %q, want %q", c.ID, got, model.PreloadLoaded)
+	mustRebuild(t, s, c, nil)
+}
+
+func mustRebuild(t *testing.T, s *Store, c model.Campaign, orders []model.Order) {
+	t.Helper()
+	loaded, err := s.Rebuild(t.Context(), c, orders)
+	if err != nil || !loaded {
+		t.Fatalf("Rebuild(%s, epoch %d, %d orders): got %v, %v; want loaded", c.ID, c.Epoch, len(orders), loaded, err)
 	}
 }
 

@@ -14,7 +14,7 @@ func TestParseDeductReply(t *testing.T) {
 		{RequestID: "c.1", UserID: "u1", Quantity: 1, OrderID: "o1"},
 		{RequestID: "c.2", UserID: "u2", Quantity: 2, OrderID: "o2"},
 	}
-	ok := []any{int64(1), "success", "o1", "", "rejected", "", "insufficient_stock"}
+	ok := []any{int64(1), int64(3), "success", "o1", "", "rejected", "", "insufficient_stock"}
 	with := func(i int, v any) []any {
 		r := append([]any(nil), ok...)
 		r[i] = v
@@ -26,19 +26,24 @@ func TestParseDeductReply(t *testing.T) {
 		wantErr string // "" = success
 	}{
 		{name: "valid", reply: ok},
-		{name: "empty", reply: nil, wantErr: "has 0 elements"},
+		{name: "empty", reply: nil, wantErr: "empty reply"},
 		{name: "only the flag", reply: ok[:1], wantErr: "has 1 elements"},
-		{name: "one result short", reply: ok[:4], wantErr: "has 4 elements"},
-		{name: "one field short", reply: ok[:6], wantErr: "has 6 elements"},
-		{name: "one field too many", reply: append(append([]any(nil), ok...), ""), wantErr: "has 8 elements"},
+		{name: "no results", reply: ok[:2], wantErr: "has 2 elements"},
+		{name: "one result short", reply: ok[:5], wantErr: "has 5 elements"},
+		{name: "one field short", reply: ok[:7], wantErr: "has 7 elements"},
+		{name: "one field too many", reply: append(append([]any(nil), ok...), ""), wantErr: "has 9 elements"},
 		{name: "flag is a string", reply: with(0, "1"), wantErr: "reply[0]"},
 		{name: "flag is nil", reply: with(0, nil), wantErr: "reply[0]"},
-		{name: "status is an integer", reply: with(1, int64(1)), wantErr: "reply[1]"},
-		{name: "order id is nil", reply: with(2, nil), wantErr: "reply[2]"},
-		{name: "reason is an integer", reply: with(6, int64(0)), wantErr: "reply[6]"},
-		{name: "status queued", reply: with(4, "queued"), wantErr: "not final"},
-		{name: "status empty", reply: with(1, ""), wantErr: "not final"},
-		{name: "status unknown", reply: with(1, "bogus"), wantErr: "not final"},
+		{name: "flag unknown", reply: with(0, int64(2)), wantErr: "reply[0]"},
+		{name: "hold with results", reply: with(0, int64(-1)), wantErr: "reply[0]"},
+		{name: "epoch is a string", reply: with(1, "3"), wantErr: "reply[1]"},
+		{name: "epoch negative", reply: with(1, int64(-1)), wantErr: "reply[1]"},
+		{name: "status is an integer", reply: with(2, int64(1)), wantErr: "reply[2]"},
+		{name: "order id is nil", reply: with(3, nil), wantErr: "reply[3]"},
+		{name: "reason is an integer", reply: with(7, int64(0)), wantErr: "reply[7]"},
+		{name: "status queued", reply: with(5, "queued"), wantErr: "not final"},
+		{name: "status empty", reply: with(2, ""), wantErr: "not final"},
+		{name: "status unknown", reply: with(2, "bogus"), wantErr: "not final"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -52,32 +57,37 @@ func TestParseDeductReply(t *testing.T) {
 			if err != nil {
 				t.Fatalf("got error %v, want nil", err)
 			}
-			want := model.DeductReply{SoldOutNow: true, Results: []model.Result{
+			want := model.DeductReply{SoldOutNow: true, Epoch: 3, Results: []model.Result{
 				{RequestID: "c.1", CampaignID: "c", UserID: "u1", Status: model.StatusSuccess, OrderID: "o1", Quantity: 1},
 				{RequestID: "c.2", CampaignID: "c", UserID: "u2", Status: model.StatusRejected, Reason: model.ReasonInsufficientStock, Quantity: 2},
 			}}
-			if got.SoldOutNow != want.SoldOutNow || len(got.Results) != 2 || got.Results[0] != want.Results[0] || got.Results[1] != want.Results[1] {
+			if got.SoldOutNow != want.SoldOutNow || got.Epoch != want.Epoch || len(got.Results) != 2 || got.Results[0] != want.Results[0] || got.Results[1] != want.Results[1] {
 				t.Errorf("got %+v, want %+v", got, want)
 			}
 		})
 	}
 }
 
-func TestParseDeductReplySoldOutFlag(t *testing.T) {
+// TestParseDeductReplyFlag: the first element says sold out now, or that
+// the batch is held (nothing decided) because the campaign is not loaded or
+// is paused.
+func TestParseDeductReplyFlag(t *testing.T) {
 	tests := []struct {
-		name string
-		flag int64
-		want bool
+		name    string
+		reply   []any
+		want    bool
+		wantErr error
 	}{
-		{name: "zero", flag: 0, want: false},
-		{name: "one", flag: 1, want: true},
-		{name: "other", flag: 2, want: false},
+		{name: "zero", reply: []any{int64(0), int64(1)}, want: false},
+		{name: "one", reply: []any{int64(1), int64(1)}, want: true},
+		{name: "not loaded", reply: []any{int64(-1)}, wantErr: model.ErrNotLoaded},
+		{name: "paused", reply: []any{int64(-2)}, wantErr: model.ErrPaused},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseDeductReply("c", nil, []any{tt.flag})
-			if err != nil {
-				t.Fatalf("got error %v, want nil", err)
+			got, err := parseDeductReply("c", nil, tt.reply)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("got error %v, want %v", err, tt.wantErr)
 			}
 			if got.SoldOutNow != tt.want {
 				t.Errorf("SoldOutNow: got %v, want %v", got.SoldOutNow, tt.want)
@@ -181,7 +191,7 @@ func TestEncodeStoredRoundTrip(t *testing.T) {
 	}{
 		{name: "queued", r: model.Result{Status: model.StatusQueued, Quantity: 1, UserID: "u1"}},
 		{name: "success", r: model.Result{Status: model.StatusSuccess, Quantity: 3, OrderID: "o-1", UserID: "user@example.com"}},
-		{name: "rejected", r: model.Result{Status: model.StatusRejected, Quantity: 1, Reason: model.ReasonNotLoaded, UserID: "u:1"}},
+		{name: "rejected", r: model.Result{Status: model.StatusRejected, Quantity: 1, Reason: model.ReasonBadMessage, UserID: "u:1"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -198,7 +208,7 @@ func TestEncodeStoredRoundTrip(t *testing.T) {
 func TestResult(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(1, 1)
-		mustPreload(t, s, c)
+		mustLoad(t, s, c)
 		hex32 := strings.Repeat("ab", 16)
 		tests := []struct {
 			name      string

@@ -28,7 +28,7 @@ func TestDeductRace(t *testing.T) {
 	s := New(testenv.Redis(t))
 	ctx := t.Context()
 	c := newCampaign(stock, 1)
-	mustPreload(t, s, c)
+	mustLoad(t, s, c)
 
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)

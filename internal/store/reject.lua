@@ -3,7 +3,7 @@
 -- request still ends in exactly one final result.
 --
 -- KEYS[1] results   hash request id -> "status|qty|order_id|reason|user"
--- KEYS[2] counters  hash: fin:<status>
+-- KEYS[2] counters  hash: admitted, fin:<status>
 -- ARGV[1] request id
 -- ARGV[2] rejected result value
 --
@@ -14,5 +14,10 @@ if stored and string.sub(stored, 1, 7) ~= 'queued|' then
   return stored
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+-- Without its queued marker (a rebuild wiped it) it counts as admitted now,
+-- as deduct.lua counts it.
+if not stored then
+  redis.call('HINCRBY', KEYS[2], 'admitted', 1)
+end
 redis.call('HINCRBY', KEYS[2], 'fin:rejected', 1)
 return ARGV[2]

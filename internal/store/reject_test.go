@@ -38,7 +38,7 @@ func TestReject(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, s *Store) {
 				c := newCampaign(5, 1)
-				mustPreload(t, s, c)
+				mustLoad(t, s, c)
 				d := model.Deduction{RequestID: newRequestID(c.ID), UserID: "u1", Quantity: 1, OrderID: "o1"}
 				tc.prior(t, s, c, d)
 				for range 2 { // idempotent: the second call changes nothing
@@ -64,7 +64,7 @@ func TestReject(t *testing.T) {
 func TestDeductRejectsBadQuantity(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(5, 10)
-		mustPreload(t, s, c)
+		mustLoad(t, s, c)
 		reply := mustDeduct(t, s, c.ID, []model.Deduction{
 			{RequestID: newRequestID(c.ID), UserID: "u1", Quantity: 0, OrderID: "o1"},
 			{RequestID: newRequestID(c.ID), UserID: "u1", Quantity: -2, OrderID: "o2"},

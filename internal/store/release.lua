@@ -16,8 +16,9 @@
 --        -1 not loaded (nothing changed: there is no stock to give back to)
 --
 -- Remaining never rises above the loaded stock: a release that would pass
--- it (an order decided before a forced reload) adds only up to it. The
--- buyer's units and the sold counter never fall below zero.
+-- it (an order this state never counted: decided under an earlier load)
+-- adds only up to it. The buyer's units and the sold counter never fall
+-- below zero.
 
 local stock = redis.call('HGET', KEYS[5], 'stock')
 local remaining = redis.call('GET', KEYS[1])

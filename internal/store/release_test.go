@@ -66,7 +66,7 @@ func TestRelease(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		t.Run("released", func(t *testing.T) {
 			c := newCampaign(3, 3)
-			mustPreload(t, s, c)
+			mustLoad(t, s, c)
 			o1 := sell(t, s, c.ID, "alice", 2)
 			sell(t, s, c.ID, "alice", 1)
 			if !mustSoldOut(t, s, c.ID) {
@@ -95,7 +95,7 @@ func TestRelease(t *testing.T) {
 		})
 		t.Run("last units of a buyer", func(t *testing.T) {
 			c := newCampaign(5, 2)
-			mustPreload(t, s, c)
+			mustLoad(t, s, c)
 			o := sell(t, s, c.ID, "bob", 2)
 			mustRelease(t, s, c.ID, o, "bob", 2)
 			if n, err := s.rdb.HExists(t.Context(), campaignKeys(c.ID).users, "bob").Result(); err != nil || n {
@@ -103,11 +103,11 @@ func TestRelease(t *testing.T) {
 			}
 		})
 		t.Run("never above stock", func(t *testing.T) {
-			// An order Redis never deducted (decided before a forced
-			// reload): remaining stops at the stock, the buyer's units
-			// and the sold counter at zero.
+			// An order Redis never deducted (decided under an earlier
+			// load): remaining stops at the stock, the buyer's units and
+			// the sold counter at zero.
 			c := newCampaign(4, 2)
-			mustPreload(t, s, c)
+			mustLoad(t, s, c)
 			o := sell(t, s, c.ID, "carol", 1)
 			if !mustRelease(t, s, c.ID, "o-before-reload", "dave", 3) {
 				t.Fatalf("got released false, want true")
@@ -135,7 +135,7 @@ func TestRelease(t *testing.T) {
 		})
 		t.Run("no units", func(t *testing.T) {
 			c := newCampaign(4, 2)
-			mustPreload(t, s, c)
+			mustLoad(t, s, c)
 			before := campaignState(t, s, c.ID)
 			var inv *model.InvalidError
 			if ok, err := s.Release(t.Context(), c.ID, "o1", "erin", 0); ok || !errors.As(err, &inv) {
@@ -181,7 +181,7 @@ func TestReleaseRace(t *testing.T) {
 	s := New(testenv.Redis(t))
 	ctx := t.Context()
 	c := newCampaign(stock, 10)
-	mustPreload(t, s, c)
+	mustLoad(t, s, c)
 
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)

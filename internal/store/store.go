@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -30,8 +29,10 @@ var (
 	deductSource string
 	//go:embed withdraw.lua
 	withdrawSource string
-	//go:embed preload.lua
-	preloadSource string
+	//go:embed rebuild.lua
+	rebuildSource string
+	//go:embed paused.lua
+	pausedSource string
 	//go:embed reject.lua
 	rejectSource string
 	//go:embed release.lua
@@ -43,7 +44,8 @@ type Store struct {
 	rdb      redis.UniversalClient
 	deduct   *redis.Script
 	withdraw *redis.Script
-	preload  *redis.Script
+	rebuild  *redis.Script
+	paused   *redis.Script
 	reject   *redis.Script
 	admit    *redis.Script
 	release  *redis.Script
@@ -55,7 +57,8 @@ func New(rdb redis.UniversalClient) *Store {
 		rdb:      rdb,
 		deduct:   redis.NewScript(deductSource),
 		withdraw: redis.NewScript(withdrawSource),
-		preload:  redis.NewScript(preloadSource),
+		rebuild:  redis.NewScript(rebuildSource),
+		paused:   redis.NewScript(pausedSource),
 		reject:   redis.NewScript(rejectSource),
 		admit:    redis.NewScript(admitSource),
 		release:  redis.NewScript(releaseSource),
@@ -96,33 +99,10 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Preload loads c's stock, limit and window. It returns model.ErrSaleStarted
-// when c is loaded with other values, its sale has started and force is false.
-func (s *Store) Preload(ctx context.Context, c model.Campaign, now time.Time, force bool) (model.PreloadOutcome, error) {
-	k := campaignKeys(c.ID)
-	forceArg := "0"
-	if force {
-		forceArg = "1"
-	}
-	code, err := s.preload.Run(ctx, s.rdb,
-		[]string{k.meta, k.stock, k.soldout, k.counters, k.users, k.results, k.idem},
-		c.Stock, c.PerUserLimit, c.StartAt.UnixMilli(), c.EndAt.UnixMilli(), now.UnixMilli(), forceArg,
-	).Int()
-	if err != nil {
-		return "", fmt.Errorf("preload %s: %w", c.ID, err)
-	}
-	switch code {
-	case 0:
-		return model.PreloadLoaded, nil
-	case 1:
-		return model.PreloadUnchanged, nil
-	case -1:
-		return "", fmt.Errorf("preload %s: %w", c.ID, model.ErrSaleStarted)
-	}
-	return "", fmt.Errorf("preload %s: unexpected reply %d", c.ID, code)
-}
-
-// Deduct decides a batch of one campaign's requests in one atomic script call.
+// Deduct decides a batch of one campaign's requests in one atomic script
+// call, under the epoch the reply names. It decides nothing and changes
+// nothing when the campaign is not loaded (model.ErrNotLoaded) or paused
+// (model.ErrPaused): the caller holds the batch until it is back.
 func (s *Store) Deduct(ctx context.Context, campaignID string, batch []model.Deduction) (model.DeductReply, error) {
 	if len(batch) == 0 {
 		return model.DeductReply{}, nil
@@ -147,20 +127,34 @@ func (s *Store) Deduct(ctx context.Context, campaignID string, batch []model.Ded
 
 // parseDeductReply is the one place that reads deduct.lua's reply.
 func parseDeductReply(campaignID string, batch []model.Deduction, reply []any) (model.DeductReply, error) {
-	if len(reply) != 1+3*len(batch) {
-		return model.DeductReply{}, fmt.Errorf("reply has %d elements, want %d", len(reply), 1+3*len(batch))
+	if len(reply) == 0 {
+		return model.DeductReply{}, errors.New("empty reply")
 	}
 	flag, ok := reply[0].(int64)
 	if !ok {
 		return model.DeductReply{}, fmt.Errorf("reply[0] is %T, want integer", reply[0])
 	}
-	out := model.DeductReply{SoldOutNow: flag == 1, Results: make([]model.Result, len(batch))}
+	switch {
+	case flag == -1 && len(reply) == 1:
+		return model.DeductReply{}, model.ErrNotLoaded
+	case flag == -2 && len(reply) == 1:
+		return model.DeductReply{}, model.ErrPaused
+	case flag != 0 && flag != 1:
+		return model.DeductReply{}, fmt.Errorf("reply[0] is %d, want 0, 1, -1 or -2", flag)
+	case len(reply) != 2+3*len(batch):
+		return model.DeductReply{}, fmt.Errorf("reply has %d elements, want %d", len(reply), 2+3*len(batch))
+	}
+	epoch, ok := reply[1].(int64)
+	if !ok || epoch < 0 {
+		return model.DeductReply{}, fmt.Errorf("reply[1] is %v, want an epoch", reply[1])
+	}
+	out := model.DeductReply{SoldOutNow: flag == 1, Epoch: epoch, Results: make([]model.Result, len(batch))}
 	for i, d := range batch {
 		var f [3]string
 		for j := range f {
-			v, ok := reply[1+3*i+j].(string)
+			v, ok := reply[2+3*i+j].(string)
 			if !ok {
-				return model.DeductReply{}, fmt.Errorf("reply[%d] is %T, want string", 1+3*i+j, reply[1+3*i+j])
+				return model.DeductReply{}, fmt.Errorf("reply[%d] is %T, want string", 2+3*i+j, reply[2+3*i+j])
 			}
 			f[j] = v
 		}

@@ -17,14 +17,14 @@ func benchStore(b *testing.B) (*Store, model.Campaign) {
 	s := New(testenv.Redis(b))
 	c := model.Campaign{ID: testenv.UniqueName("bench"), Name: "bench", Stock: model.MaxStock, PerUserLimit: model.MaxQuantity,
 		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}
-	if _, err := s.Preload(b.Context(), c, time.Now(), false); err != nil {
-		b.Fatalf("preload: %v", err)
+	if _, err := s.Rebuild(b.Context(), c, nil); err != nil {
+		b.Fatalf("load: %v", err)
 	}
 	b.Cleanup(func() {
 		// b.Context is already cancelled when cleanups run.
 		k := campaignKeys(c.ID)
 		_ = s.rdb.Del(context.Background(), k.meta, k.stock, k.soldout, k.counters, k.users, k.results, k.idem,
-			k.campaignLimit, k.userLimits, k.ipLimits).Err()
+			k.released, k.campaignLimit, k.userLimits, k.ipLimits).Err()
 	})
 	return s, c
 }

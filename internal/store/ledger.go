@@ -1,0 +1,112 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/flashsale/flashsale/model"
+)
+
+// Redis is a projection of the ledger (the orders in MySQL): every load of
+// a campaign writes it from the orders under a new epoch (rebuild.lua),
+// deduct.lua reports the epoch it decided under, and MySQL stores the
+// orders of that epoch only.
+
+// Projection reads what Redis holds of a campaign's definition: the values
+// and the epoch of its last load. Loaded is false when Redis has none.
+func (s *Store) Projection(ctx context.Context, campaignID string) (model.Projection, error) {
+	v, err := s.rdb.HMGet(ctx, campaignKeys(campaignID).meta, "stock", "limit", "start_ms", "end_ms", "epoch", "paused").Result()
+	if err != nil {
+		return model.Projection{}, fmt.Errorf("projection %s: %w", campaignID, err)
+	}
+	if v[0] == nil {
+		return model.Projection{}, nil
+	}
+	var n [5]int64
+	for i := range n {
+		if v[i] == nil { // a campaign loaded before epochs existed has none
+			continue
+		}
+		if n[i], err = parseInt(v[i]); err != nil {
+			return model.Projection{}, fmt.Errorf("projection %s: meta field %d: %w", campaignID, i, err)
+		}
+	}
+	return model.Projection{Loaded: true, Stock: n[0], Limit: n[1], StartAt: time.UnixMilli(n[2]).UTC(),
+		EndAt: time.UnixMilli(n[3]).UTC(), Epoch: n[4], Paused: v[5] == "1"}, nil
+}
+
+// Rebuild loads campaign c into Redis from its orders, under c.Epoch, in
+// one atomic step (rebuild.lua): its values and paused flag; remaining =
+// stock - units of the active orders (pending payment, paid); each buyer's
+// units from them; a success result for every order's request; the ids of
+// the orders no longer active in the released hash, so a release of one
+// still in flight changes nothing; the counters (sold = active units, every
+// restored result admitted and decided); the sold-out flag when nothing
+// remains. Everything else Redis held of the campaign goes.
+//
+// c must come from the ledger's BumpEpoch, and orders must be read after
+// it. loaded is false, with nothing changed, when Redis holds c.Epoch or a
+// later one: a concurrent load that read the ledger after this one. More
+// active units than c.Stock is model.ErrConflict, with nothing changed.
+func (s *Store) Rebuild(ctx context.Context, c model.Campaign, orders []model.Order) (loaded bool, err error) {
+	var sold int64
+	units := map[string]int64{}
+	results := make([]any, 0, 2*len(orders))
+	var released []any
+	for _, o := range orders {
+		results = append(results, o.RequestID, encodeStored(model.Result{Status: model.StatusSuccess,
+			Quantity: o.Quantity, OrderID: o.ID, UserID: o.UserID}))
+		// An order in no final state holds its units, whatever it is.
+		if o.Status.Final() {
+			released = append(released, o.ID, o.Quantity)
+			continue
+		}
+		sold += o.Quantity
+		units[o.UserID] += o.Quantity
+	}
+	if sold > c.Stock {
+		return false, fmt.Errorf("rebuild %s: active orders hold %d units, stock is %d: %w", c.ID, sold, c.Stock, model.ErrConflict)
+	}
+	paused := "0"
+	if c.Paused {
+		paused = "1"
+	}
+	args := make([]any, 0, 10+2*len(units)+len(results)+len(released))
+	args = append(args, c.Epoch, c.Stock, c.PerUserLimit, c.StartAt.UnixMilli(), c.EndAt.UnixMilli(), paused,
+		c.Stock-sold, sold, len(units))
+	for u, n := range units {
+		args = append(args, u, n)
+	}
+	args = append(args, len(orders))
+	args = append(args, results...)
+	args = append(args, released...)
+	k := campaignKeys(c.ID)
+	code, err := s.rebuild.Run(ctx, s.rdb,
+		[]string{k.meta, k.stock, k.soldout, k.counters, k.users, k.results, k.idem, k.released}, args...).Int()
+	if err != nil {
+		return false, fmt.Errorf("rebuild %s: %w", c.ID, err)
+	}
+	switch code {
+	case 1:
+		return true, nil
+	case 0:
+		return false, nil
+	}
+	return false, fmt.Errorf("rebuild %s: unexpected reply %d", c.ID, code)
+}
+
+// SetPaused writes c.Paused into Redis, if Redis holds c.Epoch: a load
+// under another epoch read the flag from MySQL itself. written says whether
+// it did.
+func (s *Store) SetPaused(ctx context.Context, c model.Campaign) (written bool, err error) {
+	paused := "0"
+	if c.Paused {
+		paused = "1"
+	}
+	code, err := s.paused.Run(ctx, s.rdb, []string{campaignKeys(c.ID).meta}, c.Epoch, paused).Int()
+	if err != nil {
+		return false, fmt.Errorf("set paused %s: %w", c.ID, err)
+	}
+	return code == 1, nil
+}

@@ -1,0 +1,59 @@
+-- rebuild.lua: load a campaign into Redis from its ledger, the orders in
+-- MySQL, under a new epoch. Every load comes here: the first (no orders
+-- yet), a rebuild after Redis lost the campaign (or a failover brought back
+-- an older epoch of it), and a forced reload. The caller moved the epoch on
+-- in MySQL before it read the orders, so they include every order that will
+-- ever be stored under an older epoch; requests decided against the old
+-- state whose orders are not among them are refused by MySQL and decided
+-- again here.
+--
+-- KEYS[1] meta, KEYS[2] stock, KEYS[3] soldout, KEYS[4] counters,
+-- KEYS[5] users, KEYS[6] results, KEYS[7] idem, KEYS[8] released
+-- ARGV[1] epoch, ARGV[2] stock, ARGV[3] limit, ARGV[4] start_ms,
+-- ARGV[5] end_ms, ARGV[6] paused ("1" or "0"),
+-- ARGV[7] remaining: stock - units of active orders (>= 0),
+-- ARGV[8] sold: units of active orders,
+-- ARGV[9] u, then u pairs: user id, units of their active orders,
+-- then r, then r pairs: request id, its stored success result (one for
+--   every order, active or not, so a polled result stays what it was),
+-- then pairs to the end: order id, units of an order no longer active
+--   (its release, if one is still in flight, must change nothing)
+--
+-- Reply: 1 loaded; 0 refused, nothing changed: Redis holds this epoch or a
+--        later one (a concurrent load that read the ledger after this one).
+--
+-- Everything else of the old state goes: results without an order (a
+-- success among them was never stored, and its request is decided again),
+-- Idempotency-Keys, buyers' units, counters. Rate-limit state stays.
+
+local current = redis.call('HMGET', KEYS[1], 'stock', 'epoch')
+if current[1] and tonumber(current[2] or '0') >= tonumber(ARGV[1]) then
+  return 0
+end
+
+local function hset_pairs(key, from, to)
+  for j = from, to, 4000 do
+    redis.call('HSET', key, unpack(ARGV, j, math.min(j + 3999, to)))
+  end
+end
+
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
+redis.call('HSET', KEYS[1], 'stock', ARGV[2], 'limit', ARGV[3], 'start_ms', ARGV[4], 'end_ms', ARGV[5],
+  'epoch', ARGV[1], 'paused', ARGV[6])
+redis.call('SET', KEYS[2], ARGV[7])
+if tonumber(ARGV[7]) == 0 then
+  redis.call('SET', KEYS[3], '1')
+end
+
+local at = 9
+local users = tonumber(ARGV[at])
+hset_pairs(KEYS[5], at + 1, at + 2 * users)
+at = at + 2 * users + 1
+local results = tonumber(ARGV[at])
+hset_pairs(KEYS[6], at + 1, at + 2 * results)
+at = at + 2 * results + 1
+hset_pairs(KEYS[8], at, #ARGV)
+
+-- Every restored result counts as admitted and decided, so none is queued.
+redis.call('HSET', KEYS[4], 'sold', ARGV[8], 'admitted', results, 'fin:success', results)
+return 1

@@ -1,0 +1,209 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/reconcile"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/model"
+	"github.com/flashsale/flashsale/queue"
+	"github.com/flashsale/flashsale/queue/memqueue"
+)
+
+// holdCountingStock counts the deliveries held.
+type holdCountingStock struct {
+	Stock
+	holds atomic.Int32
+}
+
+func (c *holdCountingStock) Deduct(ctx context.Context, campaignID string, batch []model.Deduction) (model.DeductReply, error) {
+	r, err := c.Stock.Deduct(ctx, campaignID, batch)
+	if held(err) {
+		c.holds.Add(1)
+	}
+	return r, err
+}
+
+// attemptsSeen records the highest delivery attempt the worker was given.
+func attemptsSeen(seen *atomic.Int32, h queue.PipelineHandler) queue.PipelineHandler {
+	return func(ctx context.Context, msgs []queue.Message) (queue.Finish, error) {
+		for _, m := range msgs {
+			for {
+				cur := seen.Load()
+				if int32(m.Attempt) <= cur || seen.CompareAndSwap(cur, int32(m.Attempt)) {
+					break
+				}
+			}
+		}
+		return h(ctx, msgs)
+	}
+}
+
+// TestHoldBeyondMaxAttempts: a campaign that lost its Redis state, or is
+// paused, holds its messages for more deliveries than MaxAttempts without
+// deciding or rejecting any, and they are decided once it is back.
+func TestHoldBeyondMaxAttempts(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		hold, clear func(t *testing.T, f *fixture)
+	}{
+		{
+			name: "lost",
+			hold: mustForget,
+			clear: func(t *testing.T, f *fixture) {
+				if _, err := reconcile.Load(t.Context(), f.db, f.st, f.campaign.ID); err != nil {
+					t.Fatalf("load: %v", err)
+				}
+			},
+		},
+		{
+			name: "paused",
+			hold: func(t *testing.T, f *fixture) { mustSetPaused(t, f, true) },
+			clear: func(t *testing.T, f *fixture) {
+				mustSetPaused(t, f, false)
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, 10, 1)
+			msgs := f.admit(t, 16, 12) // 12 users, 4 of them twice; stock 10
+			tc.hold(t, f)
+			stock := &holdCountingStock{Stock: f.st}
+			w := New(discard(), stock, f.db, metrics.New(), Options{MaxAttempts: 2})
+			q := memqueue.New(memqueue.Options{Partitions: 1, BatchSize: 8, RedeliveryDelay: time.Millisecond})
+			t.Cleanup(func() { _ = q.Close() })
+			topic := "hold"
+			if err := q.Publish(t.Context(), topic, msgs...); err != nil {
+				t.Fatal(err)
+			}
+			var seen atomic.Int32
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			go func() { done <- queue.ConsumePipelined(ctx, q.Consumer("w"), topic, attemptsSeen(&seen, w.Decide)) }()
+
+			deadline := time.Now().Add(20 * time.Second)
+			for seen.Load() <= 4 { // twice MaxAttempts
+				if time.Now().After(deadline) {
+					t.Fatalf("deliveries reached attempt %d, want more than 4", seen.Load())
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			for _, m := range msgs {
+				if r, err := f.st.Result(t.Context(), m.ID); err == nil && r.Status.Final() {
+					t.Fatalf("%s decided while held: %+v", m.ID, r)
+				}
+			}
+			tc.clear(t, f)
+			waitDecided(t, f, msgs)
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("consume: %v", err)
+			}
+
+			s := f.snapshot(t, msgs)
+			for rid, r := range s.results {
+				if r.Status == model.StatusRejected {
+					t.Errorf("%s rejected (%s) after a hold: want it decided", rid, r.Reason)
+				}
+			}
+			checkSoldOut(t, s, 10)
+			if stock.holds.Load() == 0 {
+				t.Errorf("no delivery was held")
+			}
+		})
+	}
+}
+
+// mustForget deletes the campaign's keys, as FLUSHALL would.
+func mustForget(t *testing.T, f *fixture) {
+	t.Helper()
+	rdb := testenv.Redis(t)
+	keys, err := rdb.Keys(t.Context(), "fs:{"+f.campaign.ID+"}:*").Result()
+	if err == nil && len(keys) > 0 {
+		err = rdb.Del(t.Context(), keys...).Err()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustSetPaused(t *testing.T, f *fixture, paused bool) {
+	t.Helper()
+	c, err := f.db.SetPaused(t.Context(), f.campaign.ID, paused)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := f.st.SetPaused(t.Context(), c); err != nil || !ok {
+		t.Fatalf("SetPaused in Redis: %v, %v", ok, err)
+	}
+}
+
+// waitDecided waits until every message has a final result and MySQL holds
+// the units Redis sold.
+func waitDecided(t *testing.T, f *fixture, msgs []queue.Message) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		final := 0
+		for _, m := range msgs {
+			if r, err := f.st.Result(t.Context(), m.ID); err == nil && r.Status.Final() {
+				final++
+			}
+		}
+		st, err := f.st.Stats(t.Context(), f.campaign.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		os, err := f.db.CampaignOrderStats(t.Context(), f.campaign.ID)
+		if err == nil && final == len(msgs) && os.Units == st.Sold {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d decided, %+v", final, len(msgs), st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestLoadBetweenDecideAndFinish: a load that moves the epoch after a batch
+// was decided and before its orders are stored makes the insert fail; the
+// batch is decided again against the rebuilt state and stored once. No
+// unit is counted twice or missed.
+func TestLoadBetweenDecideAndFinish(t *testing.T) {
+	f := newFixture(t, 5, 1)
+	msgs := f.admit(t, 8, 8)
+	w := New(discard(), f.st, f.db, metrics.New(), Options{PersistAttempts: 3})
+	early := msgs[:3]
+	if err := queue.Serial(w.Decide)(t.Context(), early); err != nil {
+		t.Fatalf("first batch: %v", err)
+	}
+	finish, err := w.Decide(t.Context(), msgs[3:])
+	if err != nil {
+		t.Fatalf("decide: %v", err)
+	}
+	if _, err := reconcile.Load(t.Context(), f.db, f.st, f.campaign.ID); err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if err := finish(t.Context()); !errors.Is(err, model.ErrLedgerMoved) {
+		t.Fatalf("finish after the load: got %v, want %v", err, model.ErrLedgerMoved)
+	}
+	if err := queue.Serial(w.Decide)(t.Context(), msgs[3:]); err != nil {
+		t.Fatalf("redelivery: %v", err)
+	}
+	s := f.snapshot(t, msgs)
+	checkSoldOut(t, s, 5)
+	for _, m := range early {
+		if s.results[m.ID].Status != model.StatusSuccess {
+			t.Errorf("%s, stored before the load: got %s, want success", m.ID, s.results[m.ID].Status)
+		}
+	}
+	rep, err := reconcile.New(f.st, f.db).Check(t.Context(), f.campaign.ID)
+	if err != nil || !rep.Consistent() {
+		t.Fatalf("Redis vs MySQL: %+v, %v", rep.Differences, err)
+	}
+}
