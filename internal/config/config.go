@@ -179,7 +179,7 @@ func Default() Config {
 		Database: Database{Driver: "sqlite", DSN: ":memory:"},
 		Queue: Queue{Driver: "redisstream", Topic: "flashsale-purchases", ExpiryTopic: "flashsale-expiry", Partitions: 8, BatchSize: 128, Group: "workers", LeaseTTL: 10 * time.Second,
 			RocketMQ: RocketMQ{NameServers: []string{"127.0.0.1:9876"}, ProducerGroup: "flashsale-gateway",
-				Retries: 2, MaxReconsumeTimes: 16, SuspendTime: time.Second, LogLevel: "warn"}},
+				Retries: 2, MaxReconsumeTimes: 1000, SuspendTime: time.Second, LogLevel: "warn"}},
 		Gateway: Gateway{RateLimits: model.RateLimits{UserRate: 5, UserBurst: 10}, PublishTimeout: 2 * time.Second,
 			CampaignCacheTTL: 2 * time.Second, SoldOutRecheck: time.Second, AdmitBatch: 256, AdmitConcurrency: 2, AdmitLinger: 500 * time.Microsecond,
 			BreakerFailures: 3, BreakerOpenFor: 2 * time.Second},

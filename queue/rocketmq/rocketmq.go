@@ -81,7 +81,7 @@ const (
 	DefaultQueues            = 8
 	DefaultBatchSize         = 128
 	DefaultSendAttempts      = 3
-	DefaultMaxReconsumeTimes = 16
+	DefaultMaxReconsumeTimes = 1000
 	DefaultSuspendTime       = time.Second
 	DefaultLockInterval      = 20 * time.Second
 	DefaultHandoverWait      = 5 * time.Second
