@@ -57,14 +57,8 @@ func (q *Queue) PublishDelayed(ctx context.Context, topic string, delay time.Dur
 	if delay <= 0 {
 		return q.Publish(ctx, topic, msgs...)
 	}
-	if q.gate.Closed() {
-		return fmt.Errorf("publish %s: %w", topic, queue.ErrClosed)
-	}
-	if err := validTopic(topic); err != nil {
-		return fmt.Errorf("publish %s: %w", topic, err)
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("publish %s: %w", topic, err)
+	if err := q.checkPublish(ctx, topic); err != nil {
+		return err
 	}
 	ms := int64((delay + time.Millisecond - 1) / time.Millisecond)
 	// One script call per partition, partitions in order of first use.

@@ -200,14 +200,8 @@ func Features() queue.Features {
 // nothing is stored either; any other failure (a timeout, a broken
 // connection, a partial refusal) wraps queue.ErrUnknown.
 func (q *Queue) Publish(ctx context.Context, topic string, msgs ...queue.Message) error {
-	if q.gate.Closed() {
-		return fmt.Errorf("publish %s: %w", topic, queue.ErrClosed)
-	}
-	if err := validTopic(topic); err != nil {
-		return fmt.Errorf("publish %s: %w", topic, err)
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("publish %s: %w", topic, err)
+	if err := q.checkPublish(ctx, topic); err != nil {
+		return err
 	}
 	if len(msgs) == 0 {
 		return nil
@@ -317,4 +311,19 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// checkPublish refuses a publish that cannot store anything: a closed
+// queue, a bad topic or a context already done.
+func (q *Queue) checkPublish(ctx context.Context, topic string) error {
+	if q.gate.Closed() {
+		return fmt.Errorf("publish %s: %w", topic, queue.ErrClosed)
+	}
+	if err := validTopic(topic); err != nil {
+		return fmt.Errorf("publish %s: %w", topic, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("publish %s: %w", topic, err)
+	}
+	return nil
 }
