@@ -1,0 +1,269 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flashsale/flashsale/internal/reconcile"
+	"github.com/flashsale/flashsale/internal/sqlstore"
+	"github.com/flashsale/flashsale/internal/store"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/model"
+)
+
+// TestExpiryKilledBeforeRelease is issue #13's crash test 4 for the expiry
+// path: a `flashsale worker` child process, its Redis behind a stallProxy,
+// expires unpaid orders in MySQL, then hangs on the frozen proxy before
+// the Redis release and is SIGKILLed there. A fresh worker completes the
+// releases; every expired order's unit comes back exactly once, is resold
+// to the shoppers waiting, and Redis = MySQL.
+func TestExpiryKilledBeforeRelease(t *testing.T) {
+	cfg := realConfig(t, "redisstream")
+	cfg.Queue.LeaseTTL = time.Second
+	// The sweeper picks the due orders up at once: with the zombie's Redis
+	// frozen, its delayed expiry messages never reach it, so the sweeper is
+	// the one that moves the orders in MySQL and then blocks on the release.
+	cfg.Payment.Grace = 100 * time.Millisecond
+	cfg.Payment.SweepInterval = 100 * time.Millisecond
+	bin := buildBinary(t)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	sys, err := start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), roleSet{gateway: true, notifier: true})
+	if err != nil {
+		cancel()
+		t.Fatalf("start gateway: %v", err)
+	}
+	t.Cleanup(func() { cancel(); _ = sys.Wait() })
+	c := newClient(t, "http://"+sys.Addr(), cfg.Auth)
+	c.db = cfg.Database
+
+	db, err := sqlstore.Open(context.Background(), cfg.Database.Driver, cfg.Database.DSN)
+	if err != nil {
+		t.Fatalf("open db: %v", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: cfg.Redis.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+
+	proxy := newStallProxy(t, cfg.Redis.Addr)
+	stalled := cfg
+	stalled.Redis.Addr = proxy.addr()
+	zombie := startWorkerProcess(t, bin, processEnv(stalled))
+	t.Cleanup(zombie.kill)
+
+	campaign := testenv.UniqueName("killexp-")
+	const stock, buyers, waiting = 4, 4, 3
+	c.openCampaignOf(campaignBody{ID: campaign, Name: "kill expiry", Stock: stock, PerUserLimit: 1, Price: 500,
+		PaymentWindow: "2s", StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)})
+
+	// The first buyers take every unit and never pay.
+	abandoned := map[string]bool{}
+	for i := range buyers {
+		user := fmt.Sprintf("b%d", i)
+		tok := c.token(user)
+		var p purchaseBody
+		if code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", tok, `{"quantity":1}`, nil, &p); code != http.StatusAccepted {
+			t.Fatalf("%s: purchase got %d %q, want 202", user, code, p.Code)
+		}
+		r, ok := c.awaitResult(tok, p.RequestID)
+		if !ok || r.Status != "success" {
+			t.Fatalf("%s: result %+v, want success", user, r)
+		}
+		abandoned[r.OrderID] = true
+	}
+	// Freeze the zombie's Redis before the orders come due (a 2 s window):
+	// its sweeper can still move them in MySQL, but not give units back.
+	testenv.Eventually(t, 10*time.Second, "the buyers' orders in MySQL", func() (bool, string) {
+		orders := mustOrders(t, db, campaign)
+		return len(orders) == buyers, describeOrders(orders)
+	})
+	proxy.stall()
+
+	// Stuck between the transition and the release: an order expired in
+	// MySQL, its release not applied, and the zombie's Redis traffic held.
+	testenv.Eventually(t, 20*time.Second, "an order expired but not released", func() (bool, string) {
+		orders := mustOrders(t, db, campaign)
+		for _, o := range orders {
+			if o.Status == model.OrderExpired && !o.Returned && proxy.held() > 0 {
+				return true, ""
+			}
+		}
+		return false, describeOrders(orders)
+	})
+	if st := c.stats(campaign); st.Remaining != 0 || !st.SoldOut {
+		t.Fatalf("before the kill: remaining %d, sold out %v; want 0, true (nothing released yet)", st.Remaining, st.SoldOut)
+	}
+	atKill := describeOrders(mustOrders(t, db, campaign))
+	zombie.kill()
+	// The zombie is dead. Its release may still be in the proxy: let it
+	// through, as a network that thaws would. Whether it lands or not, the
+	// release is once per order id.
+	proxy.release()
+
+	// Shoppers wait for units while a fresh worker takes over.
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	paid := make(chan string, waiting)
+	for i := range waiting {
+		wg.Go(func() { buyAndPay(t, c, campaign, fmt.Sprintf("w%d", i), done, paid) })
+	}
+	fresh := startWorkerProcess(t, bin, processEnv(cfg))
+	t.Cleanup(fresh.stop)
+
+	for range waiting {
+		select {
+		case <-paid:
+		case <-time.After(60 * time.Second):
+			close(done)
+			wg.Wait()
+			t.Fatalf("waiting shoppers not served after 60s: %s", describeOrders(mustOrders(t, db, campaign)))
+		}
+	}
+	close(done)
+	wg.Wait()
+
+	// Settled: every order paid or ended and released.
+	var orders []model.Order
+	testenv.Eventually(t, 20*time.Second, "every order paid or released", func() (bool, string) {
+		orders = mustOrders(t, db, campaign)
+		for _, o := range orders {
+			if o.Status == model.OrderPendingPayment || (o.Status.Final() && !o.Returned) {
+				return false, describeOrders(orders)
+			}
+		}
+		return c.stats(campaign).Queued == 0, describeOrders(orders)
+	})
+
+	released, err := rdb.HGetAll(context.Background(), "fs:{"+campaign+"}:released").Result()
+	if err != nil {
+		t.Fatalf("released: %v", err)
+	}
+	units, err := rdb.HGetAll(context.Background(), "fs:{"+campaign+"}:users").Result()
+	if err != nil {
+		t.Fatalf("users: %v", err)
+	}
+	var active, ended int64
+	activeOf := map[string]int64{}
+	for _, o := range orders {
+		_, rel := released[o.ID]
+		switch {
+		case o.Status == model.OrderPaid:
+			active += o.Quantity
+			activeOf[o.UserID] += o.Quantity
+			if rel {
+				t.Errorf("paid order %s released", o.ID)
+			}
+		case o.Status == model.OrderExpired:
+			ended++
+			if !rel {
+				t.Errorf("expired order %s not released", o.ID)
+			}
+		default:
+			t.Errorf("order %s is %s, want paid or expired", o.ID, o.Status)
+		}
+	}
+	for id := range abandoned {
+		if o := findOrder(orders, id); o.Status != model.OrderExpired {
+			t.Errorf("abandoned order %s is %s, want expired", id, o.Status)
+		}
+	}
+	if int64(len(released)) != ended {
+		t.Errorf("got %d releases in Redis, want one per expired order (%d)", len(released), ended)
+	}
+	if active != waiting {
+		t.Errorf("got %d paid units, want %d: the waiting shoppers bought the units given back", active, waiting)
+	}
+	for _, user := range []string{"b0", "b1", "b2", "b3", "w0", "w1", "w2"} {
+		got, _ := strconv.ParseInt(units[user], 10, 64)
+		if got != activeOf[user] {
+			t.Errorf("user %s: got %d units in Redis, want %d (active orders)", user, got, activeOf[user])
+		}
+	}
+	if st := c.stats(campaign); st.Remaining != stock-active || st.Sold != active {
+		t.Errorf("redis: got remaining %d, sold %d; want %d, %d (stock - active units)", st.Remaining, st.Sold, stock-active, active)
+	}
+	rep, err := reconcile.New(store.New(rdb), db).Check(context.Background(), campaign)
+	if err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	if !rep.Consistent() {
+		t.Errorf("redis and mysql disagree: %+v", rep.Differences)
+	}
+	t.Logf("at the kill: %s; at the end: %s; %d bytes held by the frozen proxy", atKill, describeOrders(orders), proxy.held())
+}
+
+// buyAndPay buys one unit, retrying while the sale is sold out, and pays
+// for it; an order that expired before the payment is bought again. It
+// sends the user on paid once the payment is answered.
+func buyAndPay(t *testing.T, c *client, campaign, user string, done <-chan struct{}, paid chan<- string) {
+	tok := c.token(user)
+	pause := func() bool {
+		select {
+		case <-done:
+			return false
+		case <-time.After(200 * time.Millisecond):
+			return true
+		}
+	}
+	for {
+		var p purchaseBody
+		switch code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", tok, `{"quantity":1}`, nil, &p); code {
+		case http.StatusAccepted:
+		case http.StatusGone, http.StatusTooManyRequests:
+			if !pause() {
+				return
+			}
+			continue
+		default:
+			t.Errorf("%s: purchase got %d %q, want 202, 410 or 429", user, code, p.Code)
+			return
+		}
+		r, ok := c.awaitResult(tok, p.RequestID)
+		if !ok {
+			return
+		}
+		if r.Status != "success" {
+			if !pause() {
+				return
+			}
+			continue
+		}
+		switch code, errCode := c.orderAction(tok, r.OrderID, "pay"); {
+		case code == http.StatusOK:
+			paid <- user
+			return
+		case code == http.StatusConflict && errCode == "order_not_payable":
+			// Expired first: buy again.
+		default:
+			t.Errorf("%s: pay got %d %q, want 200", user, code, errCode)
+			return
+		}
+	}
+}
+
+func mustOrders(t *testing.T, db *sqlstore.DB, campaign string) []model.Order {
+	t.Helper()
+	orders, err := db.CampaignOrders(context.Background(), campaign)
+	if err != nil {
+		t.Fatalf("orders: %v", err)
+	}
+	return orders
+}
+
+func findOrder(orders []model.Order, id string) model.Order {
+	for _, o := range orders {
+		if o.ID == id {
+			return o
+		}
+	}
+	return model.Order{}
+}
