@@ -1,18 +1,25 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/flashsale/flashsale/gateway"
+	"github.com/flashsale/flashsale/internal/lifecycle"
 	"github.com/flashsale/flashsale/internal/reconcile"
 	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/store"
@@ -266,4 +273,171 @@ func findOrder(orders []model.Order, id string) model.Order {
 		}
 	}
 	return model.Order{}
+}
+
+// TestWebhookKilledMidPayment is issue #13's crash test 4 for the payment
+// path: a `flashsale gateway` child process, its MySQL behind a
+// stallProxy, receives a provider's webhook and hangs mid-payment on the
+// frozen database; it is SIGKILLed there. The provider retries the same
+// webhook against a live gateway: the payment is recorded once, the order
+// paid once, nothing given back, Redis = MySQL.
+func TestWebhookKilledMidPayment(t *testing.T) {
+	cfg := realConfig(t, "redisstream")
+	bin := buildBinary(t)
+	c := startSystem(t, cfg)
+	db, err := sqlstore.Open(context.Background(), cfg.Database.Driver, cfg.Database.DSN)
+	if err != nil {
+		t.Fatalf("open db: %v", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: cfg.Redis.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+
+	campaign := testenv.UniqueName("killpay-")
+	const stock, price = 3, 700
+	c.openCampaignOf(campaignBody{ID: campaign, Name: "kill payment", Stock: stock, PerUserLimit: 1, Price: price,
+		PaymentWindow: "1m", StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)})
+	o := c.buy("payer", campaign)
+
+	dsn, err := mysql.ParseDSN(cfg.Database.DSN)
+	if err != nil {
+		t.Fatalf("parse dsn: %v", err)
+	}
+	proxy := newStallProxy(t, dsn.Addr)
+	dsn.Addr = proxy.addr()
+	stalled := cfg
+	stalled.Database.DSN = dsn.FormatDSN()
+	zombie := startGatewayProcess(t, bin, processEnv(stalled))
+	t.Cleanup(zombie.kill)
+
+	body := webhookBody("pay-"+o.ID, o.ID, "succeeded", price)
+	header := lifecycle.SignWebhook(testWebhookSecret, time.Now(), []byte(body))
+	proxy.stall()
+	answered := make(chan int, 1)
+	go func() {
+		req, err := http.NewRequest("POST", "http://"+zombie.addr+gateway.WebhookPath, strings.NewReader(body))
+		if err != nil {
+			answered <- 0
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(gateway.SignatureHeader, header)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- 0 // killed mid-request
+			return
+		}
+		_ = resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	// Stuck mid-payment: the webhook reached the database, which holds it.
+	testenv.Eventually(t, 20*time.Second, "the webhook's MySQL traffic held", func() (bool, string) {
+		select {
+		case code := <-answered:
+			t.Fatalf("the stalled gateway answered the webhook: %d", code)
+		default:
+		}
+		return proxy.held() > 0, "nothing held"
+	})
+	zombie.kill()
+	if code := <-answered; code != 0 {
+		t.Fatalf("the killed gateway answered the webhook: %d", code)
+	}
+	// The zombie is dead; whatever it sent may still reach MySQL, as
+	// through a network that thaws. The payment id makes it count once.
+	proxy.release()
+
+	// The provider retries, twice, against the live gateway.
+	for i := range 2 {
+		code, p := c.webhook(testWebhookSecret, time.Now(), body)
+		if code != http.StatusOK || p.Status != string(model.PaymentSucceeded) {
+			t.Fatalf("retry %d: got %d %+v, want 200 succeeded", i, code, p)
+		}
+	}
+
+	payments, _, err := db.Payments(context.Background(), "", "", 1000)
+	if err != nil {
+		t.Fatalf("payments: %v", err)
+	}
+	var mine []model.Payment
+	for _, p := range payments {
+		if p.OrderID == o.ID {
+			mine = append(mine, p)
+		}
+	}
+	if len(mine) != 1 || mine[0].Status != model.PaymentSucceeded || mine[0].Amount != price {
+		t.Errorf("payments of order %s: got %+v, want one succeeded of %d", o.ID, mine, price)
+	}
+	orders := mustOrders(t, db, campaign)
+	if len(orders) != 1 || orders[0].Status != model.OrderPaid || orders[0].Returned {
+		t.Errorf("got %s, want the one order paid and holding its unit", describeOrders(orders))
+	}
+	released, err := rdb.HLen(context.Background(), "fs:{"+campaign+"}:released").Result()
+	if err != nil {
+		t.Fatalf("released: %v", err)
+	}
+	if released != 0 {
+		t.Errorf("got %d releases in Redis, want none", released)
+	}
+	if st := c.stats(campaign); st.Remaining != stock-1 || st.Sold != 1 {
+		t.Errorf("redis: got remaining %d, sold %d; want %d, 1", st.Remaining, st.Sold, stock-1)
+	}
+	rep, err := reconcile.New(store.New(rdb), db).Check(context.Background(), campaign)
+	if err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	if !rep.Consistent() {
+		t.Errorf("redis and mysql disagree: %+v", rep.Differences)
+	}
+	t.Logf("%d bytes held by the frozen proxy", proxy.held())
+}
+
+// gatewayProcess is a `flashsale gateway` child process, to be killed.
+type gatewayProcess struct {
+	cmd  *exec.Cmd
+	addr string
+}
+
+func startGatewayProcess(t *testing.T, bin string, env []string) *gatewayProcess {
+	t.Helper()
+	cmd := exec.Command(bin, "gateway")
+	cmd.Env = env
+	cmd.Stderr = io.Discard
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start gateway: %v", err)
+	}
+	addr := make(chan string, 1)
+	go func() {
+		lines := bufio.NewScanner(stdout)
+		for lines.Scan() {
+			if m := listeningOn.FindStringSubmatch(lines.Text()); m != nil {
+				addr <- m[1]
+				break
+			}
+		}
+		close(addr)
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	select {
+	case a, ok := <-addr:
+		if !ok {
+			_ = cmd.Wait()
+			t.Fatalf("gateway process exited before it listened")
+		}
+		return &gatewayProcess{cmd: cmd, addr: a}
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("gateway process not listening after 20s")
+	}
+	return nil
+}
+
+func (g *gatewayProcess) kill() {
+	_ = g.cmd.Process.Signal(os.Kill)
+	_ = g.cmd.Wait()
 }
