@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale/flashsale/gateway"
+	"github.com/flashsale/flashsale/internal/config"
 	"github.com/flashsale/flashsale/internal/lifecycle"
 	"github.com/flashsale/flashsale/internal/reconcile"
 	"github.com/flashsale/flashsale/internal/sqlstore"
@@ -68,30 +69,17 @@ func TestExpiryKilledBeforeRelease(t *testing.T) {
 	t.Cleanup(zombie.kill)
 
 	campaign := testenv.UniqueName("killexp-")
-	const stock, buyers, waiting = 4, 4, 3
+	const stock, buyers, waiting int64 = 4, 4, 3
 	c.openCampaignOf(campaignBody{ID: campaign, Name: "kill expiry", Stock: stock, PerUserLimit: 1, Price: 500,
 		PaymentWindow: "2s", StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)})
 
 	// The first buyers take every unit and never pay.
-	abandoned := map[string]bool{}
-	for i := range buyers {
-		user := fmt.Sprintf("b%d", i)
-		tok := c.token(user)
-		var p purchaseBody
-		if code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", tok, `{"quantity":1}`, nil, &p); code != http.StatusAccepted {
-			t.Fatalf("%s: purchase got %d %q, want 202", user, code, p.Code)
-		}
-		r, ok := c.awaitResult(tok, p.RequestID)
-		if !ok || r.Status != "success" {
-			t.Fatalf("%s: result %+v, want success", user, r)
-		}
-		abandoned[r.OrderID] = true
-	}
+	abandoned := buyAndAbandon(t, c, campaign, buyers)
 	// Freeze the zombie's Redis before the orders come due (a 2 s window):
 	// its sweeper can still move them in MySQL, but not give units back.
 	testenv.Eventually(t, 10*time.Second, "the buyers' orders in MySQL", func() (bool, string) {
 		orders := mustOrders(t, db, campaign)
-		return len(orders) == buyers, describeOrders(orders)
+		return int64(len(orders)) == buyers, describeOrders(orders)
 	})
 	proxy.stall()
 
@@ -116,96 +104,29 @@ func TestExpiryKilledBeforeRelease(t *testing.T) {
 	// release is once per order id.
 	proxy.release()
 
-	// Shoppers wait for units while a fresh worker takes over.
-	var wg sync.WaitGroup
-	done := make(chan struct{})
-	paid := make(chan string, waiting)
-	for i := range waiting {
-		wg.Go(func() { buyAndPay(t, c, campaign, fmt.Sprintf("w%d", i), done, paid) })
-	}
-	fresh := startWorkerProcess(t, bin, processEnv(cfg))
-	t.Cleanup(fresh.stop)
-
-	for range waiting {
-		select {
-		case <-paid:
-		case <-time.After(60 * time.Second):
-			close(done)
-			wg.Wait()
-			t.Fatalf("waiting shoppers not served after 60s: %s", describeOrders(mustOrders(t, db, campaign)))
-		}
-	}
-	close(done)
-	wg.Wait()
-
-	// Settled: every order paid or ended and released.
-	var orders []model.Order
-	testenv.Eventually(t, 20*time.Second, "every order paid or released", func() (bool, string) {
-		orders = mustOrders(t, db, campaign)
-		for _, o := range orders {
-			if o.Status == model.OrderPendingPayment || (o.Status.Final() && !o.Returned) {
-				return false, describeOrders(orders)
-			}
-		}
-		return c.stats(campaign).Queued == 0, describeOrders(orders)
-	})
-
-	released, err := rdb.HGetAll(context.Background(), "fs:{"+campaign+"}:released").Result()
-	if err != nil {
-		t.Fatalf("released: %v", err)
-	}
-	units, err := rdb.HGetAll(context.Background(), "fs:{"+campaign+"}:users").Result()
-	if err != nil {
-		t.Fatalf("users: %v", err)
-	}
-	var active, ended int64
-	activeOf := map[string]int64{}
-	for _, o := range orders {
-		_, rel := released[o.ID]
-		switch {
-		case o.Status == model.OrderPaid:
-			active += o.Quantity
-			activeOf[o.UserID] += o.Quantity
-			if rel {
-				t.Errorf("paid order %s released", o.ID)
-			}
-		case o.Status == model.OrderExpired:
-			ended++
-			if !rel {
-				t.Errorf("expired order %s not released", o.ID)
-			}
-		default:
-			t.Errorf("order %s is %s, want paid or expired", o.ID, o.Status)
-		}
-	}
-	for id := range abandoned {
-		if o := findOrder(orders, id); o.Status != model.OrderExpired {
-			t.Errorf("abandoned order %s is %s, want expired", id, o.Status)
-		}
-	}
-	if int64(len(released)) != ended {
-		t.Errorf("got %d releases in Redis, want one per expired order (%d)", len(released), ended)
-	}
-	if active != waiting {
-		t.Errorf("got %d paid units, want %d: the waiting shoppers bought the units given back", active, waiting)
-	}
-	for _, user := range []string{"b0", "b1", "b2", "b3", "w0", "w1", "w2"} {
-		got, _ := strconv.ParseInt(units[user], 10, 64)
-		if got != activeOf[user] {
-			t.Errorf("user %s: got %d units in Redis, want %d (active orders)", user, got, activeOf[user])
-		}
-	}
-	if st := c.stats(campaign); st.Remaining != stock-active || st.Sold != active {
-		t.Errorf("redis: got remaining %d, sold %d; want %d, %d (stock - active units)", st.Remaining, st.Sold, stock-active, active)
-	}
-	rep, err := reconcile.New(store.New(rdb), db).Check(context.Background(), campaign)
-	if err != nil {
-		t.Fatalf("reconcile: %v", err)
-	}
-	if !rep.Consistent() {
-		t.Errorf("redis and mysql disagree: %+v", rep.Differences)
-	}
+	orders := takeOverAndResell(t, bin, cfg, c, db, rdb, campaign, stock, waiting, abandoned)
 	t.Logf("at the kill: %s; at the end: %s; %d bytes held by the frozen proxy", atKill, describeOrders(orders), proxy.held())
+}
+
+// buyAndAbandon has n buyers buy one unit each and never pay; it returns
+// their order ids.
+func buyAndAbandon(t *testing.T, c *client, campaign string, n int64) map[string]bool {
+	t.Helper()
+	abandoned := map[string]bool{}
+	for i := range int(n) {
+		user := fmt.Sprintf("b%d", i)
+		tok := c.token(user)
+		var p purchaseBody
+		if code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", tok, `{"quantity":1}`, nil, &p); code != http.StatusAccepted {
+			t.Fatalf("%s: purchase got %d %q, want 202", user, code, p.Code)
+		}
+		r, ok := c.awaitResult(tok, p.RequestID)
+		if !ok || r.Status != "success" {
+			t.Fatalf("%s: result %+v, want success", user, r)
+		}
+		abandoned[r.OrderID] = true
+	}
+	return abandoned
 }
 
 // buyAndPay buys one unit, retrying while the sale is sold out, and pays
@@ -273,6 +194,103 @@ func findOrder(orders []model.Order, id string) model.Order {
 		}
 	}
 	return model.Order{}
+}
+
+// TestExpiryConsumerKilledBeforeRelease is issue #13's crash test 4 for
+// the expiry consumer: a `flashsale worker` child process with its Redis
+// and its MySQL each behind a stallProxy, the sweeper out of the way (an
+// hour's grace and interval). The consumer takes an expiry message and
+// reads the order from a frozen MySQL; Redis freezes, MySQL thaws: the
+// consumer expires the order in MySQL and hangs on the Redis release, and
+// is SIGKILLed there, its message unacknowledged. A fresh worker gets the
+// message again (redelivery after the lease) and completes the release:
+// the units come back exactly once, are resold, and Redis = MySQL.
+func TestExpiryConsumerKilledBeforeRelease(t *testing.T) {
+	cfg := realConfig(t, "redisstream")
+	cfg.Queue.LeaseTTL = time.Second
+	cfg.Payment.Grace = time.Hour
+	cfg.Payment.SweepInterval = time.Hour
+	bin := buildBinary(t)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	sys, err := start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), roleSet{gateway: true, notifier: true})
+	if err != nil {
+		cancel()
+		t.Fatalf("start gateway: %v", err)
+	}
+	t.Cleanup(func() { cancel(); _ = sys.Wait() })
+	c := newClient(t, "http://"+sys.Addr(), cfg.Auth)
+	c.db = cfg.Database
+
+	db, err := sqlstore.Open(context.Background(), cfg.Database.Driver, cfg.Database.DSN)
+	if err != nil {
+		t.Fatalf("open db: %v", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: cfg.Redis.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+
+	dsn, err := mysql.ParseDSN(cfg.Database.DSN)
+	if err != nil {
+		t.Fatalf("parse dsn: %v", err)
+	}
+	mproxy := newStallProxy(t, dsn.Addr)
+	rproxy := newStallProxy(t, cfg.Redis.Addr)
+	dsn.Addr = mproxy.addr()
+	stalled := cfg
+	stalled.Database.DSN = dsn.FormatDSN()
+	stalled.Redis.Addr = rproxy.addr()
+	zombie := startWorkerProcess(t, bin, processEnv(stalled))
+	t.Cleanup(zombie.kill)
+
+	campaign := testenv.UniqueName("killcons-")
+	const stock, buyers, waiting int64 = 3, 2, 2
+	c.openCampaignOf(campaignBody{ID: campaign, Name: "kill consumer", Stock: stock, PerUserLimit: 1, Price: 500,
+		PaymentWindow: "2s", StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)})
+	abandoned := buyAndAbandon(t, c, campaign, buyers)
+	var due time.Time // when the first order comes due
+	testenv.Eventually(t, 10*time.Second, "the buyers' orders in MySQL", func() (bool, string) {
+		orders := mustOrders(t, db, campaign)
+		for _, o := range orders {
+			if due.IsZero() || o.ExpiresAt.Before(due) {
+				due = o.ExpiresAt
+			}
+		}
+		return int64(len(orders)) == buyers, describeOrders(orders)
+	})
+	// With the sweeper idle, the only MySQL traffic left is the expiry
+	// consumer reading a due order.
+	mproxy.stall()
+	testenv.Eventually(t, 20*time.Second, "the expiry consumer reading an order", func() (bool, string) {
+		return mproxy.held() > 0, "nothing held"
+	})
+	if now := time.Now(); now.Before(due) {
+		t.Fatalf("the worker read MySQL at %v, before any order was due (%v): not the expiry consumer", now, due)
+	}
+	rproxy.stall()
+	mproxy.release()
+
+	// Stuck between the transition and the release.
+	testenv.Eventually(t, 20*time.Second, "an order expired but not released", func() (bool, string) {
+		orders := mustOrders(t, db, campaign)
+		for _, o := range orders {
+			if o.Status == model.OrderExpired && !o.Returned && rproxy.held() > 0 {
+				return true, ""
+			}
+		}
+		return false, describeOrders(orders)
+	})
+	if st := c.stats(campaign); st.Remaining != stock-buyers {
+		t.Fatalf("before the kill: remaining %d, want %d (nothing released yet)", st.Remaining, stock-buyers)
+	}
+	atKill := describeOrders(mustOrders(t, db, campaign))
+	zombie.kill()
+	// The zombie is dead; its release may still be in the proxy and land
+	// late, once per order id all the same.
+	rproxy.release()
+
+	orders := takeOverAndResell(t, bin, cfg, c, db, rdb, campaign, stock, waiting, abandoned)
+	t.Logf("at the kill: %s; at the end: %s; %d bytes held by the frozen Redis", atKill, describeOrders(orders), rproxy.held())
 }
 
 // TestWebhookKilledMidPayment is issue #13's crash test 4 for the payment
@@ -440,4 +458,109 @@ func startGatewayProcess(t *testing.T, bin string, env []string) *gatewayProcess
 func (g *gatewayProcess) kill() {
 	_ = g.cmd.Process.Signal(os.Kill)
 	_ = g.cmd.Wait()
+}
+
+// takeOverAndResell starts a fresh worker process (direct Redis and MySQL)
+// and waiting shoppers who buy and pay, then checks, once every order is
+// paid or ended and released, that each expired order (the abandoned ones
+// among them) gave its units back exactly once, that the waiting shoppers
+// bought them, and that Redis = MySQL.
+func takeOverAndResell(t *testing.T, bin string, cfg config.Config, c *client, db *sqlstore.DB, rdb *redis.Client,
+	campaign string, stock, waiting int64, abandoned map[string]bool) []model.Order {
+	t.Helper()
+	// Shoppers wait for units while a fresh worker takes over.
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	paid := make(chan string, waiting)
+	for i := range int(waiting) {
+		wg.Go(func() { buyAndPay(t, c, campaign, fmt.Sprintf("w%d", i), done, paid) })
+	}
+	fresh := startWorkerProcess(t, bin, processEnv(cfg))
+	t.Cleanup(fresh.stop)
+
+	for range waiting {
+		select {
+		case <-paid:
+		case <-time.After(60 * time.Second):
+			close(done)
+			wg.Wait()
+			t.Fatalf("waiting shoppers not served after 60s: %s", describeOrders(mustOrders(t, db, campaign)))
+		}
+	}
+	close(done)
+	wg.Wait()
+
+	// Settled: every order paid or ended and released.
+	var orders []model.Order
+	testenv.Eventually(t, 20*time.Second, "every order paid or released", func() (bool, string) {
+		orders = mustOrders(t, db, campaign)
+		for _, o := range orders {
+			if o.Status == model.OrderPendingPayment || (o.Status.Final() && !o.Returned) {
+				return false, describeOrders(orders)
+			}
+		}
+		return c.stats(campaign).Queued == 0, describeOrders(orders)
+	})
+
+	released, err := rdb.HGetAll(context.Background(), "fs:{"+campaign+"}:released").Result()
+	if err != nil {
+		t.Fatalf("released: %v", err)
+	}
+	units, err := rdb.HGetAll(context.Background(), "fs:{"+campaign+"}:users").Result()
+	if err != nil {
+		t.Fatalf("users: %v", err)
+	}
+	var active, ended int64
+	activeOf := map[string]int64{}
+	for _, o := range orders {
+		_, rel := released[o.ID]
+		switch {
+		case o.Status == model.OrderPaid:
+			active += o.Quantity
+			activeOf[o.UserID] += o.Quantity
+			if rel {
+				t.Errorf("paid order %s released", o.ID)
+			}
+		case o.Status == model.OrderExpired:
+			ended++
+			if !rel {
+				t.Errorf("expired order %s not released", o.ID)
+			}
+		default:
+			t.Errorf("order %s is %s, want paid or expired", o.ID, o.Status)
+		}
+	}
+	for id := range abandoned {
+		if o := findOrder(orders, id); o.Status != model.OrderExpired {
+			t.Errorf("abandoned order %s is %s, want expired", id, o.Status)
+		}
+	}
+	if int64(len(released)) != ended {
+		t.Errorf("got %d releases in Redis, want one per expired order (%d)", len(released), ended)
+	}
+	if active != waiting {
+		t.Errorf("got %d paid units, want %d: the waiting shoppers bought the units given back", active, waiting)
+	}
+	for user, n := range units {
+		if _, ok := activeOf[user]; !ok && n != "0" {
+			t.Errorf("user %s: got %s units in Redis, want 0 (no active order)", user, n)
+		}
+	}
+	for user, want := range activeOf {
+		got, _ := strconv.ParseInt(units[user], 10, 64)
+		if got != want {
+			t.Errorf("user %s: got %d units in Redis, want %d (active orders)", user, got, want)
+		}
+	}
+	if st := c.stats(campaign); st.Remaining != stock-active || st.Sold != active {
+		t.Errorf("redis: got remaining %d, sold %d; want %d, %d (stock - active units)", st.Remaining, st.Sold, stock-active, active)
+	}
+	rep, err := reconcile.New(store.New(rdb), db).Check(context.Background(), campaign)
+	if err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	if !rep.Consistent() {
+		t.Errorf("redis and mysql disagree: %+v", rep.Differences)
+	}
+	return orders
 }
