@@ -69,17 +69,18 @@ func TestExpiryKilledBeforeRelease(t *testing.T) {
 	t.Cleanup(zombie.kill)
 
 	campaign := testenv.UniqueName("killexp-")
-	const stock, buyers, waiting int64 = 4, 4, 3
+	const stock, buyers, waiting int64 = 5, 4, 3
 	c.openCampaignOf(campaignBody{ID: campaign, Name: "kill expiry", Stock: stock, PerUserLimit: 1, Price: 500,
 		PaymentWindow: "2s", StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)})
 
-	// The first buyers take every unit and never pay.
+	// The first buyers take every unit: all but one never pay.
 	abandoned := buyAndAbandon(t, c, campaign, buyers)
+	mustBuyAndPay(t, c, campaign, "p0")
 	// Freeze the zombie's Redis before the orders come due (a 2 s window):
 	// its sweeper can still move them in MySQL, but not give units back.
 	testenv.Eventually(t, 10*time.Second, "the buyers' orders in MySQL", func() (bool, string) {
 		orders := mustOrders(t, db, campaign)
-		return int64(len(orders)) == buyers, describeOrders(orders)
+		return int64(len(orders)) == buyers+1, describeOrders(orders)
 	})
 	proxy.stall()
 
@@ -104,7 +105,7 @@ func TestExpiryKilledBeforeRelease(t *testing.T) {
 	// release is once per order id.
 	proxy.release()
 
-	orders := takeOverAndResell(t, bin, cfg, c, db, rdb, campaign, stock, waiting, abandoned)
+	orders := takeOverAndResell(t, bin, cfg, c, db, rdb, campaign, stock, 1, waiting, abandoned)
 	t.Logf("at the kill: %s; at the end: %s; %d bytes held by the frozen proxy", atKill, describeOrders(orders), proxy.held())
 }
 
@@ -127,6 +128,19 @@ func buyAndAbandon(t *testing.T, c *client, campaign string, n int64) map[string
 		abandoned[r.OrderID] = true
 	}
 	return abandoned
+}
+
+// mustBuyAndPay has user buy one unit and pay for it.
+func mustBuyAndPay(t *testing.T, c *client, campaign, user string) {
+	t.Helper()
+	paid, done := make(chan string, 1), make(chan struct{})
+	defer time.AfterFunc(20*time.Second, func() { close(done) }).Stop()
+	buyAndPay(t, c, campaign, user, done, paid)
+	select {
+	case <-paid:
+	default:
+		t.Fatalf("%s: could not buy and pay", user)
+	}
 }
 
 // buyAndPay buys one unit, retrying while the sale is sold out, and pays
@@ -247,7 +261,10 @@ func TestExpiryConsumerKilledBeforeRelease(t *testing.T) {
 	const stock, buyers, waiting int64 = 3, 2, 2
 	c.openCampaignOf(campaignBody{ID: campaign, Name: "kill consumer", Stock: stock, PerUserLimit: 1, Price: 500,
 		PaymentWindow: "2s", StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)})
+	// The buyers take every unit: all but the last never pay. The payer's
+	// order comes due last, so the consumer meets an abandoned one first.
 	abandoned := buyAndAbandon(t, c, campaign, buyers)
+	mustBuyAndPay(t, c, campaign, "p0")
 	var due time.Time // when the first order comes due
 	testenv.Eventually(t, 10*time.Second, "the buyers' orders in MySQL", func() (bool, string) {
 		orders := mustOrders(t, db, campaign)
@@ -256,7 +273,7 @@ func TestExpiryConsumerKilledBeforeRelease(t *testing.T) {
 				due = o.ExpiresAt
 			}
 		}
-		return int64(len(orders)) == buyers, describeOrders(orders)
+		return int64(len(orders)) == buyers+1, describeOrders(orders)
 	})
 	// With the sweeper idle, the only MySQL traffic left is the expiry
 	// consumer reading a due order.
@@ -280,8 +297,8 @@ func TestExpiryConsumerKilledBeforeRelease(t *testing.T) {
 		}
 		return false, describeOrders(orders)
 	})
-	if st := c.stats(campaign); st.Remaining != stock-buyers {
-		t.Fatalf("before the kill: remaining %d, want %d (nothing released yet)", st.Remaining, stock-buyers)
+	if st := c.stats(campaign); st.Remaining != 0 || !st.SoldOut {
+		t.Fatalf("before the kill: remaining %d, sold out %v; want 0, true (nothing released yet)", st.Remaining, st.SoldOut)
 	}
 	atKill := describeOrders(mustOrders(t, db, campaign))
 	zombie.kill()
@@ -289,7 +306,7 @@ func TestExpiryConsumerKilledBeforeRelease(t *testing.T) {
 	// late, once per order id all the same.
 	rproxy.release()
 
-	orders := takeOverAndResell(t, bin, cfg, c, db, rdb, campaign, stock, waiting, abandoned)
+	orders := takeOverAndResell(t, bin, cfg, c, db, rdb, campaign, stock, 1, waiting, abandoned)
 	t.Logf("at the kill: %s; at the end: %s; %d bytes held by the frozen Redis", atKill, describeOrders(orders), rproxy.held())
 }
 
@@ -461,12 +478,15 @@ func (g *gatewayProcess) kill() {
 }
 
 // takeOverAndResell starts a fresh worker process (direct Redis and MySQL)
-// and waiting shoppers who buy and pay, then checks, once every order is
-// paid or ended and released, that each expired order (the abandoned ones
-// among them) gave its units back exactly once, that the waiting shoppers
-// bought them, and that Redis = MySQL.
+// and waiting shoppers who buy and pay, with kept units paid for before.
+// Then it checks, once every
+// order is paid or ended and released, that each expired order (the
+// abandoned ones among them) gave its units back exactly once, that the
+// waiting shoppers bought them, and that Redis = MySQL. A unit given back
+// twice shows in remaining: the units paid before the kill keep it below
+// the stock, where release.lua stops adding.
 func takeOverAndResell(t *testing.T, bin string, cfg config.Config, c *client, db *sqlstore.DB, rdb *redis.Client,
-	campaign string, stock, waiting int64, abandoned map[string]bool) []model.Order {
+	campaign string, stock, kept, waiting int64, abandoned map[string]bool) []model.Order {
 	t.Helper()
 	// Shoppers wait for units while a fresh worker takes over.
 	var wg sync.WaitGroup
@@ -538,8 +558,8 @@ func takeOverAndResell(t *testing.T, bin string, cfg config.Config, c *client, d
 	if int64(len(released)) != ended {
 		t.Errorf("got %d releases in Redis, want one per expired order (%d)", len(released), ended)
 	}
-	if active != waiting {
-		t.Errorf("got %d paid units, want %d: the waiting shoppers bought the units given back", active, waiting)
+	if active != kept+waiting {
+		t.Errorf("got %d paid units, want %d: the waiting shoppers bought the units given back", active, kept+waiting)
 	}
 	for user, n := range units {
 		if _, ok := activeOf[user]; !ok && n != "0" {
