@@ -79,7 +79,7 @@ func TestLifecycleRace(t *testing.T) {
 			const stock = 100
 			c.openCampaignOf(campaignBody{ID: campaign, Name: "lifecycle", Stock: stock, PerUserLimit: 1, Price: 1999,
 				PaymentWindow: "2s", StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)})
-			runLifecycleSale(t, c, cfg.Redis.Addr, campaign, stock, 2000, 50*time.Second)
+			runLifecycleSale(t, c, cfg.Redis.Addr, campaign, stock, 2000, 2*time.Minute)
 		})
 	}
 }
