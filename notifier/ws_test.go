@@ -263,8 +263,12 @@ func TestWSResultDuringCheck(t *testing.T) {
 func TestWSExactlyOnceUnderConcurrency(t *testing.T) {
 	t.Parallel()
 	e, f := fakeEnv(t)
-	h := newHarness(t, f, Options{RecheckInterval: 5 * time.Millisecond, ReadLimit: 1 << 16, MaxSubscriptionsPerConn: 1000})
+	// The send buffer holds every result at once: a writer starved of CPU
+	// must not get this client dropped as slow (TestWSSlowClientDropped
+	// tests that), only never send a result twice.
 	const n = 100
+	h := newHarness(t, f, Options{RecheckInterval: 5 * time.Millisecond, ReadLimit: 1 << 16, MaxSubscriptionsPerConn: 1000,
+		SendBuffer: 2 * n})
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = e.newRequest(t, "alice")
@@ -572,7 +576,7 @@ func TestWSSlowClientDropped(t *testing.T) {
 		t.Fatal("publishing blocked on a slow client for 5s")
 	}
 	checkResult(t, mustReadResult(t, fast), successResult(fastID, "fay"))
-	waitFor(t, 3*time.Second, "the slow client dropped", func() bool { return gaugeValue(h.m.WebSocketClients) == 1 })
+	waitFor(t, 30*time.Second, "the slow client dropped", func() bool { return gaugeValue(h.m.WebSocketClients) == 1 })
 
 	got := 0
 	for {
