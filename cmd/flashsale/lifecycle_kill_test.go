@@ -86,27 +86,7 @@ func TestExpiryKilledBeforeRelease(t *testing.T) {
 
 	// Stuck between the transition and the release: an order expired in
 	// MySQL, its release not applied, and the zombie's Redis traffic held.
-	testenv.Eventually(t, 20*time.Second, "an order expired but not released", func() (bool, string) {
-		orders := mustOrders(t, db, campaign)
-		for _, o := range orders {
-			if o.Status == model.OrderExpired && !o.Returned && proxy.held() > 0 {
-				return true, ""
-			}
-		}
-		return false, describeOrders(orders)
-	})
-	if st := c.stats(campaign); st.Remaining != 0 || !st.SoldOut {
-		t.Fatalf("before the kill: remaining %d, sold out %v; want 0, true (nothing released yet)", st.Remaining, st.SoldOut)
-	}
-	atKill := describeOrders(mustOrders(t, db, campaign))
-	zombie.kill()
-	// The zombie is dead. Its release may still be in the proxy: let it
-	// through, as a network that thaws would. Whether it lands or not, the
-	// release is once per order id.
-	proxy.release()
-
-	orders := takeOverAndResell(t, bin, cfg, c, db, rdb, campaign, stock, 1, waiting, abandoned)
-	t.Logf("at the kill: %s; at the end: %s; %d bytes held by the frozen proxy", atKill, describeOrders(orders), proxy.held())
+	killStuckAndTakeOver(t, bin, cfg, c, db, rdb, campaign, stock, waiting, abandoned, zombie, proxy)
 }
 
 // buyAndAbandon has n buyers buy one unit each and never pay; it returns
@@ -288,26 +268,7 @@ func TestExpiryConsumerKilledBeforeRelease(t *testing.T) {
 	mproxy.release()
 
 	// Stuck between the transition and the release.
-	testenv.Eventually(t, 20*time.Second, "an order expired but not released", func() (bool, string) {
-		orders := mustOrders(t, db, campaign)
-		for _, o := range orders {
-			if o.Status == model.OrderExpired && !o.Returned && rproxy.held() > 0 {
-				return true, ""
-			}
-		}
-		return false, describeOrders(orders)
-	})
-	if st := c.stats(campaign); st.Remaining != 0 || !st.SoldOut {
-		t.Fatalf("before the kill: remaining %d, sold out %v; want 0, true (nothing released yet)", st.Remaining, st.SoldOut)
-	}
-	atKill := describeOrders(mustOrders(t, db, campaign))
-	zombie.kill()
-	// The zombie is dead; its release may still be in the proxy and land
-	// late, once per order id all the same.
-	rproxy.release()
-
-	orders := takeOverAndResell(t, bin, cfg, c, db, rdb, campaign, stock, 1, waiting, abandoned)
-	t.Logf("at the kill: %s; at the end: %s; %d bytes held by the frozen Redis", atKill, describeOrders(orders), rproxy.held())
+	killStuckAndTakeOver(t, bin, cfg, c, db, rdb, campaign, stock, waiting, abandoned, zombie, rproxy)
 }
 
 // TestWebhookKilledMidPayment is issue #13's crash test 4 for the payment
@@ -475,6 +436,33 @@ func startGatewayProcess(t *testing.T, bin string, env []string) *gatewayProcess
 func (g *gatewayProcess) kill() {
 	_ = g.cmd.Process.Signal(os.Kill)
 	_ = g.cmd.Wait()
+}
+
+// killStuckAndTakeOver waits until an order is expired in MySQL while the
+// zombie worker's release is held in redisProxy (nothing given back yet),
+// SIGKILLs the zombie there, lets what it left in the proxy through (as a
+// network that thaws would: whether it lands or not, a release is once per
+// order id), and has a fresh worker take over (takeOverAndResell).
+func killStuckAndTakeOver(t *testing.T, bin string, cfg config.Config, c *client, db *sqlstore.DB, rdb *redis.Client,
+	campaign string, stock, waiting int64, abandoned map[string]bool, zombie *workerProcess, redisProxy *stallProxy) {
+	t.Helper()
+	testenv.Eventually(t, 20*time.Second, "an order expired but not released", func() (bool, string) {
+		orders := mustOrders(t, db, campaign)
+		for _, o := range orders {
+			if o.Status == model.OrderExpired && !o.Returned && redisProxy.held() > 0 {
+				return true, ""
+			}
+		}
+		return false, describeOrders(orders)
+	})
+	if st := c.stats(campaign); st.Remaining != 0 || !st.SoldOut {
+		t.Fatalf("before the kill: remaining %d, sold out %v; want 0, true (nothing released yet)", st.Remaining, st.SoldOut)
+	}
+	atKill := describeOrders(mustOrders(t, db, campaign))
+	zombie.kill()
+	redisProxy.release()
+	orders := takeOverAndResell(t, bin, cfg, c, db, rdb, campaign, stock, 1, waiting, abandoned)
+	t.Logf("at the kill: %s; at the end: %s; %d bytes held by the frozen Redis", atKill, describeOrders(orders), redisProxy.held())
 }
 
 // takeOverAndResell starts a fresh worker process (direct Redis and MySQL)
