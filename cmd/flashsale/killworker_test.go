@@ -50,6 +50,22 @@ func processEnv(cfg config.Config) []string {
 	)
 }
 
+// startFrontEnd runs a gateway and a notifier in this process, for tests
+// whose workers are child processes, and returns a client of them.
+func startFrontEnd(t *testing.T, cfg config.Config) *client {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	sys, err := start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), roleSet{gateway: true, notifier: true})
+	if err != nil {
+		cancel()
+		t.Fatalf("start gateway: %v", err)
+	}
+	t.Cleanup(func() { cancel(); _ = sys.Wait() })
+	c := newClient(t, "http://"+sys.Addr(), cfg.Auth)
+	c.db = cfg.Database
+	return c
+}
+
 // workerProcess is a `flashsale worker` child process.
 type workerProcess struct{ cmd *exec.Cmd }
 
@@ -117,15 +133,7 @@ func TestWorkerKilled(t *testing.T) {
 	env := processEnv(cfg)
 
 	// Gateway and notifier in this process; workers only as child processes.
-	ctx, cancel := context.WithCancel(context.Background())
-	sys, err := start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), roleSet{gateway: true, notifier: true})
-	if err != nil {
-		cancel()
-		t.Fatalf("start gateway: %v", err)
-	}
-	t.Cleanup(func() { cancel(); _ = sys.Wait() })
-	c := newClient(t, "http://"+sys.Addr(), cfg.Auth)
-	c.db = cfg.Database
+	c := startFrontEnd(t, cfg)
 
 	var mu sync.Mutex
 	workers := []*workerProcess{startWorkerProcess(t, bin, env), startWorkerProcess(t, bin, env)}

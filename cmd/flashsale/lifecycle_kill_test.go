@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -44,15 +43,7 @@ func TestExpiryKilledBeforeRelease(t *testing.T) {
 	cfg.Payment.SweepInterval = 100 * time.Millisecond
 	bin := buildBinary(t)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	sys, err := start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), roleSet{gateway: true, notifier: true})
-	if err != nil {
-		cancel()
-		t.Fatalf("start gateway: %v", err)
-	}
-	t.Cleanup(func() { cancel(); _ = sys.Wait() })
-	c := newClient(t, "http://"+sys.Addr(), cfg.Auth)
-	c.db = cfg.Database
+	c := startFrontEnd(t, cfg)
 
 	db, err := sqlstore.Open(context.Background(), cfg.Database.Driver, cfg.Database.DSN)
 	if err != nil {
@@ -206,15 +197,7 @@ func TestExpiryConsumerKilledBeforeRelease(t *testing.T) {
 	cfg.Payment.SweepInterval = time.Hour
 	bin := buildBinary(t)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	sys, err := start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), roleSet{gateway: true, notifier: true})
-	if err != nil {
-		cancel()
-		t.Fatalf("start gateway: %v", err)
-	}
-	t.Cleanup(func() { cancel(); _ = sys.Wait() })
-	c := newClient(t, "http://"+sys.Addr(), cfg.Auth)
-	c.db = cfg.Database
+	c := startFrontEnd(t, cfg)
 
 	db, err := sqlstore.Open(context.Background(), cfg.Database.Driver, cfg.Database.DSN)
 	if err != nil {
