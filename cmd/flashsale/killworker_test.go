@@ -2,14 +2,17 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
+	"regexp"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,60 +69,122 @@ func startFrontEnd(t *testing.T, cfg config.Config) *client {
 	return c
 }
 
-// workerProcess is a `flashsale worker` child process.
-type workerProcess struct{ cmd *exec.Cmd }
+// roleProcess is a `flashsale <role>` child process.
+type roleProcess struct {
+	role   string
+	cmd    *exec.Cmd
+	addr   string // its HTTP listener
+	stderr *lockedBuffer
+	exited chan struct{}
+	err    error // Wait's result, set before exited is closed
+	killed atomic.Bool
+}
 
-func startWorkerProcess(t *testing.T, bin string, env []string) *workerProcess {
+// startRole starts `flashsale <role>` with env and waits until it
+// listens. At cleanup it stops the process if the test has not, and shows its
+// stderr if the test failed.
+func startRole(t *testing.T, bin, role string, env []string) *roleProcess {
 	t.Helper()
-	cmd := exec.Command(bin, "worker")
-	cmd.Env = env
-	cmd.Stderr = io.Discard
-	stdout, err := cmd.StdoutPipe()
+	p := &roleProcess{role: role, cmd: exec.Command(bin, role), stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	p.cmd.Env = env
+	p.cmd.Stderr = p.stderr
+	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start worker: %v", err)
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start flashsale %s: %v", role, err)
 	}
-	// The worker prints its address once it consumes; wait for that.
-	lines := bufio.NewScanner(stdout)
-	ready := make(chan bool, 1)
+	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() {
+		if err := p.stop(); err != nil && !p.killed.Load() {
+			t.Errorf("flashsale %s: %v", role, err)
+		}
+		if t.Failed() {
+			t.Logf("flashsale %s stderr:\n%s", role, p.stderr.String())
+		}
+	})
+
+	addr := make(chan string, 1)
 	go func() {
-		ok := false
+		lines := bufio.NewScanner(stdout)
 		for lines.Scan() {
-			if strings.Contains(lines.Text(), "listening on") {
-				ok = true
+			if m := listeningOn.FindStringSubmatch(lines.Text()); m != nil {
+				addr <- m[1]
 				break
 			}
 		}
-		ready <- ok
 		_, _ = io.Copy(io.Discard, stdout)
 	}()
 	select {
-	case ok := <-ready:
-		if !ok {
-			t.Fatalf("worker process exited before it was ready")
-		}
+	case p.addr = <-addr:
+		return p
+	case <-p.exited:
+		t.Fatalf("flashsale %s exited before listening:\n%s", role, p.stderr.String())
 	case <-time.After(20 * time.Second):
-		t.Fatalf("worker process not ready after 20s")
+		t.Fatalf("flashsale %s not listening after 20s:\n%s", role, p.stderr.String())
 	}
-	return &workerProcess{cmd: cmd}
+	return nil
 }
 
-func (w *workerProcess) kill() {
-	_ = w.cmd.Process.Signal(os.Kill)
-	_ = w.cmd.Wait()
+var listeningOn = regexp.MustCompile(`listening on http://(\S+)`)
+
+// client returns a client of the process's HTTP listener.
+func (p *roleProcess) client(t *testing.T, cfg config.Config) *client {
+	c := newClient(t, "http://"+p.addr, cfg.Auth)
+	c.db = cfg.Database
+	return c
 }
 
-func (w *workerProcess) stop() {
-	_ = w.cmd.Process.Signal(os.Interrupt)
-	done := make(chan struct{})
-	go func() { _ = w.cmd.Wait(); close(done) }()
+// kill SIGKILLs the process, as a crash would, and waits until it is gone;
+// its cleanup then expects no clean exit.
+func (p *roleProcess) kill() {
+	p.killed.Store(true)
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+}
+
+// stop interrupts the process, as an operator's SIGTERM would, and returns
+// an error unless it shuts down cleanly within 20 s. It may be called again.
+func (p *roleProcess) stop() error {
 	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-		w.kill()
+	case <-p.exited:
+		return p.err
+	default:
 	}
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-p.exited:
+		return p.err
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+		return errors.New("did not stop within 20s of SIGINT; killed")
+	}
+}
+
+// lockedBuffer collects a child's stderr; the child writes while the test
+// may read.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// startWorkerProcess starts a `flashsale worker` child process.
+func startWorkerProcess(t *testing.T, bin string, env []string) *roleProcess {
+	return startRole(t, bin, "worker", env)
 }
 
 // TestWorkerKilled: worker processes are SIGKILLed mid-batch five times
@@ -136,14 +201,9 @@ func TestWorkerKilled(t *testing.T) {
 	c := startFrontEnd(t, cfg)
 
 	var mu sync.Mutex
-	workers := []*workerProcess{startWorkerProcess(t, bin, env), startWorkerProcess(t, bin, env)}
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, w := range workers {
-			w.stop()
-		}
-	})
+	// Each process stops at its test's cleanup, and must stop cleanly
+	// unless it was killed.
+	workers := []*roleProcess{startWorkerProcess(t, bin, env), startWorkerProcess(t, bin, env)}
 
 	campaign := testenv.UniqueName("kill-")
 	soak := testenv.Soak()

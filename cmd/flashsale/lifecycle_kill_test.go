@@ -1,13 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -286,7 +282,7 @@ func TestWebhookKilledMidPayment(t *testing.T) {
 	dsn.Addr = proxy.addr()
 	stalled := cfg
 	stalled.Database.DSN = dsn.FormatDSN()
-	zombie := startGatewayProcess(t, bin, processEnv(stalled))
+	zombie := startRole(t, bin, "gateway", processEnv(stalled))
 	t.Cleanup(zombie.kill)
 
 	body := webhookBody("pay-"+o.ID, o.ID, "succeeded", price)
@@ -371,63 +367,13 @@ func TestWebhookKilledMidPayment(t *testing.T) {
 	t.Logf("%d bytes held by the frozen proxy", proxy.held())
 }
 
-// gatewayProcess is a `flashsale gateway` child process, to be killed.
-type gatewayProcess struct {
-	cmd  *exec.Cmd
-	addr string
-}
-
-func startGatewayProcess(t *testing.T, bin string, env []string) *gatewayProcess {
-	t.Helper()
-	cmd := exec.Command(bin, "gateway")
-	cmd.Env = env
-	cmd.Stderr = io.Discard
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start gateway: %v", err)
-	}
-	addr := make(chan string, 1)
-	go func() {
-		lines := bufio.NewScanner(stdout)
-		for lines.Scan() {
-			if m := listeningOn.FindStringSubmatch(lines.Text()); m != nil {
-				addr <- m[1]
-				break
-			}
-		}
-		close(addr)
-		_, _ = io.Copy(io.Discard, stdout)
-	}()
-	select {
-	case a, ok := <-addr:
-		if !ok {
-			_ = cmd.Wait()
-			t.Fatalf("gateway process exited before it listened")
-		}
-		return &gatewayProcess{cmd: cmd, addr: a}
-	case <-time.After(20 * time.Second):
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Fatalf("gateway process not listening after 20s")
-	}
-	return nil
-}
-
-func (g *gatewayProcess) kill() {
-	_ = g.cmd.Process.Signal(os.Kill)
-	_ = g.cmd.Wait()
-}
-
 // killStuckAndTakeOver waits until an order is expired in MySQL while the
 // zombie worker's release is held in redisProxy (nothing given back yet),
 // SIGKILLs the zombie there, lets what it left in the proxy through (as a
 // network that thaws would: whether it lands or not, a release is once per
 // order id), and has a fresh worker take over (takeOverAndResell).
 func killStuckAndTakeOver(t *testing.T, bin string, cfg config.Config, c *client, db *sqlstore.DB, rdb *redis.Client,
-	campaign string, stock, waiting int64, abandoned map[string]bool, zombie *workerProcess, redisProxy *stallProxy) {
+	campaign string, stock, waiting int64, abandoned map[string]bool, zombie *roleProcess, redisProxy *stallProxy) {
 	t.Helper()
 	testenv.Eventually(t, 20*time.Second, "an order expired but not released", func() (bool, string) {
 		orders := mustOrders(t, db, campaign)
@@ -466,8 +412,7 @@ func takeOverAndResell(t *testing.T, bin string, cfg config.Config, c *client, d
 	for i := range int(waiting) {
 		wg.Go(func() { buyAndPay(t, c, campaign, fmt.Sprintf("w%d", i), done, paid) })
 	}
-	fresh := startWorkerProcess(t, bin, processEnv(cfg))
-	t.Cleanup(fresh.stop)
+	startWorkerProcess(t, bin, processEnv(cfg))
 
 	for range waiting {
 		select {

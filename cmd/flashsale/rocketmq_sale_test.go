@@ -45,8 +45,8 @@ func TestConsumerKilledMidBatch(t *testing.T) {
 	srv.CreateTopic(cfg.Queue.ExpiryTopic, rocketMQQueues)
 	bin := buildBinary(t)
 	env := append(rocketMQEnv(cfg, srv.Addr()), "FLASHSALE_QUEUE_BATCH_SIZE=16")
-	shop := startRocketMQRole(t, bin, "gateway", env).client(t, cfg)
-	results := startRocketMQRole(t, bin, "notifier", env).client(t, cfg)
+	shop := startRole(t, bin, "gateway", env).client(t, cfg)
+	results := startRole(t, bin, "notifier", env).client(t, cfg)
 
 	// The doomed worker reaches the broker only through a port of its own,
 	// and MySQL only through a proxy that can stall.
@@ -62,7 +62,7 @@ func TestConsumerKilledMidBatch(t *testing.T) {
 	dsn.Addr = db.addr()
 	doomedCfg := cfg
 	doomedCfg.Database.DSN = dsn.FormatDSN()
-	doomed := startRocketMQRole(t, bin, "worker", append(rocketMQEnv(doomedCfg, port.Addr()), "FLASHSALE_QUEUE_BATCH_SIZE=16"))
+	doomed := startRole(t, bin, "worker", append(rocketMQEnv(doomedCfg, port.Addr()), "FLASHSALE_QUEUE_BATCH_SIZE=16"))
 	db.stall()
 	t.Cleanup(db.release) // before the doomed worker's stop, which waits for its batch
 
@@ -96,7 +96,7 @@ func TestConsumerKilledMidBatch(t *testing.T) {
 	}
 	killed := time.Now()
 
-	startRocketMQRole(t, bin, "worker", env)
+	startRole(t, bin, "worker", env)
 	st := shop.settle(campaign, 60*time.Second)
 	t.Logf("survivor settled the sale %v after the kill; the dead worker held %d requests", time.Since(killed), len(held))
 	verifySettled(t, results, campaign, stock, 1, accepted, st)
@@ -142,7 +142,7 @@ func TestBrokerRestartMidSale(t *testing.T) {
 	srv.CreateTopic(cfg.Queue.Topic, rocketMQQueues)
 	srv.CreateTopic(cfg.Queue.ExpiryTopic, rocketMQQueues)
 	env := append(rocketMQEnv(cfg, srv.Addr()), "FLASHSALE_GATEWAY_PUBLISH_TIMEOUT=300ms")
-	c := startRocketMQRole(t, buildBinary(t), "serve", env).client(t, cfg)
+	c := startRole(t, buildBinary(t), "serve", env).client(t, cfg)
 	campaign := testenv.UniqueName("rmqrestart-")
 	c.openCampaign(campaign, stock, 1)
 

@@ -1,17 +1,8 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
-	"errors"
 	"fmt"
-	"io"
-	"os"
-	"os/exec"
-	"regexp"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/flashsale/flashsale/internal/config"
 	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
@@ -36,7 +27,7 @@ func startRocketMQProcess(t *testing.T, cfg config.Config) *client {
 	t.Helper()
 	srv := startBrokerDouble(t, rmqtest.Options{})
 	createTopics(srv, cfg)
-	p := startRocketMQRole(t, buildBinary(t), "serve", rocketMQEnv(cfg, srv.Addr()))
+	p := startRole(t, buildBinary(t), "serve", rocketMQEnv(cfg, srv.Addr()))
 	return p.client(t, cfg)
 }
 
@@ -71,108 +62,4 @@ func rocketMQEnv(cfg config.Config, nameServer string) []string {
 		fmt.Sprintf("FLASHSALE_GATEWAY_USER_BURST=%d", cfg.Gateway.UserBurst),
 		"FLASHSALE_NOTIFIER_ALLOWED_ORIGINS=*",
 	)
-}
-
-// rocketMQRole is a `flashsale <role>` child process.
-type rocketMQRole struct {
-	role   string
-	cmd    *exec.Cmd
-	addr   string // its HTTP listener
-	stderr *lockedBuffer
-	exited chan struct{}
-	err    error // Wait's result, set before exited is closed
-}
-
-// startRocketMQRole starts `flashsale <role>` with env and waits until it
-// listens. At cleanup it stops the process if the test has not, and shows its
-// stderr if the test failed.
-func startRocketMQRole(t *testing.T, bin, role string, env []string) *rocketMQRole {
-	t.Helper()
-	p := &rocketMQRole{role: role, cmd: exec.Command(bin, role), stderr: &lockedBuffer{}, exited: make(chan struct{})}
-	p.cmd.Env = env
-	p.cmd.Stderr = p.stderr
-	stdout, err := p.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start flashsale %s: %v", role, err)
-	}
-	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
-	t.Cleanup(func() {
-		if err := p.stop(); err != nil {
-			t.Errorf("flashsale %s: %v", role, err)
-		}
-		if t.Failed() {
-			t.Logf("flashsale %s stderr:\n%s", role, p.stderr.String())
-		}
-	})
-
-	addr := make(chan string, 1)
-	go func() {
-		lines := bufio.NewScanner(stdout)
-		for lines.Scan() {
-			if m := listeningOn.FindStringSubmatch(lines.Text()); m != nil {
-				addr <- m[1]
-				break
-			}
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-	}()
-	select {
-	case p.addr = <-addr:
-		return p
-	case <-p.exited:
-		t.Fatalf("flashsale %s exited before listening:\n%s", role, p.stderr.String())
-	case <-time.After(20 * time.Second):
-		t.Fatalf("flashsale %s not listening after 20s:\n%s", role, p.stderr.String())
-	}
-	return nil
-}
-
-var listeningOn = regexp.MustCompile(`listening on http://(\S+)`)
-
-// client returns a client of the process's HTTP listener.
-func (p *rocketMQRole) client(t *testing.T, cfg config.Config) *client {
-	c := newClient(t, "http://"+p.addr, cfg.Auth)
-	c.db = cfg.Database
-	return c
-}
-
-// stop interrupts the process, as an operator's SIGTERM would, and returns
-// an error unless it shuts down cleanly within 20 s. It may be called again.
-func (p *rocketMQRole) stop() error {
-	select {
-	case <-p.exited:
-		return p.err
-	default:
-	}
-	_ = p.cmd.Process.Signal(os.Interrupt)
-	select {
-	case <-p.exited:
-		return p.err
-	case <-time.After(20 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-		return errors.New("did not stop within 20s of SIGINT; killed")
-	}
-}
-
-// lockedBuffer collects a child's stderr; the child writes while the test
-// may read.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
