@@ -32,11 +32,30 @@ STOCK=${BENCH_STOCK:-1000}
 STAGES=${BENCH_STAGES:-hello,admit,soldout,e2e}
 want() { [[ ",$STAGES," == *",$1,"* ]]; }
 REDIS_ADDR=127.0.0.1:6379
-PORT=18080
-HELLO_PORT=18090
 
 say() { printf 'bench: %s\n' "$*" >&2; }
 die() { say "FATAL: $*"; exit 1; }
+
+# answers PORT: something accepts connections on 127.0.0.1:PORT.
+answers() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# free_port: a port nothing listens on, picked at random above the
+# ephemeral range's usual start, so runs side by side and a stray server
+# left on a fixed port cannot answer for this run's processes.
+TAKEN=" "
+free_port() {
+  local p
+  for _ in $(seq 1 200); do
+    p=$((20000 + RANDOM % 12000))
+    if [[ $TAKEN != *" $p "* ]] && ! answers "$p"; then
+      TAKEN+="$p "
+      echo "$p"
+      return 0
+    fi
+  done
+  die "no free port found"
+}
+PORT=$(free_port)
+HELLO_PORT=$(free_port)
 
 redis_up() { redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; }
 mariadb_up() { mariadb -h 127.0.0.1 -P 3306 -uroot -e "SELECT 1" >/dev/null 2>&1; }
@@ -66,7 +85,7 @@ trap cleanup EXIT
 
 say "building"
 BUILD_FLAGS=()
-PPROF_ADDR=127.0.0.1:18070
+PPROF_ADDR=127.0.0.1:$(free_port)
 if [ -n "${BENCH_PROFILE:-}" ]; then
   mkdir -p "$BENCH_PROFILE"
   BENCH_PROFILE=$(cd "$BENCH_PROFILE" && pwd)
@@ -100,6 +119,7 @@ export FLASHSALE_REDIS_ADDR=$REDIS_ADDR
 export FLASHSALE_DATABASE_DSN="root@tcp(127.0.0.1:3306)/$DB"
 export FLASHSALE_AUTH_JWT_SECRET=bench-jwt-secret-0123456789abcdef0123456789
 export FLASHSALE_AUTH_ADMIN_TOKEN=bench-admin-token
+export FLASHSALE_PAYMENT_WEBHOOK_SECRET=bench-webhook-secret-0123456789abcdef0123
 export FLASHSALE_QUEUE_TOPIC=$TOPIC
 export FLASHSALE_LOG_LEVEL=warn
 # configs/production.yaml picks RocketMQ (docker compose); the baseline is
@@ -110,6 +130,8 @@ export FLASHSALE_QUEUE_DRIVER=redisstream
 # that no request is refused by them.
 export FLASHSALE_GATEWAY_USER_RATE=1000000 FLASHSALE_GATEWAY_USER_BURST=1000000
 export FLASHSALE_GATEWAY_IP_RATE=1000000 FLASHSALE_GATEWAY_IP_BURST=1000000
+# The loadtest's WebSockets all come from this host too.
+export FLASHSALE_NOTIFIER_MAX_CONNS_PER_IP=1000000
 CONFIG=configs/production.yaml
 BASE=http://127.0.0.1:$PORT
 ADMIN="Authorization: Bearer $FLASHSALE_AUTH_ADMIN_TOKEN"
@@ -134,8 +156,15 @@ end
 EOF
 export BENCH_TOKENS=$WORK/tokens
 
-wait_http() { # url
-  for _ in $(seq 1 100); do curl -fs -o /dev/null "$1" && return 0; sleep 0.1; done
+# wait_http URL PID: wait until URL answers, and make sure it is PID that
+# answers: the port was free when picked, and PID must still run (a process
+# that failed to bind would leave the answer to whoever took the port).
+wait_http() {
+  for _ in $(seq 1 100); do
+    kill -0 "$2" 2>/dev/null || die "process $2 exited before $1 answered (its log is in $WORK)"
+    curl -fs -o /dev/null "$1" && return 0
+    sleep 0.1
+  done
   die "$1 did not answer"
 }
 
@@ -202,7 +231,8 @@ say "load before the run: $(cut -d' ' -f1-3 /proc/loadavg) (anything else runnin
 if want hello; then
   "$WORK/hello" -addr "127.0.0.1:$HELLO_PORT" &
   PIDS+=($!)
-  sleep 0.5
+  for _ in $(seq 1 50); do answers "$HELLO_PORT" && break; sleep 0.1; done
+  kill -0 "${PIDS[-1]}" 2>/dev/null || die "the bare gin handler exited (port $HELLO_PORT taken?)"
   load hello /api/v1/campaigns/x/purchases "${PIDS[-1]}" "$HELLO_PORT"
   kill "${PIDS[-1]}"
 fi
@@ -216,7 +246,7 @@ if want admit; then
   FLASHSALE_QUEUE_TOPIC=$TOPIC-admit "$WORK/flashsale" gateway --config "$CONFIG" >"$WORK/gateway.log" 2>&1 &
   PIDS+=($!)
   GW=${PIDS[-1]}
-  wait_http "$BASE/healthz"
+  wait_http "$BASE/healthz" "$GW"
   ACC=bench-$RUN_ID-admit
   campaign "$ACC" 10000000
   redis-cli -h 127.0.0.1 config resetstat >/dev/null
@@ -233,7 +263,7 @@ if want soldout || want e2e; then
   "$WORK/flashsale" serve --config "$CONFIG" >"$WORK/serve.log" 2>&1 &
   PIDS+=($!)
   SRV=${PIDS[-1]}
-  wait_http "$BASE/healthz"
+  wait_http "$BASE/healthz" "$SRV"
 fi
 
 if want soldout; then

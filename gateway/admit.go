@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -28,6 +29,10 @@ import (
 // Per request the outcome is what admitting one by one would give:
 // the script decides requests in order, idempotency included, and a failed
 // publish withdraws exactly the requests it carried before they are told 503.
+// A publish whose outcome is unknown (queue.ErrUnknown: the queue may have
+// stored the messages) withdraws nothing: its requests stay admitted and
+// are answered as published, and are recorded so that a worker's sweep
+// rejects the ones whose message never arrives (store.SweepUnknown).
 
 // admitter is the pending list and its flush loops. Loops start on demand
 // and end when nothing is pending, so it needs no lifecycle of its own.
@@ -160,6 +165,10 @@ func (s *Service) flush(batch []*pendingPurchase) {
 		return struct{}{}, s.pub.Publish(ctx, s.opts.Topic, msgs...)
 	})
 	metrics.Since(s.m.PublishLatency, start)
+	if errors.Is(err, queue.ErrUnknown) {
+		s.keepUnknown(fresh, err)
+		err = nil
+	}
 	if err == nil {
 		for _, p := range fresh {
 			p.done <- admitAnswer{admitted: Admitted{RequestID: p.req.RequestID}}
@@ -170,16 +179,40 @@ func (s *Service) flush(batch []*pendingPurchase) {
 	// Leave nothing behind: the shoppers are told 503 and may retry.
 	uctx, ucancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
 	defer ucancel()
-	reqs := make([]model.AdmitRequest, len(fresh))
-	for i, p := range fresh {
-		reqs[i] = p.req
-	}
+	reqs := admitRequests(fresh)
 	if werr := s.stock.Withdraw(uctx, reqs); werr != nil {
 		s.log.Error("withdraw after failed publish", "count", len(reqs), "campaign_id", reqs[0].CampaignID, "err", werr)
 	}
 	for _, p := range fresh {
 		p.done <- admitAnswer{err: s.refuse("unavailable", fmt.Errorf("publish %s: %w: %v", p.req.RequestID, model.ErrUnavailable, err))}
 	}
+}
+
+// keepUnknown keeps the requests of a publish whose outcome is unknown
+// admitted (queued marker, Idempotency-Key, count) and records them for
+// the sweep. Withdrawing them instead would tell a shopper "failed" about a
+// purchase a worker may still decide, and make a retry with the same key a
+// second request. Their answers wait for the record: a request recorded
+// nowhere whose message was not stored would stay queued for good.
+func (s *Service) keepUnknown(fresh []*pendingPurchase, cause error) {
+	reqs := admitRequests(fresh)
+	s.m.PublishUnknown.Add(float64(len(reqs)))
+	s.log.Warn("publish outcome unknown; the requests stay queued, and are rejected as not enqueued if no worker sees them",
+		"count", len(reqs), "campaign_id", reqs[0].CampaignID, "request_id", reqs[0].RequestID, "err", cause)
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
+	defer cancel()
+	if err := s.stock.AddUnknown(ctx, s.opts.Topic, reqs); err != nil {
+		s.log.Error("record unknown publish outcome; a request whose message was not stored stays queued",
+			"count", len(reqs), "campaign_id", reqs[0].CampaignID, "request_id", reqs[0].RequestID, "err", err)
+	}
+}
+
+func admitRequests(ps []*pendingPurchase) []model.AdmitRequest {
+	reqs := make([]model.AdmitRequest, len(ps))
+	for i, p := range ps {
+		reqs[i] = p.req
+	}
+	return reqs
 }
 
 // admitGroup runs one campaign's share of a batch through admit.lua, answers
@@ -204,7 +237,9 @@ func (s *Service) admitGroup(group []*pendingPurchase) []*pendingPurchase {
 		case model.Admitted:
 			fresh = append(fresh, p)
 		case model.AdmitExisting:
-			p.done <- admitAnswer{admitted: Admitted{RequestID: a.RequestID, Existing: true}}
+			p.done <- admitAnswer{admitted: Admitted{RequestID: a.RequestID, Existing: true, Result: a.Result}}
+		case model.AdmitKeyReused:
+			p.done <- admitAnswer{err: s.refuse("idempotency_key_reused", model.ErrIdempotencyKeyReused)}
 		case model.AdmitNotLoaded:
 			p.done <- admitAnswer{err: s.notLoaded(p.req)}
 		case model.AdmitUserRateLimited, model.AdmitCampaignRateLimited, model.AdmitIPRateLimited:

@@ -11,11 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/sony/gobreaker/v2"
+
 	"github.com/flashsale/flashsale/internal/metrics"
 	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
 	"github.com/flashsale/flashsale/queue"
+	"github.com/flashsale/flashsale/queue/memqueue"
 )
 
 // gatePublisher records every Publish call. While held, calls block until
@@ -67,14 +71,15 @@ func (p *gatePublisher) sizes() []int {
 
 // newAdmitService returns a Service with one flush in flight at a time
 // (unless opts asks for more) on the test Redis, and an open campaign
-// preloaded with stock 100.
+// preloaded with stock 100 and a per-user limit of 2.
 func newAdmitService(t *testing.T, pub queue.Publisher, opts Options) (*Service, *store.Store, model.Campaign) {
 	t.Helper()
 	st := store.New(testenv.Redis(t))
-	campaigns := &memCampaigns{c: model.Campaign{ID: testenv.UniqueName("adm"), Name: "t", Stock: 100, PerUserLimit: 1,
+	campaigns := &memCampaigns{c: model.Campaign{ID: testenv.Name(t, "adm"), Name: "t", Stock: 100, PerUserLimit: 2,
 		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}}
 	c := mustLoad(t, campaigns, st)
-	opts.Topic = "t"
+	// Its own topic: the requests recorded for the sweep are indexed per topic.
+	opts.Topic = testenv.Topic(t)
 	if opts.AdmitConcurrency == 0 {
 		opts.AdmitConcurrency = 1
 	}
@@ -240,6 +245,127 @@ func TestAdmitPublishFailure(t *testing.T) {
 	if err != nil || adm.Existing {
 		t.Fatalf("retry after 503: got %+v, %v; want a new request", adm, err)
 	}
+}
+
+// unknownPublisher reports every publish as queue.ErrUnknown, after passing
+// it to the queue when store is set (a broker that stored the messages but
+// answered FLUSH_DISK_TIMEOUT, say) and dropping it otherwise (a send that
+// timed out before the broker read it).
+type unknownPublisher struct {
+	q     *memqueue.Queue
+	store bool
+}
+
+func (p *unknownPublisher) Publish(ctx context.Context, topic string, msgs ...queue.Message) error {
+	if p.store {
+		if err := p.q.Publish(ctx, topic, msgs...); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("publish %s: %w: flush timed out", topic, queue.ErrUnknown)
+}
+
+// TestAdmitPublishUnknown: when the shared publish's outcome is unknown,
+// every request it carried is answered as admitted (202, its request id),
+// nothing is withdrawn, a retry with the same key names the same request,
+// and the requests are recorded for the sweep: a worker that decides one
+// takes it off the record, and the sweep rejects only the ones no worker
+// saw.
+func TestAdmitPublishUnknown(t *testing.T) {
+	for _, stored := range []bool{true, false} {
+		t.Run(fmt.Sprintf("stored=%v", stored), func(t *testing.T) {
+			q := memqueue.New(memqueue.Options{Partitions: 1})
+			t.Cleanup(func() { _ = q.Close() })
+			svc, st, c := newAdmitService(t, &unknownPublisher{q: q, store: stored}, Options{})
+			const n = 3
+			var ps []Purchase
+			ids := map[string]bool{}
+			for i := range n {
+				p := Purchase{UserID: fmt.Sprintf("u%d", i), CampaignID: c.ID, Quantity: 1, IdempotencyKey: "k"}
+				adm, err := svc.Purchase(t.Context(), p, nil)
+				if err != nil || adm.Existing || adm.RequestID == "" {
+					t.Fatalf("purchase %d: got %+v, %v; want a new request", i, adm, err)
+				}
+				ps = append(ps, p)
+				ids[adm.RequestID] = true
+			}
+			// The three unknown outcomes opened the breaker (BreakerFailures
+			// 3): a retry still finds the request it kept.
+			if got := svc.breaker.State(); got != gobreaker.StateOpen {
+				t.Fatalf("breaker: got %v, want open", got)
+			}
+			for i, p := range ps {
+				adm, err := svc.Purchase(t.Context(), p, nil)
+				if err != nil || !adm.Existing || !ids[adm.RequestID] {
+					t.Fatalf("retry %d: got %+v, %v; want an earlier request", i, adm, err)
+				}
+			}
+			if s, err := st.Stats(t.Context(), c.ID); err != nil || s.Admitted != n || s.Queued() != n {
+				t.Fatalf("stats: got admitted %d queued %d (%v), want %d %d", s.Admitted, s.Queued(), err, n, n)
+			}
+			if got := testutil.ToFloat64(svc.m.PublishUnknown); got != n {
+				t.Fatalf("flashsale_publish_unknown_total: got %v, want %d", got, n)
+			}
+
+			// What reached the queue is decided, as a worker does.
+			var decided []model.Deduction
+			if stored {
+				for _, m := range drain(t, q, svc.opts.Topic, n) {
+					req, err := model.DecodePurchaseRequest(m.Body)
+					if err != nil || !ids[req.RequestID] {
+						t.Fatalf("message %s: got %+v, %v; want one of the requests", m.ID, req, err)
+					}
+					decided = append(decided, model.Deduction{RequestID: req.RequestID, UserID: req.UserID, Quantity: req.Quantity, OrderID: "o-" + req.UserID})
+				}
+				if _, err := st.Deduct(t.Context(), c.ID, decided); err != nil {
+					t.Fatal(err)
+				}
+			}
+			swept, err := st.SweepUnknown(t.Context(), svc.opts.Topic, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantSwept := n - len(decided)
+			if len(swept) != wantSwept {
+				t.Fatalf("swept: got %+v, want %d", swept, wantSwept)
+			}
+			for _, r := range swept {
+				if !ids[r.RequestID] || r.Reason != model.ReasonNotEnqueued {
+					t.Fatalf("swept %+v, want one of the requests, not_enqueued", r)
+				}
+			}
+			if s, err := st.Stats(t.Context(), c.ID); err != nil || s.Queued() != 0 || s.Sold != int64(len(decided)) {
+				t.Fatalf("stats after: got queued %d sold %d (%v), want 0 %d", s.Queued(), s.Sold, err, len(decided))
+			}
+		})
+	}
+}
+
+// drain consumes n messages of topic from q.
+func drain(t *testing.T, q *memqueue.Queue, topic string, n int) []queue.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	var got []queue.Message
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = q.Consumer("drain").Consume(ctx, topic, func(_ context.Context, msgs []queue.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, msgs...)
+			if len(got) >= n {
+				cancel()
+			}
+			return nil
+		})
+	}()
+	<-done
+	if len(got) != n {
+		t.Fatalf("consumed %d messages, want %d", len(got), n)
+	}
+	return got
 }
 
 // TestAdmitNotLoaded: a campaign without stock in Redis is refused per

@@ -12,8 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -31,21 +29,28 @@ type Stock interface {
 	Projection(ctx context.Context, campaignID string) (model.Projection, error)
 	Admit(ctx context.Context, campaignID string, batch []model.AdmitRequest, limits model.RateLimits) ([]model.AdmitReply, error)
 	Withdraw(ctx context.Context, batch []model.AdmitRequest) error
-	IdempotentRequest(ctx context.Context, campaignID, userID, key string) (string, bool, error)
+	AddUnknown(ctx context.Context, topic string, batch []model.AdmitRequest) error
+	IdempotentRequest(ctx context.Context, a model.AdmitRequest) (model.AdmitReply, bool, error)
 	SoldOut(ctx context.Context, campaignID string) (bool, error)
 	Stats(ctx context.Context, campaignID string) (model.Stats, error)
+	Remaining(ctx context.Context, campaignIDs []string) (map[string]int64, error)
+	Remove(ctx context.Context, campaignID string, admitted int64) (removed int64, err error)
 	PublishEvent(ctx context.Context, e model.Event) error
 	SubscribeEvents(ctx context.Context, ready func(), fn func(model.Event)) error
 }
 
 // Campaigns is what the gateway needs from the relational store. The
 // reconcile.Ledger methods load campaigns and SetPaused pauses them
-// (ledger.go).
+// (ledger.go); the rest manage them (campaigns.go).
 type Campaigns interface {
 	reconcile.Ledger
 	CreateCampaign(ctx context.Context, c model.Campaign) (model.Campaign, error)
 	CampaignOrderStats(ctx context.Context, campaignID string) (model.OrderStats, error)
 	SetPaused(ctx context.Context, id string, paused bool) (model.Campaign, error)
+	CampaignPage(ctx context.Context, state model.CampaignState, now time.Time, cursor string, limit int) ([]model.Campaign, string, error)
+	OpenCampaigns(ctx context.Context, now time.Time, limit int) ([]model.Campaign, error)
+	ChangeCampaign(ctx context.Context, id string, change func(model.Campaign) (model.Campaign, error)) (model.Campaign, error)
+	DeleteCampaign(ctx context.Context, id string, allow func(c model.Campaign, orders int64) error) error
 }
 
 // Options tune how purchases are admitted.
@@ -54,13 +59,20 @@ type Options struct {
 	// RateLimits are applied per user, per campaign and per client IP by
 	// the same script call that admits; a zero rate is no limit.
 	RateLimits model.RateLimits
-	// CampaignCacheTTL bounds how stale a cached campaign (window) may be.
+	// CampaignCacheTTL bounds how stale a cached campaign (window) may be,
+	// and how long an id is known to name no campaign.
 	CampaignCacheTTL time.Duration // default 2s
+	// CachedCampaigns bounds the campaigns cached; CachedUnknownIDs the ids
+	// cached as naming none, which anyone may send (cache.go).
+	CachedCampaigns  int // default 10,000
+	CachedUnknownIDs int // default 1,024
 	// SoldOutRecheck is how often cached sold-out flags are re-read from
 	// Redis, in case a pub/sub event was missed.
 	SoldOutRecheck time.Duration // default 1s
-	// PublishTimeout bounds a publish; past it the request is refused with
-	// 503 and its queued marker removed.
+	// PublishTimeout bounds a publish. A publish the queue refused is
+	// answered 503 and its queued marker removed; one whose outcome is
+	// unknown (it outlived the timeout after sending, say) keeps the marker
+	// and is answered as published.
 	PublishTimeout time.Duration // default 2s
 	// AdmitBatch caps the purchases coalesced into one Redis script call and
 	// one publish; AdmitConcurrency caps the batches in flight at once. Two
@@ -84,6 +96,12 @@ type Options struct {
 func (o Options) withDefaults() Options {
 	if o.CampaignCacheTTL <= 0 {
 		o.CampaignCacheTTL = 2 * time.Second
+	}
+	if o.CachedCampaigns <= 0 {
+		o.CachedCampaigns = 10_000
+	}
+	if o.CachedUnknownIDs <= 0 {
+		o.CachedUnknownIDs = 1024
 	}
 	if o.SoldOutRecheck <= 0 {
 		o.SoldOutRecheck = time.Second
@@ -120,24 +138,8 @@ type Service struct {
 	opts      Options
 	admitter  admitter
 	breaker   *gobreaker.CircuitBreaker[struct{}]
-
-	mu    sync.RWMutex
-	cache map[string]*cachedCampaign
-}
-
-// cachedCampaign keeps what admitting needs of a campaign in memory, so the
-// hot path touches neither MySQL nor (once sold out) Redis. Readers take an
-// immutable snapshot without locking: every purchase reads it.
-type cachedCampaign struct {
-	snap      atomic.Pointer[campaignSnapshot] // nil until first loaded
-	soldOut   atomic.Bool
-	refreshMu sync.Mutex // one reload at a time
-}
-
-type campaignSnapshot struct {
-	campaign model.Campaign
-	err      error // model.ErrNotFound is cached too, against bots probing ids
-	loadedAt time.Time
+	cache     *campaignCache
+	list      publicList
 }
 
 // New returns a Service.
@@ -154,7 +156,7 @@ func New(log *slog.Logger, stock Stock, campaigns Campaigns, pub queue.Publisher
 				log.Warn("circuit breaker", "name", name, "from", from.String(), "to", to.String())
 			},
 		}),
-		cache: map[string]*cachedCampaign{}}
+		cache: newCampaignCache(opts.CachedCampaigns, opts.CachedUnknownIDs, m.CachedCampaigns)}
 }
 
 // Run keeps the sold-out flags fresh: events from workers (sold out) and
@@ -188,9 +190,10 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 func (s *Service) applyEvent(e model.Event) {
-	s.mu.RLock()
-	cc := s.cache[e.CampaignID]
-	s.mu.RUnlock()
+	if e.Type == model.EventChanged || e.Type == model.EventReset {
+		s.list.drop()
+	}
+	cc := s.cache.get(e.CampaignID)
 	if cc == nil {
 		return
 	}
@@ -213,23 +216,16 @@ func (s *Service) applyEvent(e model.Event) {
 	}
 }
 
+// recheckSoldOut re-reads the sold-out flag of every campaign on sale: not
+// of every id ever asked about, so its cost is the live sales', whoever
+// probes the cache.
 func (s *Service) recheckSoldOut(ctx context.Context) {
-	s.mu.RLock()
-	ids := make([]string, 0, len(s.cache))
-	for id := range s.cache {
-		ids = append(ids, id)
-	}
-	s.mu.RUnlock()
-	for _, id := range ids {
-		flag, err := s.stock.SoldOut(ctx, id)
+	for _, cc := range s.cache.selling(s.opts.Now()) {
+		flag, err := s.stock.SoldOut(ctx, cc.id)
 		if err != nil {
 			continue // keep the last known value; Redis trouble shows in readiness
 		}
-		s.mu.RLock()
-		if cc := s.cache[id]; cc != nil {
-			cc.soldOut.Store(flag)
-		}
-		s.mu.RUnlock()
+		cc.soldOut.Store(flag)
 	}
 }
 
@@ -241,23 +237,9 @@ func (s *Service) fresh(snap *campaignSnapshot, now time.Time) bool {
 // campaign returns the cached campaign, loading it when missing or stale.
 // The fast path takes a read lock and an atomic load only.
 func (s *Service) campaign(ctx context.Context, id string) (*cachedCampaign, model.Campaign, error) {
-	s.mu.RLock()
-	cc := s.cache[id]
-	s.mu.RUnlock()
-	if cc != nil {
-		if snap := cc.snap.Load(); s.fresh(snap, s.opts.Now()) {
-			return cc, snap.campaign, snap.err
-		}
-	} else {
-		s.mu.Lock()
-		if cc = s.cache[id]; cc == nil {
-			if len(s.cache) >= maxCachedCampaigns {
-				s.evictUnknownLocked()
-			}
-			cc = &cachedCampaign{}
-			s.cache[id] = cc
-		}
-		s.mu.Unlock()
+	cc := s.cache.getOrAdd(id)
+	if snap := cc.snap.Load(); s.fresh(snap, s.opts.Now()) {
+		return cc, snap.campaign, snap.err
 	}
 
 	cc.refreshMu.Lock()
@@ -266,7 +248,7 @@ func (s *Service) campaign(ctx context.Context, id string) (*cachedCampaign, mod
 	if s.fresh(old, s.opts.Now()) { // another request reloaded it meanwhile
 		return cc, old.campaign, old.err
 	}
-	c, err := s.campaigns.Campaign(ctx, id)
+	c, err := s.lookup(ctx, id)
 	next := &campaignSnapshot{loadedAt: s.opts.Now()}
 	switch {
 	case errors.Is(err, model.ErrNotFound):
@@ -284,22 +266,22 @@ func (s *Service) campaign(ctx context.Context, id string) (*cachedCampaign, mod
 		}
 	}
 	cc.snap.Store(next)
+	if next.err == nil {
+		s.cache.promote(cc)
+	}
 	return cc, next.campaign, next.err
 }
 
-// maxCachedCampaigns bounds the cache against bots probing random ids.
-const maxCachedCampaigns = 10_000
-
-// evictUnknownLocked drops entries that are not known campaigns.
-func (s *Service) evictUnknownLocked() {
-	for id, cc := range s.cache {
-		if cc.refreshMu.TryLock() {
-			if snap := cc.snap.Load(); snap == nil || snap.err != nil {
-				delete(s.cache, id)
-			}
-			cc.refreshMu.Unlock()
-		}
+// lookup reads campaign id from the relational store. Ids are exact
+// strings: a campaign stored under another spelling (a store comparing
+// without case, as MySQL's default collations do) is not this one, or B1
+// would be served b1's sale under B1's Redis keys.
+func (s *Service) lookup(ctx context.Context, id string) (model.Campaign, error) {
+	c, err := s.campaigns.Campaign(ctx, id)
+	if err == nil && c.ID != id {
+		return model.Campaign{}, fmt.Errorf("campaign %s: stored as %s: %w", id, c.ID, model.ErrNotFound)
 	}
+	return c, err
 }
 
 // CreateCampaign validates and stores a new campaign.
@@ -307,7 +289,11 @@ func (s *Service) CreateCampaign(ctx context.Context, c model.Campaign) (model.C
 	if err := c.Validate(); err != nil {
 		return model.Campaign{}, err
 	}
-	return s.campaigns.CreateCampaign(ctx, c)
+	created, err := s.campaigns.CreateCampaign(ctx, c)
+	if err == nil { // gateways may have cached the id as naming nothing
+		s.changed(ctx, c.ID)
+	}
+	return created, err
 }
 
 // CampaignStats combines Redis counters and MySQL orders.
@@ -317,15 +303,23 @@ type CampaignStats struct {
 	UnitsInDB  int64
 }
 
-// Stats returns a campaign's live statistics.
+// statsWait bounds Stats's Redis read: the counters come back in a
+// millisecond, and with Redis down the client would retry for ~1.7 s before
+// the operator hears it is unavailable.
+const statsWait = 500 * time.Millisecond
+
+// Stats returns a campaign's live statistics; with Redis unreachable, an
+// error wrapping model.ErrUnavailable within statsWait.
 func (s *Service) Stats(ctx context.Context, id string) (CampaignStats, error) {
 	if !model.ValidCampaignID(id) {
 		return CampaignStats{}, model.ErrNotFound
 	}
-	if _, err := s.campaigns.Campaign(ctx, id); err != nil {
+	if _, err := s.lookup(ctx, id); err != nil {
 		return CampaignStats{}, err
 	}
-	st, err := s.stock.Stats(ctx, id)
+	rctx, cancel := context.WithTimeout(ctx, statsWait)
+	st, err := s.stock.Stats(rctx, id)
+	cancel()
 	if err != nil {
 		return CampaignStats{}, err
 	}
@@ -334,12 +328,6 @@ func (s *Service) Stats(ctx context.Context, id string) (CampaignStats, error) {
 		return CampaignStats{}, err
 	}
 	return CampaignStats{Store: st, OrdersInDB: os.Orders, UnitsInDB: os.Units}, nil
-}
-
-// PublicCampaign is what anyone may know about a campaign.
-type PublicCampaign struct {
-	Campaign model.Campaign
-	SoldOut  bool
 }
 
 // Campaign returns a campaign's public view.
@@ -351,7 +339,7 @@ func (s *Service) Campaign(ctx context.Context, id string) (PublicCampaign, erro
 	if err != nil {
 		return PublicCampaign{}, err
 	}
-	return PublicCampaign{Campaign: c, SoldOut: cc.soldOut.Load()}, nil
+	return PublicCampaign{Campaign: c, State: c.State(s.opts.Now()), SoldOut: cc.soldOut.Load(), Remaining: s.remaining(ctx, cc)}, nil
 }
 
 func (s *Service) refuse(reason string, err error) error {

@@ -77,6 +77,23 @@ func (m *memCampaigns) SetPaused(ctx context.Context, id string, paused bool) (m
 	return m.Campaign(ctx, id)
 }
 
+// The campaign management a benchmark never calls.
+func (m *memCampaigns) CampaignPage(context.Context, model.CampaignState, time.Time, string, int) ([]model.Campaign, string, error) {
+	return nil, "", nil
+}
+
+func (m *memCampaigns) OpenCampaigns(context.Context, time.Time, int) ([]model.Campaign, error) {
+	return nil, nil
+}
+
+func (m *memCampaigns) ChangeCampaign(context.Context, string, func(model.Campaign) (model.Campaign, error)) (model.Campaign, error) {
+	return model.Campaign{}, model.ErrConflict
+}
+
+func (m *memCampaigns) DeleteCampaign(context.Context, string, func(model.Campaign, int64) error) error {
+	return model.ErrConflict
+}
+
 // mustLoad loads the campaign of m into st, as a first preload does.
 func mustLoad(tb testing.TB, m *memCampaigns, st *store.Store) model.Campaign {
 	tb.Helper()
@@ -102,7 +119,7 @@ func benchEngine(b *testing.B, stock int64) (*Service, *gin.Engine, model.Campai
 	b.Helper()
 	rdb := testenv.Redis(b)
 	st := store.New(rdb)
-	campaigns := &memCampaigns{c: model.Campaign{ID: testenv.UniqueName("bench"), Name: "bench", Stock: stock, PerUserLimit: 1,
+	campaigns := &memCampaigns{c: model.Campaign{ID: testenv.Name(b, "bench"), Name: "bench", Stock: stock, PerUserLimit: 1,
 		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}}
 	c := mustLoad(b, campaigns, st)
 	topic := testenv.Topic(b)
@@ -123,7 +140,7 @@ func benchEngine(b *testing.B, stock int64) (*Service, *gin.Engine, model.Campai
 	})
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
-	e.Use(m.GinMiddleware(), httpapi.LimitBody(log, 4096))
+	e.Use(m.GinMiddleware(), httpapi.CheckBody(log, 4096))
 	NewHandlers(log, svc).RegisterShopper(e, httpapi.Shopper(log, auth.NewJWT([]byte(benchSecret), time.Second), false))
 	return svc, e, c
 }
@@ -207,6 +224,7 @@ func BenchmarkSoldOutHandler(b *testing.B) {
 		body.Reset(`{"quantity":1}`)
 		req := httptest.NewRequest(http.MethodPost, path, body)
 		req.Header.Set("Authorization", auth)
+		req.Header.Set("Content-Type", "application/json")
 		w := httptest.NewRecorder()
 		e.ServeHTTP(w, req)
 		if w.Code != http.StatusGone {

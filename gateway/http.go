@@ -24,6 +24,11 @@ func NewHandlers(log *slog.Logger, svc *Service) *Handlers { return &Handlers{lo
 func (h *Handlers) RegisterAdmin(r gin.IRouter, admin gin.HandlerFunc) {
 	g := r.Group("/admin/v1", admin)
 	g.POST("/campaigns", h.createCampaign)
+	g.GET("/campaigns", h.listCampaigns)
+	g.GET("/campaigns/:id", h.getCampaign)
+	g.PATCH("/campaigns/:id", h.patchCampaign)
+	g.DELETE("/campaigns/:id", h.deleteCampaign)
+	g.POST("/campaigns/:id/end", h.endCampaign)
 	g.POST("/campaigns/:id/preload", h.preload)
 	g.GET("/campaigns/:id/stats", h.stats)
 	h.registerLedger(g)
@@ -32,6 +37,7 @@ func (h *Handlers) RegisterAdmin(r gin.IRouter, admin gin.HandlerFunc) {
 // RegisterShopper mounts the shopper API; shopper wraps a handler in the JWT
 // check (httpapi.Shopper).
 func (h *Handlers) RegisterShopper(r gin.IRouter, shopper func(httpapi.ShopperHandler) gin.HandlerFunc) {
+	r.GET("/api/v1/campaigns", h.openCampaigns)
 	r.GET("/api/v1/campaigns/:id", h.publicCampaign)
 	r.POST(purchasePath, shopper(h.purchase))
 }
@@ -89,6 +95,7 @@ func (h *Handlers) createCampaign(c *gin.Context) {
 		httpapi.Abort(c, h.log, err)
 		return
 	}
+	httpapi.AuditCampaign(c, campaign.ID)
 	created, err := h.svc.CreateCampaign(c.Request.Context(), campaign)
 	if err != nil {
 		httpapi.Abort(c, h.log, err)
@@ -137,26 +144,4 @@ func (h *Handlers) stats(c *gin.Context) {
 	c.JSON(http.StatusOK, statsResponse{Stock: st.Store.Stock, Remaining: st.Store.Remaining, Sold: st.Store.Sold,
 		SoldOut: st.Store.SoldOut, Preloaded: st.Store.Loaded, Admitted: st.Store.Admitted, Queued: st.Store.Queued(),
 		FinishedByStatus: st.Store.FinishedByStatus, OrdersInDB: st.OrdersInDB, UnitsInDB: st.UnitsInDB})
-}
-
-type publicCampaignResponse struct {
-	ID            string    `json:"id"`
-	Name          string    `json:"name"`
-	PerUserLimit  int64     `json:"per_user_limit"`
-	Price         int64     `json:"price"`
-	PaymentWindow string    `json:"payment_window"`
-	StartAt       time.Time `json:"start_at"`
-	EndAt         time.Time `json:"end_at"`
-	SoldOut       bool      `json:"sold_out"`
-}
-
-func (h *Handlers) publicCampaign(c *gin.Context) {
-	pc, err := h.svc.Campaign(c.Request.Context(), c.Param("id"))
-	if err != nil {
-		httpapi.Abort(c, h.log, err)
-		return
-	}
-	c.JSON(http.StatusOK, publicCampaignResponse{ID: pc.Campaign.ID, Name: pc.Campaign.Name,
-		PerUserLimit: pc.Campaign.PerUserLimit, Price: pc.Campaign.Price, PaymentWindow: pc.Campaign.PaymentWindow.String(),
-		StartAt: pc.Campaign.StartAt, EndAt: pc.Campaign.EndAt, SoldOut: pc.SoldOut})
 }

@@ -43,7 +43,7 @@ func (s *Service) Preload(ctx context.Context, id string, force bool) (model.Pre
 	if !model.ValidCampaignID(id) {
 		return "", model.ErrNotFound
 	}
-	c, err := s.campaigns.Campaign(ctx, id)
+	c, err := s.lookup(ctx, id)
 	if err != nil {
 		return "", err
 	}
@@ -121,10 +121,7 @@ func (s *Service) Pause(ctx context.Context, id string, paused bool) (model.Camp
 // stock in Redis: never loaded (409 not_loaded), or loaded before, so Redis
 // lost it (503 unavailable: an operator's preload rebuilds it from MySQL).
 func (s *Service) notLoaded(a model.AdmitRequest) error {
-	s.mu.RLock()
-	cc := s.cache[a.CampaignID]
-	s.mu.RUnlock()
-	if cc != nil {
+	if cc := s.cache.get(a.CampaignID); cc != nil {
 		if snap := cc.snap.Load(); snap != nil && snap.campaign.Epoch > 0 {
 			return s.refuse("lost", fmt.Errorf("admit %s: campaign state lost in Redis until a preload rebuilds it: %w", a.RequestID, model.ErrUnavailable))
 		}

@@ -41,6 +41,8 @@ type purchaseRequest struct {
 type purchaseResponse struct {
 	RequestID string       `json:"request_id"`
 	Status    model.Status `json:"status"`
+	OrderID   string       `json:"order_id,omitempty"`
+	Reason    string       `json:"reason,omitempty"`
 	PollURL   string       `json:"poll_url"`
 	WSURL     string       `json:"ws_url"`
 }
@@ -77,6 +79,9 @@ type Admitted struct {
 	RequestID string
 	// Existing is true when the idempotency key matched an earlier request.
 	Existing bool
+	// Result is, when Existing, the earlier request's result as it stands:
+	// queued, or final once a worker decided it.
+	Result model.Result
 }
 
 // Purchase admits a purchase, cheapest checks first, and enqueues it. p
@@ -114,38 +119,62 @@ func (s *Service) Purchase(ctx context.Context, p Purchase, read func() (quantit
 		return Admitted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("exceeds the per-user limit of %d", c.PerUserLimit)))
 	}
 	if err := c.Window(s.opts.Now()); err != nil {
-		return Admitted{}, s.refuse("window", err)
+		return s.earlierOr(ctx, p, "window", err)
 	}
 	if c.Paused {
-		return Admitted{}, s.refuse("paused", model.ErrPaused)
+		return s.earlierOr(ctx, p, "paused", model.ErrPaused)
 	}
 	if cc.soldOut.Load() {
-		// A shopper repeating a request whose answer it lost must get that
-		// request back, not "sold out": it may well have succeeded.
-		if p.IdempotencyKey != "" {
-			if rid, ok, err := s.stock.IdempotentRequest(ctx, p.CampaignID, p.UserID, p.IdempotencyKey); err != nil {
-				return Admitted{}, s.refuse("unavailable", err)
-			} else if ok {
-				return Admitted{RequestID: rid, Existing: true}, nil
-			}
-		}
-		return Admitted{}, s.refuse("sold_out", model.ErrSoldOut)
+		return s.earlierOr(ctx, p, "sold_out", model.ErrSoldOut)
 	}
 	// While the queue is known to be down, refuse before writing anything
-	// to Redis: nothing to withdraw, and the shopper learns it at once.
+	// to Redis: nothing to withdraw, and the shopper learns it at once. The
+	// publishes that opened the breaker may have kept their requests (an
+	// unknown outcome): a retry of one gets it back.
 	if s.breaker.State() == gobreaker.StateOpen {
-		return Admitted{}, s.refuse("queue_down", fmt.Errorf("queue: %w: circuit open", model.ErrUnavailable))
+		return s.earlierOr(ctx, p, "queue_down", fmt.Errorf("queue: %w: circuit open", model.ErrUnavailable))
 	}
 	return s.enqueue(ctx, p)
+}
+
+// earlierOr answers p with the request its Idempotency-Key names, if any,
+// and refuses it with err (counted under reason) otherwise.
+func (s *Service) earlierOr(ctx context.Context, p Purchase, reason string, err error) (Admitted, error) {
+	if adm, ok, eerr := s.earlier(ctx, p); ok || eerr != nil {
+		return adm, eerr
+	}
+	return Admitted{}, s.refuse(reason, err)
+}
+
+// earlier returns the request p's Idempotency-Key already names, if any,
+// where a purchase is about to be refused without admit.lua (sold out,
+// queue down, the sale over or paused): a shopper
+// repeating a request whose answer it lost must get that request back, as
+// it stands now, not a refusal, since it may well succeed. The same key
+// with another body is refused as admit.lua refuses it.
+func (s *Service) earlier(ctx context.Context, p Purchase) (Admitted, bool, error) {
+	if p.IdempotencyKey == "" {
+		return Admitted{}, false, nil
+	}
+	a, ok, err := s.stock.IdempotentRequest(ctx, model.AdmitRequest{CampaignID: p.CampaignID, UserID: p.UserID,
+		Quantity: p.Quantity, IdempotencyKey: p.IdempotencyKey})
+	if err != nil {
+		return Admitted{}, false, s.refuse("unavailable", err)
+	}
+	if !ok {
+		return Admitted{}, false, nil
+	}
+	if a.Code == model.AdmitKeyReused {
+		return Admitted{}, true, s.refuse("idempotency_key_reused", model.ErrIdempotencyKeyReused)
+	}
+	return Admitted{RequestID: a.RequestID, Existing: true, Result: a.Result}, true, nil
 }
 
 // soldOutEarly reports whether campaignID is cached, open and sold out. It
 // never loads anything, so it costs a map lookup; false means Purchase
 // decides the long way.
 func (s *Service) soldOutEarly(campaignID string) bool {
-	s.mu.RLock()
-	cc := s.cache[campaignID]
-	s.mu.RUnlock()
+	cc := s.cache.get(campaignID)
 	if cc == nil || !cc.soldOut.Load() {
 		return false
 	}
@@ -198,19 +227,21 @@ func fastQuantity(b []byte) (q int64, ok bool) {
 	return q, ok
 }
 
-// writePurchaseAnswer writes the answer to an admitted purchase, 202 for a
-// new request and 200 for an earlier one: the bytes c.JSON(status,
-// purchaseResponse{…}) writes, built without reflection when the request id
-// needs no JSON escaping (ours never do; a value from elsewhere takes gin's
-// renderer).
+// writePurchaseAnswer writes the answer to an admitted purchase: 202 and
+// queued for a new request, 200 and the request's result as it stands for
+// an earlier one (a replay, rare, takes gin's renderer). A new request's
+// answer is the bytes c.JSON(http.StatusAccepted, purchaseResponse{…})
+// writes, built without reflection when the request id needs no JSON
+// escaping (ours never do; a value from elsewhere takes gin's renderer).
 func writePurchaseAnswer(c *gin.Context, adm Admitted) {
-	status := http.StatusAccepted
-	if adm.Existing {
-		status = http.StatusOK
-	}
 	requestID := adm.RequestID
+	if adm.Existing {
+		c.JSON(http.StatusOK, purchaseResponse{RequestID: requestID, Status: adm.Result.Status,
+			OrderID: adm.Result.OrderID, Reason: adm.Result.Reason, PollURL: pollPath + requestID, WSURL: wsPath})
+		return
+	}
 	if !wire.JSONSafe(requestID) {
-		c.JSON(status, purchaseResponse{RequestID: requestID, Status: model.StatusQueued,
+		c.JSON(http.StatusAccepted, purchaseResponse{RequestID: requestID, Status: model.StatusQueued,
 			PollURL: pollPath + requestID, WSURL: wsPath})
 		return
 	}
@@ -220,5 +251,5 @@ func writePurchaseAnswer(c *gin.Context, adm Admitted) {
 	b = append(b, `","status":"`+model.StatusQueued+`","poll_url":"`+pollPath...)
 	b = append(b, requestID...)
 	b = append(b, `","ws_url":"`+wsPath+`"}`...)
-	httpapi.WriteJSON(c, status, b)
+	httpapi.WriteJSON(c, http.StatusAccepted, b)
 }

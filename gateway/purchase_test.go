@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -126,10 +127,16 @@ func TestWritePurchaseAnswerMatchesGin(t *testing.T) {
 	for _, status := range []int{http.StatusAccepted, http.StatusOK} {
 		for _, id := range ids {
 			resp := purchaseResponse{RequestID: id, Status: model.StatusQueued, PollURL: "/api/v1/purchases/" + id, WSURL: "/api/v1/ws"}
+			adm := Admitted{RequestID: id}
+			if status == http.StatusOK {
+				// A replay answers the request as it stands.
+				resp.Status, resp.OrderID = model.StatusSuccess, "0193aa55-bb66-7c77-8d88-ee99ff001122"
+				adm.Existing, adm.Result = true, model.Result{RequestID: id, Status: resp.Status, OrderID: resp.OrderID, Quantity: 1}
+			}
 			gin.SetMode(gin.TestMode)
 			got := httptest.NewRecorder()
 			c, _ := gin.CreateTestContext(got)
-			writePurchaseAnswer(c, Admitted{RequestID: id, Existing: status == http.StatusOK})
+			writePurchaseAnswer(c, adm)
 			want := httptest.NewRecorder()
 			wc, _ := gin.CreateTestContext(want)
 			wc.JSON(status, resp)
@@ -206,6 +213,98 @@ func TestPurchaseSoldOutSkipsBody(t *testing.T) {
 			}
 			if reads != tt.wantReads {
 				t.Errorf("bodies read: got %d, want %d", reads, tt.wantReads)
+			}
+		})
+	}
+}
+
+// TestPurchaseReplay: an Idempotency-Key sent again answers its first
+// request as it stands now (queued, then its final result), on every path
+// that answers replays: admit.lua while the sale is open, and the paths
+// that refuse without it (sold out, queue down, sale over). The same key
+// with another body is refused there too, and nothing changes.
+func TestPurchaseReplay(t *testing.T) {
+	var now atomic.Int64
+	now.Store(time.Now().UnixNano())
+	pub := newGatePublisher(false)
+	// A cache and an open breaker that outlive the test, however slow the
+	// machine: each phase must take the path it names.
+	svc, st, c := newAdmitService(t, pub, Options{CampaignCacheTTL: time.Hour, BreakerOpenFor: time.Hour,
+		Now: func() time.Time { return time.Unix(0, now.Load()) }})
+	buy := func(user, key string, qty int64) (Admitted, error) {
+		return svc.Purchase(t.Context(), Purchase{UserID: user, CampaignID: c.ID, Quantity: qty, IdempotencyKey: key}, nil)
+	}
+	first, err := buy("u1", "k1", 2)
+	if err != nil || first.Existing {
+		t.Fatalf("first purchase: got %+v, %v; want a new request", first, err)
+	}
+	decided := func() {
+		d := model.Deduction{RequestID: first.RequestID, UserID: "u1", Quantity: 2, OrderID: "o1"}
+		if r, err := st.Deduct(t.Context(), c.ID, []model.Deduction{d}); err != nil || r.Results[0].Status != model.StatusSuccess {
+			t.Fatalf("deduct: got %+v, %v; want success", r, err)
+		}
+	}
+	queued := model.Result{RequestID: first.RequestID, CampaignID: c.ID, UserID: "u1", Status: model.StatusQueued, Quantity: 2}
+	success := queued
+	success.Status, success.OrderID = model.StatusSuccess, "o1"
+	phases := []struct {
+		name    string
+		enter   func()
+		want    model.Result
+		wantNew error // what a new key gets in this phase; nil: admitted
+	}{
+		{name: "open, queued", want: queued},
+		{name: "open, decided", enter: decided, want: success},
+		{
+			name:  "sold out",
+			enter: func() { svc.applyEvent(model.Event{Type: model.EventSoldOut, CampaignID: c.ID}) },
+			want:  success, wantNew: model.ErrSoldOut,
+		},
+		{
+			name: "queue down",
+			enter: func() {
+				svc.applyEvent(model.Event{Type: model.EventReturned, CampaignID: c.ID})
+				pub.mu.Lock()
+				pub.fail = true
+				pub.mu.Unlock()
+				for i := range svc.opts.BreakerFailures {
+					if _, err := buy(fmt.Sprintf("other%d", i), "", 1); !errors.Is(err, model.ErrUnavailable) {
+						t.Fatalf("failing publish %d: got %v, want %v", i, err, model.ErrUnavailable)
+					}
+				}
+			},
+			want: success, wantNew: model.ErrUnavailable,
+		},
+		{
+			name:  "sale over",
+			enter: func() { now.Store(c.EndAt.Add(time.Second).UnixNano()) },
+			want:  success, wantNew: model.ErrEnded,
+		},
+	}
+	for i, ph := range phases {
+		t.Run(ph.name, func(t *testing.T) {
+			if ph.enter != nil {
+				ph.enter()
+			}
+			before, err := st.Stats(t.Context(), c.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			adm, err := buy("u1", "k1", 2)
+			if err != nil || !adm.Existing || adm.RequestID != first.RequestID || adm.Result != ph.want {
+				t.Errorf("replay: got %+v, %v; want request %s as %+v", adm, err, first.RequestID, ph.want)
+			}
+			if adm, err := buy("u1", "k1", 1); !errors.Is(err, model.ErrIdempotencyKeyReused) {
+				t.Errorf("replay with another quantity: got %+v, %v; want %v", adm, err, model.ErrIdempotencyKeyReused)
+			}
+			if ph.wantNew != nil {
+				if adm, err := buy("u1", fmt.Sprintf("new-%d", i), 1); !errors.Is(err, ph.wantNew) {
+					t.Errorf("new key: got %+v, %v; want %v", adm, err, ph.wantNew)
+				}
+			}
+			after, err := st.Stats(t.Context(), c.ID)
+			if err != nil || after.Admitted != before.Admitted || after.Queued() != before.Queued() || after.Sold != before.Sold {
+				t.Errorf("stats: got %+v (%v), want %+v", after, err, before)
 			}
 		})
 	}

@@ -36,7 +36,8 @@ type AdmitCode int
 const (
 	// Admitted: stored as queued; the caller must publish it (or withdraw it).
 	Admitted AdmitCode = iota
-	// AdmitExisting: the shopper's Idempotency-Key names an earlier request.
+	// AdmitExisting: the shopper's Idempotency-Key names an earlier request
+	// with the same body.
 	AdmitExisting
 	// AdmitNotLoaded: the campaign has no stock in Redis.
 	AdmitNotLoaded
@@ -45,6 +46,9 @@ const (
 	AdmitCampaignRateLimited
 	// AdmitIPRateLimited: refused by the per-client-IP limit.
 	AdmitIPRateLimited
+	// AdmitKeyReused: the shopper's Idempotency-Key names an earlier
+	// request with another body (ErrIdempotencyKeyReused).
+	AdmitKeyReused
 )
 
 // AdmitReply is the answer for one AdmitRequest.
@@ -52,6 +56,9 @@ type AdmitReply struct {
 	Code AdmitCode
 	// RequestID is the request's own id, or the earlier one for AdmitExisting.
 	RequestID string
+	// Result is, for AdmitExisting, the earlier request's result as it
+	// stands now: queued, or final once a worker decided it.
+	Result Result
 	// RetryAfter is set for the rate-limited codes.
 	RetryAfter time.Duration
 }

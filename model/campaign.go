@@ -1,6 +1,9 @@
 package model
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Campaign limits accepted by Validate.
 const (
@@ -30,6 +33,10 @@ type Campaign struct {
 	// Paused holds the sale: the gateway refuses purchases and workers
 	// hold the campaign's messages until it resumes.
 	Paused bool
+	// EndedEarly: an operator ended the sale before its end (EndAt is then
+	// when): the workers reject the requests still queued (ReasonEndedEarly),
+	// held ones of a paused sale included, rather than sell them.
+	EndedEarly bool
 }
 
 // ValidCampaignID reports whether id may name a campaign. Campaign ids end up
@@ -64,6 +71,98 @@ func (c Campaign) Validate() error {
 		return Invalid("end_at", "must be after start_at")
 	}
 	return nil
+}
+
+// CampaignState is where a campaign's sale stands at a moment.
+type CampaignState string
+
+// Campaign states; State derives them from the window and the paused flag.
+const (
+	StateUpcoming CampaignState = "upcoming"
+	StateRunning  CampaignState = "running"
+	StatePaused   CampaignState = "paused" // running, but paused
+	StateEnded    CampaignState = "ended"
+)
+
+// Valid reports whether s is a known state.
+func (s CampaignState) Valid() bool {
+	return s == StateUpcoming || s == StateRunning || s == StatePaused || s == StateEnded
+}
+
+// State returns where the sale stands at now.
+func (c Campaign) State(now time.Time) CampaignState {
+	switch {
+	case now.Before(c.StartAt):
+		return StateUpcoming
+	case !now.Before(c.EndAt):
+		return StateEnded
+	case c.Paused:
+		return StatePaused
+	}
+	return StateRunning
+}
+
+// CampaignPatch is an admin's change to a campaign: nil fields stay.
+type CampaignPatch struct {
+	Name          *string
+	PerUserLimit  *int64
+	PaymentWindow *time.Duration
+	StartAt       *time.Time
+	EndAt         *time.Time
+}
+
+// Apply returns c changed by p, validated. Before the sale starts every
+// field of p may change. From its start only the name may: the limit and
+// the window are what shoppers were admitted and decided under (a limit
+// changed mid-sale would treat buyers unequally, a window moved would
+// reopen or cut a sale the workers and gateways are deciding), and the
+// payment window is what the orders already made were promised; ending a
+// sale early is its own action (EndEarly). A change of those after the
+// start is ErrSaleStarted; a patch that changes nothing is invalid.
+func (c Campaign) Apply(p CampaignPatch, now time.Time) (Campaign, error) {
+	if p.Name == nil && p.PerUserLimit == nil && p.PaymentWindow == nil && p.StartAt == nil && p.EndAt == nil {
+		return Campaign{}, Invalid("", "nothing to change: give name, per_user_limit, payment_window, start_at or end_at")
+	}
+	started := !now.Before(c.StartAt) || c.EndedEarly
+	if started && (p.PerUserLimit != nil || p.PaymentWindow != nil || p.StartAt != nil || p.EndAt != nil) {
+		return Campaign{}, fmt.Errorf("change campaign %s: only its name may change once the sale started: %w", c.ID, ErrSaleStarted)
+	}
+	if p.Name != nil {
+		c.Name = *p.Name
+	}
+	if p.PerUserLimit != nil {
+		c.PerUserLimit = *p.PerUserLimit
+	}
+	if p.PaymentWindow != nil {
+		if *p.PaymentWindow == 0 {
+			return Campaign{}, Invalid("payment_window", "must be between 1s and 24h")
+		}
+		c.PaymentWindow = *p.PaymentWindow
+	}
+	if p.StartAt != nil {
+		c.StartAt = *p.StartAt
+	}
+	if p.EndAt != nil {
+		c.EndAt = *p.EndAt
+	}
+	if err := c.Validate(); err != nil {
+		return Campaign{}, err
+	}
+	return c, nil
+}
+
+// EndEarly returns c ended at now: a sale not started yet cannot end
+// (ErrNotStarted: change or delete it instead); one that ended on its own
+// keeps its end. Ending twice changes nothing.
+func (c Campaign) EndEarly(now time.Time) (Campaign, error) {
+	if now.Before(c.StartAt) {
+		return Campaign{}, fmt.Errorf("end campaign %s: %w", c.ID, ErrNotStarted)
+	}
+	if now.Before(c.EndAt) {
+		c.EndAt = now
+	}
+	c.EndedEarly = true
+	return c, nil
 }
 
 // Window reports whether the sale is open at now.

@@ -253,3 +253,36 @@ func BenchmarkResultCodec(b *testing.B) {
 		}
 	})
 }
+
+// providerSubjects are JWT subjects identity providers issue, and the edges
+// of what CheckUserID accepts: each must cross every wire form unchanged.
+var providerSubjects = []string{
+	"auth0|5f7c8ec7b4a1d2006b1f0e3a", "google-oauth2|1234", "Zoë|日本語", `a|b"c\d<e>&{f}`,
+	strings.Repeat("é", 127) + "a",
+}
+
+// TestPurchaseRequestCarriesAnySubject: a queue message of every provider
+// subject decodes to the same request, through wire's codec or its
+// encoding/json fallback.
+func TestPurchaseRequestCarriesAnySubject(t *testing.T) {
+	for _, user := range providerSubjects {
+		p := PurchaseRequest{RequestID: "c." + strings.Repeat("ab", 16), CampaignID: "c", UserID: user, Quantity: 1,
+			AdmittedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+		b, err := EncodePurchaseRequest(p)
+		if err != nil {
+			t.Fatalf("encode %q: %v", user, err)
+		}
+		got, err := DecodePurchaseRequest(b)
+		p.Version = MessageVersion
+		if err != nil || got != p {
+			t.Fatalf("decode %s: got %+v, %v; want %+v", b, got, err, p)
+		}
+		r := Result{RequestID: p.RequestID, CampaignID: "c", UserID: user, Status: StatusSuccess, OrderID: "o", Quantity: 1}
+		if b, err = EncodeResult(r); err != nil {
+			t.Fatalf("encode result of %q: %v", user, err)
+		}
+		if back, err := DecodeResult(b); err != nil || back != r {
+			t.Fatalf("decode result %s: got %+v, %v; want %+v", b, back, err, r)
+		}
+	}
+}

@@ -22,6 +22,16 @@ var (
 	ErrNotLoaded      = errors.New("campaign stock not preloaded")
 	ErrBodyTooLarge   = errors.New("request body too large")
 	ErrTooManyStreams = errors.New("too many subscriptions")
+	ErrTooManyConns   = errors.New("too many connections")
+
+	// ErrIdempotencyKeyReused: an Idempotency-Key sent again with another
+	// body; the earlier request stands and nothing changes.
+	ErrIdempotencyKeyReused = errors.New("idempotency key already used for another request body")
+
+	// Requests the API cannot take in that form: a body that is not JSON,
+	// a method the route does not have.
+	ErrUnsupportedMediaType = errors.New("request body must be application/json")
+	ErrMethodNotAllowed     = errors.New("method not allowed")
 
 	// The order lifecycle's refusals: the order is not in a state the
 	// action starts from.
@@ -58,6 +68,18 @@ func (e *InvalidError) Error() string {
 
 // Invalid returns an *InvalidError for field.
 func Invalid(field, reason string) error { return &InvalidError{Field: field, Reason: reason} }
+
+// AuthError is ErrUnauthorized with a reason the client may be told: what
+// is wrong with an otherwise valid token's subject, which the shopper's
+// identity provider, not an attacker, chose.
+type AuthError struct {
+	Reason string
+}
+
+func (e *AuthError) Error() string { return ErrUnauthorized.Error() + ": " + e.Reason }
+
+// Unwrap lets errors.Is(err, ErrUnauthorized) match.
+func (e *AuthError) Unwrap() error { return ErrUnauthorized }
 
 // RateLimitError is ErrRateLimited with the time the client should wait.
 type RateLimitError struct {

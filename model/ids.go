@@ -1,8 +1,8 @@
 package model
 
 // The id alphabets as sets of ASCII bytes: a low mask for bytes 0-63 and a
-// high mask for 64-127. They are checked on every queue message, JWT subject
-// and result lookup; a byte loop over constant masks costs a few nanoseconds
+// high mask for 64-127. They are checked on every queue message, result
+// lookup and payment webhook; a byte loop over constant masks costs a few nanoseconds
 // where the regular expressions they replace cost a few hundred.
 const (
 	digitsLow  = (1<<10 - 1) << '0'        // 0-9
@@ -12,8 +12,8 @@ const (
 
 	campaignLow  = digitsLow | 1<<'-'                  // [A-Za-z0-9_-]
 	campaignHigh = upperHigh | lowerHigh | 1<<('_'-64) //
-	userLow      = campaignLow | 1<<'.' | 1<<':'       // [A-Za-z0-9_.@:-]
-	userHigh     = campaignHigh | 1<<('@'-64)          //
+	paymentLow   = campaignLow | 1<<'.' | 1<<':'       // [A-Za-z0-9_.@:-]
+	paymentHigh  = campaignHigh | 1<<('@'-64)          //
 	hexLow       = digitsLow                           // [0-9a-f]
 	hexHigh      = hexLowHigh                          //
 )

@@ -4,15 +4,22 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 )
 
 // The regular expressions the hand-written id checks replaced: the checks
 // must accept exactly what these accept.
 var (
 	refCampaignID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-	refUserID     = regexp.MustCompile(`^[A-Za-z0-9_.@:-]{1,128}$`)
 	refHexTail    = regexp.MustCompile(`^[0-9a-f]{32}$`)
 )
+
+// refValidUserID is CheckUserID's rule the plain way: 1 to 255 bytes of
+// valid UTF-8, every rune printable.
+func refValidUserID(s string) bool {
+	return len(s) >= 1 && len(s) <= 255 && utf8.ValidString(s) && !strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) })
+}
 
 func refCampaignOfRequest(id string) (string, bool) {
 	i := strings.LastIndexByte(id, '.')
@@ -27,7 +34,7 @@ func checkIDsMatchRegexps(t *testing.T, s string) {
 	if got, want := ValidCampaignID(s), refCampaignID.MatchString(s); got != want {
 		t.Errorf("ValidCampaignID(%q) = %v, want %v", s, got, want)
 	}
-	if got, want := ValidUserID(s), refUserID.MatchString(s); got != want {
+	if got, want := ValidUserID(s), refValidUserID(s); got != want {
 		t.Errorf("ValidUserID(%q) = %v, want %v", s, got, want)
 	}
 	gotC, gotOK := CampaignOfRequest(s)
@@ -39,7 +46,9 @@ func checkIDsMatchRegexps(t *testing.T, s string) {
 func TestIDsMatchRegexps(t *testing.T) {
 	hex := strings.Repeat("0a", 16)
 	cases := []string{"", "a", "A-z_9", "a b", "a.b", "user@example.com:1", "\x00", "é", "a\n", "\xff",
-		strings.Repeat("a", 64), strings.Repeat("a", 65), strings.Repeat("u", 128), strings.Repeat("u", 129),
+		strings.Repeat("a", 64), strings.Repeat("a", 65), strings.Repeat("u", 255), strings.Repeat("u", 256),
+		"auth0|5f7c8ec7b4a1d2006b1f0e3a", "google-oauth2|1234", "Zoë|ünïcødé", "日本語の利用者", strings.Repeat("é", 127) + "a",
+		strings.Repeat("é", 128), "\u200b", "a\u202eb", "a\u00a0b", "\ufffd", "\x7f", "\xc3\x28",
 		"c." + hex, "c." + strings.ToUpper(hex), "c." + hex + "0", ".c" + hex, "c.d." + hex, "{c}." + hex}
 	// Every single byte, alone and inside an otherwise valid id.
 	for c := range 256 {
@@ -55,4 +64,30 @@ func FuzzIDsMatchRegexps(f *testing.F) {
 	f.Add("alice@example.com")
 	f.Add("a b")
 	f.Fuzz(checkIDsMatchRegexps)
+}
+
+// TestCheckUserID: the subjects identity providers issue are user ids; an
+// empty, oversized or unprintable one is refused with the reason.
+func TestCheckUserID(t *testing.T) {
+	tests := []struct {
+		name, id, want string // want "" = accepted
+	}{
+		{"auth0", "auth0|5f7c8ec7b4a1d2006b1f0e3a", ""},
+		{"google", "google-oauth2|1234", ""},
+		{"non-ASCII", "Zoë|日本語", ""},
+		{"separators", `a|b:c"d\e{f}g h`, ""},
+		{"255 bytes", strings.Repeat("é", 127) + "a", ""},
+		{"empty", "", "empty"},
+		{"256 bytes", strings.Repeat("é", 128), "longer than 255 bytes"},
+		{"invalid UTF-8", "a\xffb", "not valid UTF-8"},
+		{"newline", "a\nb", "holds the unprintable character U+000A"},
+		{"bidi override", "a\u202eb", "holds the unprintable character U+202E"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := CheckUserID(tt.id); got != tt.want {
+				t.Fatalf("CheckUserID(%q) = %q, want %q", tt.id, got, tt.want)
+			}
+		})
+	}
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/flashsale/flashsale/internal/wire"
 )
@@ -16,12 +18,47 @@ const MessageVersion = 1
 // MaxQuantity bounds one request; the per-user limit usually bounds it more.
 const MaxQuantity = 1000
 
-// MaxUserID is the longest user id ValidUserID accepts.
-const MaxUserID = 128
+// MaxUserID is the longest user id, in bytes, CheckUserID accepts: the JWT
+// subject of any identity provider (Auth0's "auth0|5f7c…", Google's
+// digits), stored whole wherever a user id is kept.
+const MaxUserID = 255
 
-// ValidUserID reports whether id may name a shopper (the JWT subject). It
-// accepts exactly `^[A-Za-z0-9_.@:-]{1,128}$`.
-func ValidUserID(id string) bool { return allInSet(id, 1, MaxUserID, userLow, userHigh) }
+// ValidUserID reports whether id may name a shopper (the JWT subject).
+func ValidUserID(id string) bool { return CheckUserID(id) == "" }
+
+// CheckUserID returns why id may not name a shopper, or "" when it may: it
+// must be 1 to MaxUserID bytes of printable UTF-8 (unicode.IsPrint: letters,
+// marks, numbers, punctuation, symbols and the ASCII space; no control,
+// format or invalid bytes, which could forge log lines or hide in a
+// listing). Every separator is allowed: the stores carry any such id
+// (internal/store).
+func CheckUserID(id string) string {
+	switch {
+	case id == "":
+		return "empty"
+	case len(id) > MaxUserID:
+		return fmt.Sprintf("longer than %d bytes", MaxUserID)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c < 0x20 || c > 0x7e {
+			return checkUnicode(id[i:])
+		}
+	}
+	return "" // printable ASCII, as nearly every subject is, without decoding
+}
+
+// checkUnicode is CheckUserID's check of the rest of an id that left ASCII.
+func checkUnicode(s string) string {
+	if !utf8.ValidString(s) {
+		return "not valid UTF-8"
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return fmt.Sprintf("holds the unprintable character %U", r)
+		}
+	}
+	return ""
+}
 
 // PurchaseRequest is the message the gateway enqueues and the worker consumes.
 //

@@ -33,4 +33,4 @@ func ValidOrderID(id string) bool { return allInSet(id, 1, MaxOrderID, campaignL
 
 // ValidPaymentID reports whether id may be a provider's payment id:
 // `^[A-Za-z0-9_.@:-]{1,128}$`.
-func ValidPaymentID(id string) bool { return allInSet(id, 1, MaxPaymentID, userLow, userHigh) }
+func ValidPaymentID(id string) bool { return allInSet(id, 1, MaxPaymentID, paymentLow, paymentHigh) }

@@ -33,6 +33,13 @@ const (
 	ReasonInsufficientStock = "insufficient_stock" // fewer units left than asked for, but not zero
 	ReasonPoison            = "undeliverable"      // the worker gave up after repeated failures
 	ReasonBadMessage        = "bad_message"        // the message could not be decoded
+	// ReasonNotEnqueued: the queue could not confirm the request was stored
+	// (an unknown publish outcome) and no worker saw it within the longest
+	// possible queue delay, so its message was never stored.
+	ReasonNotEnqueued = "not_enqueued"
+	// ReasonEndedEarly: an operator ended the sale while the request was
+	// still queued (Campaign.EndedEarly).
+	ReasonEndedEarly = "ended_early"
 )
 
 // OrderStatus is the lifecycle state of a persisted order. Orders start

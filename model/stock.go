@@ -87,4 +87,6 @@ type Snapshot struct {
 	Successes map[string]Result
 	// Queued counts results not final yet (a settled campaign has none).
 	Queued int64
+	// Admitted is the admitted counter (Remove checks it has not moved).
+	Admitted int64
 }

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+	"strconv"
 	"sync"
 	"time"
 
@@ -13,25 +15,28 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/flashsale/flashsale/internal/httpapi"
+	"github.com/flashsale/flashsale/internal/wire"
 	"github.com/flashsale/flashsale/model"
 )
 
 // The WebSocket protocol, in JSON text frames:
 //
 //	client: {"type":"subscribe","request_ids":["<id>", ...]}
-//	server: {"type":"error","code":"not_found"|"too_many_subscriptions"|"unavailable","request_id":"<id>","message":"..."}
+//	server: {"type":"error","code":"not_found"|"too_many_subscriptions"|"rate_limited"|"unavailable","request_id":"<id>","message":"...","retry_after"?:<seconds>}
 //	        one per refused id, then
 //	        {"type":"subscribed","request_ids":[<subscribed ids, in request order>]}
 //	server: {"type":"result","result":{"request_id":...,"campaign_id":...,"status":...,"quantity":...,"order_id"?,"reason"?}}
 //	        once per subscription, when its request is final; the subscription ends
 //	server: {"type":"error","code":"invalid_request","message":"..."} for a bad frame;
-//	        the maxInvalidFrames-th bad frame closes the connection (1008)
+//	        the user's maxInvalidFrames-th bad frame (across its connections)
+//	        closes the connection (1008)
 
 // Error codes of the WebSocket protocol's error frames.
 const (
 	codeNotFound    = "not_found"
 	codeTooMany     = "too_many_subscriptions"
 	codeInvalid     = "invalid_request"
+	codeRateLimited = "rate_limited"
 	codeUnavailable = "unavailable"
 
 	msgNotFound = "no such purchase request"
@@ -53,6 +58,8 @@ type errorFrame struct {
 	Code      string `json:"code"`
 	RequestID string `json:"request_id,omitempty"`
 	Message   string `json:"message,omitempty"`
+	// RetryAfter is in seconds, as the HTTP header, for rate_limited.
+	RetryAfter int `json:"retry_after,omitempty"`
 }
 
 type resultFrame struct {
@@ -87,6 +94,11 @@ func parseSubscribe(typ int, data []byte) ([]string, error) {
 	}
 	if dec.More() {
 		return nil, errors.New("trailing data after the JSON object")
+	}
+	// encoding/json takes {"Request_IDs":…} and repeated keys: refuse them
+	// as every JSON body is refused.
+	if err := wire.CheckKeys(data, reflect.TypeFor[clientFrame]()); err != nil {
+		return nil, fmt.Errorf("frame: %v", err)
 	}
 	if f.Type != "subscribe" {
 		return nil, errors.New(`type must be "subscribe"`)
@@ -127,8 +139,7 @@ type conn struct {
 	closeCode  int // set before done is closed; 0 drops without a close frame
 	closeText  string
 
-	subs    map[string]*subscription // guarded by hub.mu
-	invalid int                      // read loop only
+	subs map[string]*subscription // guarded by hub.mu
 }
 
 func newConn(ws *websocket.Conn, userID string, buffer int) *conn {
@@ -196,15 +207,55 @@ func (n *Notifier) push(c *conn, m outMsg, wait time.Duration) {
 	}
 }
 
-// enter admits a WebSocket handler unless the notifier is shutting down.
-func (n *Notifier) enter() bool {
+// enter admits a WebSocket handler for userID from ip and counts its
+// connection, unless the notifier is shutting down or a cap is reached.
+// Every nil return is paired with a leave.
+func (n *Notifier) enter(userID, ip string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.closing {
-		return false
+	switch {
+	case n.closing:
+		return fmt.Errorf("websocket: shutting down: %w", model.ErrUnavailable)
+	case n.openUser[userID] >= n.opts.MaxConnsPerUser:
+		return fmt.Errorf("websocket: user has %d connections: %w", n.openUser[userID], model.ErrTooManyConns)
+	case n.openIP[ip] >= n.opts.MaxConnsPerIP:
+		return fmt.Errorf("websocket: %s has %d connections: %w", ip, n.openIP[ip], model.ErrTooManyConns)
+	case n.open >= n.opts.MaxConns:
+		if now := time.Now(); now.Sub(n.fullLogged) >= time.Minute {
+			n.fullLogged = now
+			n.log.Warn("WebSocket budget exhausted: refusing upgrades", "max_conns", n.opts.MaxConns)
+		}
+		return fmt.Errorf("websocket: %d connections open: %w", n.open, model.ErrUnavailable)
 	}
+	n.open++
+	n.openUser[userID]++
+	n.openIP[ip]++
 	n.wg.Add(1)
-	return true
+	return nil
+}
+
+// leave ends what enter admitted.
+func (n *Notifier) leave(userID, ip string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.open--
+	if n.openUser[userID]--; n.openUser[userID] == 0 {
+		delete(n.openUser, userID)
+	}
+	if n.openIP[ip]--; n.openIP[ip] == 0 {
+		delete(n.openIP, ip)
+	}
+	n.wg.Done()
+}
+
+// refuseUpgrade answers an upgrade that enter refused. It is not logged:
+// refusals are expected under load, and a flood of them must not flood the
+// log too. Connection: close frees the refused client's descriptor at once.
+func (n *Notifier) refuseUpgrade(c *gin.Context, err error) {
+	status, body := httpapi.Classify(err)
+	c.Header("Retry-After", strconv.Itoa(connRetryAfter))
+	c.Header("Connection", "close")
+	c.AbortWithStatusJSON(status, body)
 }
 
 func (n *Notifier) track(c *conn) {
@@ -231,11 +282,12 @@ func (n *Notifier) serveWS(c *gin.Context, userID string) {
 		httpapi.Abort(c, n.log, fmt.Errorf("websocket origin: %w", model.ErrForbidden))
 		return
 	}
-	if !n.enter() {
-		httpapi.Abort(c, n.log, fmt.Errorf("websocket: shutting down: %w", model.ErrUnavailable))
+	ip := c.ClientIP()
+	if err := n.enter(userID, ip); err != nil {
+		n.refuseUpgrade(c, err)
 		return
 	}
-	defer n.wg.Done()
+	defer n.leave(userID, ip)
 	ws, err := n.upgrader.Upgrade(c.Writer, c.Request, nil)
 	if err != nil {
 		return // the upgrader has answered with an HTTP error
@@ -273,8 +325,7 @@ func (n *Notifier) readLoop(ctx context.Context, c *conn) {
 		}
 		ids, err := parseSubscribe(typ, data)
 		if err != nil {
-			c.invalid++
-			if c.invalid >= maxInvalidFrames {
+			if got, _ := n.invalid.take(c.userID, 1, n.opts.now()); got == 0 {
 				c.stop(websocket.ClosePolicyViolation, "too many invalid frames")
 				continue
 			}
@@ -302,6 +353,17 @@ func (n *Notifier) subscribe(ctx context.Context, c *conn, ids []string) {
 	added, existing, over := n.hub.add(c, valid, n.opts.MaxSubscriptionsPerConn)
 	for _, id := range over {
 		refused[id] = idError(codeTooMany, id, fmt.Sprintf("at most %d subscriptions per connection", n.opts.MaxSubscriptionsPerConn))
+	}
+	// Each new subscription costs a Redis read: the user's budget decides
+	// how many are made; the rest are given up before any read.
+	if len(added) > 0 {
+		granted, wait := n.subscribes.take(c.userID, len(added), n.opts.now())
+		for _, s := range added[granted:] {
+			n.hub.cancel(s)
+			refused[s.requestID] = encodeFrame(errorFrame{Type: "error", Code: codeRateLimited, RequestID: s.requestID,
+				Message: "too many subscriptions per second; subscribe again later", RetryAfter: retryAfterSeconds(wait)})
+		}
+		added = added[:granted]
 	}
 	subscribed := map[string]bool{}
 	for _, id := range existing {

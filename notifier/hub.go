@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -46,6 +48,8 @@ type entry struct {
 type hub struct {
 	mu   sync.Mutex
 	byID map[string]*entry
+	// subscriptions follows the number of subscriptions, when set.
+	subscriptions prometheus.Gauge
 }
 
 func newHub() *hub { return &hub{byID: map[string]*entry{}} }
@@ -74,6 +78,9 @@ func (h *hub) add(c *conn, ids []string, limit int) (added []*subscription, exis
 		}
 		e.subs[s] = struct{}{}
 		added = append(added, s)
+	}
+	if h.subscriptions != nil {
+		h.subscriptions.Add(float64(len(added)))
 	}
 	return added, existing, over
 }
@@ -170,6 +177,9 @@ func (h *hub) removeConn(c *conn) {
 
 func (h *hub) removeLocked(s *subscription) {
 	s.state = subDone
+	if h.subscriptions != nil {
+		h.subscriptions.Dec()
+	}
 	if s.conn.subs[s.requestID] == s {
 		delete(s.conn.subs, s.requestID)
 	}

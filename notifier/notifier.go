@@ -62,6 +62,33 @@ type Options struct {
 	// RecheckInterval is how often waiting subscriptions re-read their stored
 	// result, to recover results whose publication was lost (default 1s).
 	RecheckInterval time.Duration
+
+	// MaxConnsPerUser caps one user's open WebSockets (default 8) and
+	// MaxConnsPerIP one client address's (default 256); an upgrade beyond
+	// either is refused with 429 too_many_connections.
+	MaxConnsPerUser int
+	MaxConnsPerIP   int
+	// MaxConns caps the process's open WebSockets (default 10,000), so they
+	// cannot take the descriptors plain HTTP and /healthz need; an upgrade
+	// beyond it is refused with 503 unavailable. cmd/flashsale derives it
+	// from the descriptor limit.
+	MaxConns int
+	// PollRate and PollBurst limit each user's polls that read Redis, per
+	// second (defaults 5 and 20); beyond them a poll is 429 rate_limited. A
+	// final result polled within the last second is answered from memory
+	// and not counted.
+	PollRate  int
+	PollBurst int
+	// SubscribeRate and SubscribeBurst limit the request ids each user
+	// subscribes to, across all its connections, per second (defaults 20 and
+	// 256): each costs a Redis read. Ids beyond them are refused with
+	// rate_limited.
+	SubscribeRate  int
+	SubscribeBurst int
+
+	// now is the clock of the per-user budgets and the result cache
+	// (default time.Now); tests stop it to count exactly.
+	now func() time.Time
 }
 
 func (o Options) withDefaults() Options {
@@ -83,6 +110,30 @@ func (o Options) withDefaults() Options {
 	if o.RecheckInterval <= 0 {
 		o.RecheckInterval = time.Second
 	}
+	if o.MaxConnsPerUser <= 0 {
+		o.MaxConnsPerUser = 8
+	}
+	if o.MaxConnsPerIP <= 0 {
+		o.MaxConnsPerIP = 256
+	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = 10_000
+	}
+	if o.PollRate <= 0 {
+		o.PollRate = 5
+	}
+	if o.PollBurst <= 0 {
+		o.PollBurst = 20
+	}
+	if o.SubscribeRate <= 0 {
+		o.SubscribeRate = 20
+	}
+	if o.SubscribeBurst <= 0 {
+		o.SubscribeBurst = 256
+	}
+	if o.now == nil {
+		o.now = time.Now
+	}
 	return o
 }
 
@@ -92,9 +143,19 @@ const (
 	// maxRecheckPerTick bounds the Redis reads of one re-check round; the
 	// longest-unchecked request ids go first.
 	maxRecheckPerTick = 256
-	// maxInvalidFrames is how many bad frames a connection may send before it
-	// is closed with a policy violation.
-	maxInvalidFrames = 20
+	// maxInvalidFrames is the bad frame that closes a connection with a
+	// policy violation: the ones before it are answered. The allowance is
+	// the user's, not the connection's, so reconnecting does not renew it;
+	// one frame of it comes back every invalidFrameRefill.
+	maxInvalidFrames   = 20
+	invalidFrameRefill = 30 * time.Second
+	// resultCacheSize and resultCacheTTL bound the polled final results kept
+	// in memory (see finalCache).
+	resultCacheSize = 10_000
+	resultCacheTTL  = time.Second
+	// connRetryAfter is the Retry-After of a refused upgrade: a slot frees
+	// only when a connection closes, which the server cannot predict.
+	connRetryAfter = 5
 	// closeGrace is how long a closing connection waits for the client's
 	// close frame before dropping the TCP connection.
 	closeGrace = time.Second
@@ -114,10 +175,23 @@ type Notifier struct {
 	hub      *hub
 	ready    atomic.Bool
 
+	// Per-user budgets, shared by the user's connections and polls.
+	polls      *buckets
+	subscribes *buckets
+	invalid    *buckets
+	finals     *finalCache
+
 	mu      sync.Mutex
 	closing bool
 	conns   map[*conn]struct{}
 	wg      sync.WaitGroup // one per WebSocket handler
+	// Open WebSockets (counted from before the upgrade) in total, per user
+	// and per client IP; a count that drops to zero is deleted.
+	open     int
+	openUser map[string]int
+	openIP   map[string]int
+	// fullLogged is when the process's budget was last logged as exhausted.
+	fullLogged time.Time
 }
 
 // New returns a Notifier reading from src.
@@ -130,8 +204,16 @@ func New(log *slog.Logger, src ResultSource, m *metrics.Metrics, opts Options) *
 		opts:    opts,
 		hub:     newHub(),
 		conns:   map[*conn]struct{}{},
+
+		polls:      newBuckets(float64(opts.PollRate), opts.PollBurst),
+		subscribes: newBuckets(float64(opts.SubscribeRate), opts.SubscribeBurst),
+		invalid:    newBuckets(1/invalidFrameRefill.Seconds(), maxInvalidFrames-1),
+		finals:     newFinalCache(resultCacheSize, resultCacheTTL),
+		openUser:   map[string]int{},
+		openIP:     map[string]int{},
 	}
 	n.upgrader = websocket.Upgrader{CheckOrigin: originChecker(opts.AllowedOrigins)}
+	n.hub.subscriptions = m.WebSocketSubscriptions
 	return n
 }
 
@@ -216,7 +298,7 @@ func toResultBody(r model.Result) resultBody {
 }
 
 func (n *Notifier) poll(c *gin.Context, userID string) {
-	r, err := n.lookup(c.Request.Context(), userID, c.Param("request_id"))
+	r, err := n.pollResult(c.Request.Context(), userID, c.Param("request_id"), n.opts.now())
 	if err != nil {
 		httpapi.Abort(c, n.log, err)
 		return
@@ -226,6 +308,23 @@ func (n *Notifier) poll(c *gin.Context, userID string) {
 	}
 	c.Header("Cache-Control", "no-store")
 	c.JSON(http.StatusOK, toResultBody(r))
+}
+
+// pollResult answers one poll: from the cache when the result is final and
+// userID's, else from Redis within userID's poll budget. Anyone else's id
+// takes the same path as an unknown one.
+func (n *Notifier) pollResult(ctx context.Context, userID, requestID string, now time.Time) (model.Result, error) {
+	if r, ok := n.finals.get(requestID, now); ok && r.UserID == userID {
+		return r, nil
+	}
+	if got, wait := n.polls.take(userID, 1, now); got == 0 {
+		return model.Result{}, &model.RateLimitError{RetryAfterSeconds: retryAfterSeconds(wait)}
+	}
+	r, err := n.lookup(ctx, userID, requestID)
+	if err == nil && r.Status.Final() {
+		n.finals.put(r, now)
+	}
+	return r, err
 }
 
 // lookup returns the stored result of requestID if userID owns it. Unknown,
@@ -342,8 +441,13 @@ func originChecker(allowed []string) func(*http.Request) bool {
 	}
 }
 
-// sameOrigin is gorilla's default check: no Origin, or an Origin whose host
-// is the request's Host.
+// sameOrigin is gorilla's default check, scheme included: no Origin, or an
+// Origin whose host is the request's Host and whose scheme is the one the
+// request came in with (https over TLS or when a proxy says so in
+// X-Forwarded-Proto, else http), so a page served over plain http cannot
+// open the socket of an https site. X-Forwarded-Proto needs no trusted
+// proxy here: a browser's page cannot set it, and a client that is not a
+// browser can send any Origin anyway.
 func sameOrigin(r *http.Request) bool {
 	origin := r.Header["Origin"]
 	if len(origin) == 0 {
@@ -353,5 +457,9 @@ func sameOrigin(r *http.Request) bool {
 	if err != nil {
 		return false
 	}
-	return strings.EqualFold(u.Host, r.Host)
+	scheme := "http"
+	if proto, _, _ := strings.Cut(r.Header.Get("X-Forwarded-Proto"), ","); r.TLS != nil || strings.EqualFold(strings.TrimSpace(proto), "https") {
+		scheme = "https"
+	}
+	return strings.EqualFold(u.Scheme, scheme) && strings.EqualFold(u.Host, r.Host)
 }

@@ -11,14 +11,15 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale/flashsale/internal/auth"
 	"github.com/flashsale/flashsale/internal/httpapi"
@@ -28,9 +29,10 @@ import (
 	"github.com/flashsale/flashsale/model"
 )
 
+// TestMain also fails the package if its tests leave Redis keys behind.
 func TestMain(m *testing.M) {
 	gin.SetMode(gin.TestMode)
-	os.Exit(m.Run())
+	testenv.Main(m)
 }
 
 var _ ResultSource = (*store.Store)(nil)
@@ -50,11 +52,14 @@ type fakeSource struct {
 
 	pubMu sync.Mutex // serializes fn like the store's single subscription goroutine
 	fn    func(model.Result)
+
+	reads atomic.Int64 // Result calls
 }
 
 func newFakeSource() *fakeSource { return &fakeSource{results: map[string]model.Result{}} }
 
 func (f *fakeSource) Result(_ context.Context, requestID string) (model.Result, error) {
+	f.reads.Add(1)
 	f.mu.Lock()
 	r, ok := f.results[requestID]
 	fail, hook := f.fail, f.afterRead
@@ -129,6 +134,8 @@ type env struct {
 	decide func(t *testing.T, requestID, userID string) model.Result
 	// publish publishes r on the results channel.
 	publish func(t *testing.T, r model.Result)
+	// reads counts the stored-result reads so far: Redis commands on Redis.
+	reads func() int64
 }
 
 func (e env) newRequest(t *testing.T, userID string) string {
@@ -150,7 +157,7 @@ func newRequestID(t *testing.T, campaign string) string {
 func fakeEnv(t *testing.T) (env, *fakeSource) {
 	t.Helper()
 	f := newFakeSource()
-	campaign := testenv.UniqueName("nt_")
+	campaign := testenv.Name(t, "nt_")
 	return env{
 		src: f, campaign: campaign,
 		queue: func(t *testing.T, id, user string) {
@@ -162,6 +169,7 @@ func fakeEnv(t *testing.T) (env, *fakeSource) {
 			return r
 		},
 		publish: func(t *testing.T, r model.Result) { f.announce(r) },
+		reads:   f.reads.Load,
 	}, f
 }
 
@@ -174,8 +182,9 @@ func successResult(requestID, userID string) model.Result {
 
 func redisEnv(t *testing.T) env {
 	t.Helper()
-	st := store.New(testenv.Redis(t))
-	campaign := testenv.UniqueName("nt_")
+	rdb := testenv.Redis(t)
+	st := store.New(rdb)
+	campaign := testenv.Name(t, "nt_")
 	ctx := mustContext(t)
 	now := time.Now()
 	c := model.Campaign{ID: campaign, Name: "notifier test", Stock: 1000, PerUserLimit: 1000,
@@ -183,6 +192,9 @@ func redisEnv(t *testing.T) env {
 	if _, err := st.Rebuild(ctx, c, nil); err != nil {
 		t.Fatalf("load: %v", err)
 	}
+	// Counted from here: the client is this test's own.
+	reads := &resultReads{}
+	rdb.AddHook(reads)
 	return env{
 		src: st, campaign: campaign,
 		queue: func(t *testing.T, id, user string) {
@@ -206,6 +218,33 @@ func redisEnv(t *testing.T) env {
 				t.Fatalf("publish %s: %v", r.RequestID, err)
 			}
 		},
+		reads: reads.n.Load,
+	}
+}
+
+// resultReads counts the HGET commands (the stored-result read) a go-redis
+// client sends.
+type resultReads struct{ n atomic.Int64 }
+
+func (h *resultReads) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *resultReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "hget" {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *resultReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if cmd.Name() == "hget" {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
 	}
 }
 
@@ -448,6 +487,13 @@ func TestPollStoreError(t *testing.T) {
 // mustGet sends an authenticated GET and decodes the JSON object answered.
 func mustGet(t *testing.T, h *harness, user, path string) (int, map[string]any) {
 	t.Helper()
+	status, _, body := mustGetWithHeader(t, h, user, path)
+	return status, body
+}
+
+// mustGetWithHeader is mustGet that also returns the response's header.
+func mustGetWithHeader(t *testing.T, h *harness, user, path string) (int, http.Header, map[string]any) {
+	t.Helper()
 	req, err := http.NewRequestWithContext(mustContext(t), http.MethodGet, h.srv.URL+path, nil)
 	if err != nil {
 		t.Fatalf("new request: %v", err)
@@ -468,28 +514,132 @@ func mustGet(t *testing.T, h *harness, user, path string) (int, map[string]any) 
 	if err := json.Unmarshal(b, &body); err != nil {
 		t.Fatalf("body %q is not a JSON object: %v", b, err)
 	}
-	return resp.StatusCode, body
+	return resp.StatusCode, resp.Header, body
 }
 
-func TestRunResubscribes(t *testing.T) {
+// stoppedClock is a clock that moves only when told to.
+type stoppedClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newStoppedClock() *stoppedClock { return &stoppedClock{t: time.Now()} }
+
+func (c *stoppedClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *stoppedClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// TestPollLimits: a user flooding the poll endpoint costs a bounded number
+// of stored-result reads, gets 429 rate_limited with Retry-After beyond its
+// budget, and changes nothing; its final results are answered from memory;
+// other users keep their own budget. The limits' clock is stopped, so the
+// counts are exact.
+func TestPollLimits(t *testing.T) {
 	t.Parallel()
-	f := newFakeSource()
-	f.subscribeErrs = []error{errors.New("dial tcp: connection refused"), errors.New("dial tcp: connection refused")}
-	n := New(slog.New(slog.DiscardHandler), f, metrics.New(), Options{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- n.Run(ctx) }()
-	waitFor(t, 5*time.Second, "ready after two failed subscriptions", n.Ready)
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Run returned %v, want nil", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Run did not return 5s after cancel")
-	}
-	if n.Ready() {
-		t.Error("got Ready true after Run returned, want false")
+	const burst, flood = 5, 100
+	for _, impl := range envs {
+		t.Run(impl.name, func(t *testing.T) {
+			t.Parallel()
+			e := impl.make(t)
+			clock := newStoppedClock()
+			h := newHarness(t, e.src, Options{PollRate: 1, PollBurst: burst, now: clock.now})
+			queued := e.newRequest(t, "alice")
+			final := e.newRequest(t, "alice")
+			decided := e.decide(t, final, "alice")
+			bobs := e.newRequest(t, "bob")
+
+			// poll sends n polls as user and returns how many were answered
+			// (200) and how many refused (429 rate_limited, Retry-After 1).
+			poll := func(t *testing.T, user, id string, n int) (answered, refused int) {
+				t.Helper()
+				for i := range n {
+					status, header, body := mustGetWithHeader(t, h, user, "/api/v1/purchases/"+id)
+					switch {
+					case status == http.StatusOK && body["request_id"] == id:
+						answered++
+					case status == http.StatusTooManyRequests && body["code"] == "rate_limited":
+						refused++
+						if got := header.Get("Retry-After"); got != "1" {
+							t.Fatalf("poll %d: got Retry-After %q, want 1", i, got)
+						}
+					default:
+						t.Fatalf("poll %d: got %d %v, want 200 or 429 rate_limited", i, status, body)
+					}
+				}
+				return answered, refused
+			}
+
+			steps := []struct {
+				name         string
+				advance      time.Duration // the clock moves first
+				user         string
+				requestID    string
+				polls        int
+				wantAnswered int
+				wantReads    int64
+			}{
+				{name: "final result flood: one read, then memory", user: "alice", requestID: final, polls: flood, wantAnswered: flood, wantReads: 1},
+				{name: "the cached result expires: one more read", advance: resultCacheTTL, user: "alice", requestID: final, polls: flood, wantAnswered: flood, wantReads: 1},
+				// The two reads of the final result took two tokens; the
+				// second of clock time gave one back.
+				{name: "queued result flood: the rest of the burst", user: "alice", requestID: queued, polls: flood, wantAnswered: burst - 1, wantReads: burst - 1},
+				{name: "a second refills one poll", advance: time.Second, user: "alice", requestID: queued, polls: flood, wantAnswered: 1, wantReads: 1},
+				{name: "other users keep their budget", user: "bob", requestID: bobs, polls: burst, wantAnswered: burst, wantReads: burst},
+			}
+			for _, st := range steps {
+				t.Run(st.name, func(t *testing.T) {
+					clock.advance(st.advance)
+					before := e.reads()
+					answered, refused := poll(t, st.user, st.requestID, st.polls)
+					if answered != st.wantAnswered || refused != st.polls-st.wantAnswered {
+						t.Errorf("got %d answered and %d refused, want %d and %d", answered, refused, st.wantAnswered, st.polls-st.wantAnswered)
+					}
+					if got := e.reads() - before; got != st.wantReads {
+						t.Errorf("got %d stored-result reads, want %d", got, st.wantReads)
+					}
+				})
+			}
+
+			t.Run("refusals", func(t *testing.T) {
+				tests := []struct {
+					name       string
+					user       string
+					requestID  string
+					wantStatus int
+					wantCode   string
+				}{
+					{name: "over the budget", user: "alice", requestID: queued, wantStatus: http.StatusTooManyRequests, wantCode: "rate_limited"},
+					{name: "over the budget, unknown id", user: "alice", requestID: newRequestID(t, e.campaign), wantStatus: http.StatusTooManyRequests, wantCode: "rate_limited"},
+					// Only alice is answered from the cache: anyone else
+					// takes the path of an unknown id.
+					{name: "someone else's cached result", user: "mallory", requestID: final, wantStatus: http.StatusNotFound, wantCode: "not_found"},
+				}
+				for _, tt := range tests {
+					t.Run(tt.name, func(t *testing.T) {
+						status, body := mustGet(t, h, tt.user, "/api/v1/purchases/"+tt.requestID)
+						if status != tt.wantStatus || body["code"] != tt.wantCode {
+							t.Errorf("got %d %v, want %d %s", status, body["code"], tt.wantStatus, tt.wantCode)
+						}
+					})
+				}
+			})
+
+			t.Run("nothing changed", func(t *testing.T) {
+				for id, want := range map[string]model.Result{queued: {Status: model.StatusQueued}, final: decided} {
+					r, err := e.src.Result(mustContext(t), id)
+					if err != nil || r.Status != want.Status || r.OrderID != want.OrderID || r.UserID != "alice" {
+						t.Errorf("stored %s: got %+v, %v; want alice's %s %s", id, r, err, want.Status, want.OrderID)
+					}
+				}
+			})
+		})
 	}
 }

@@ -31,6 +31,7 @@ type wsFrame struct {
 	Code       string          `json:"code"`
 	RequestID  string          `json:"request_id"`
 	Message    string          `json:"message"`
+	RetryAfter int             `json:"retry_after"`
 	Result     json.RawMessage `json:"result"`
 }
 
@@ -465,11 +466,15 @@ func TestWSInvalidFrames(t *testing.T) {
 		{name: "unknown field", typ: websocket.TextMessage, data: `{"type":"subscribe","request_ids":["x"],"extra":1}`},
 		{name: "wrong type", typ: websocket.TextMessage, data: `{"type":"subscribe","request_ids":"x"}`},
 		{name: "trailing data", typ: websocket.TextMessage, data: `{"type":"subscribe","request_ids":["x"]} {}`},
+		// {id} stands for a request of alice's, which encoding/json would
+		// subscribe to.
+		{name: "key in another case", typ: websocket.TextMessage, data: `{"type":"subscribe","Request_IDs":["{id}"]}`},
+		{name: "repeated key", typ: websocket.TextMessage, data: `{"type":"subscribe","request_ids":[],"request_ids":["{id}"]}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ws := mustDial(t, h, "alice")
-			mustSend(t, ws, tt.typ, tt.data)
+			mustSend(t, ws, tt.typ, strings.ReplaceAll(tt.data, "{id}", e.newRequest(t, "alice")))
 			got := mustRead(t, ws)
 			if got.Type != "error" || got.Code != "invalid_request" || got.Message == "" {
 				t.Errorf("got %+v, want an invalid_request error with a message", got)
@@ -483,32 +488,228 @@ func TestWSInvalidFrames(t *testing.T) {
 	}
 }
 
+// TestWSInvalidFrameFlood: a user's bad frames are answered until its
+// allowance is spent, then the connection is closed (1008); the allowance is
+// the user's, so a new connection does not renew it, and comes back only
+// with time. The limits' clock is stopped, so the counts are exact.
 func TestWSInvalidFrameFlood(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, newFakeSource(), Options{})
-	ws := mustDial(t, h, "alice")
-	for range maxInvalidFrames + 5 {
-		mustSend(t, ws, websocket.TextMessage, "garbage")
+	clock := newStoppedClock()
+	h := newHarness(t, newFakeSource(), Options{now: clock.now})
+	steps := []struct {
+		name       string
+		advance    time.Duration
+		user       string
+		frames     int
+		wantErrors int
+		wantClose  bool
+	}{
+		{name: "a flood closes the connection", user: "alice", frames: maxInvalidFrames + 5, wantErrors: maxInvalidFrames - 1, wantClose: true},
+		{name: "reconnecting does not renew the allowance", user: "alice", frames: 1, wantClose: true},
+		{name: "another user has its own", user: "bob", frames: 1, wantErrors: 1},
+		{name: "time gives one frame back", advance: invalidFrameRefill, user: "alice", frames: 2, wantErrors: 1, wantClose: true},
 	}
-	errs := 0
-	for {
-		_ = ws.SetReadDeadline(time.Now().Add(3 * time.Second))
-		_, data, err := ws.ReadMessage()
-		if err != nil {
-			if !websocket.IsCloseError(err, websocket.ClosePolicyViolation) {
-				t.Errorf("got %v, want close %d (policy violation)", err, websocket.ClosePolicyViolation)
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			clock.advance(st.advance)
+			ws := mustDial(t, h, st.user)
+			for range st.frames {
+				mustSend(t, ws, websocket.TextMessage, "garbage")
 			}
-			break
-		}
-		if !strings.Contains(string(data), `"invalid_request"`) {
-			t.Errorf("got frame %s, want invalid_request errors", data)
-		}
-		errs++
-	}
-	if errs != maxInvalidFrames-1 {
-		t.Errorf("got %d error frames before the close, want %d", errs, maxInvalidFrames-1)
+			errs := 0
+			for errs < st.frames {
+				_ = ws.SetReadDeadline(time.Now().Add(3 * time.Second))
+				_, data, err := ws.ReadMessage()
+				if err != nil {
+					if !st.wantClose || !websocket.IsCloseError(err, websocket.ClosePolicyViolation) {
+						t.Errorf("got %v, want close %d (policy violation): %v", err, websocket.ClosePolicyViolation, st.wantClose)
+					}
+					st.wantClose = false
+					break
+				}
+				if !strings.Contains(string(data), `"invalid_request"`) {
+					t.Errorf("got frame %s, want invalid_request errors", data)
+				}
+				errs++
+			}
+			if errs != st.wantErrors || st.wantClose {
+				t.Errorf("got %d error frames (and still open: %v), want %d", errs, st.wantClose, st.wantErrors)
+			}
+			_ = ws.Close()
+		})
 	}
 	waitFor(t, 3*time.Second, "no WebSocket clients", func() bool { return gaugeValue(h.m.WebSocketClients) == 0 })
+}
+
+// TestWSConnectionCaps: upgrades beyond a user's or an address's cap are
+// refused with 429 too_many_connections, beyond the process's budget with
+// 503 unavailable, each with Retry-After and without keeping the refused
+// connection; the connections already open and other users are unaffected.
+func TestWSConnectionCaps(t *testing.T) {
+	t.Parallel()
+	e, f := fakeEnv(t)
+	h := newHarness(t, f, Options{MaxConnsPerUser: 2, MaxConnsPerIP: 3, MaxConns: 6})
+	// Connections are the whole test's, not a step's: they stay open.
+	outer := t
+	dialFrom := func(user, ip string) (*websocket.Conn, *http.Response, error) {
+		return h.dial(outer, testDialer(), user, http.Header{"X-Forwarded-For": {ip}})
+	}
+	var open []*websocket.Conn
+	steps := []struct {
+		name       string
+		user, ip   string
+		wantStatus int
+		wantCode   string
+	}{
+		{name: "alice's first", user: "alice", ip: "10.0.0.1", wantStatus: http.StatusSwitchingProtocols},
+		{name: "alice's second", user: "alice", ip: "10.0.0.1", wantStatus: http.StatusSwitchingProtocols},
+		{name: "alice over her cap", user: "alice", ip: "10.0.0.1", wantStatus: http.StatusTooManyRequests, wantCode: "too_many_connections"},
+		{name: "alice over her cap from elsewhere", user: "alice", ip: "10.0.0.2", wantStatus: http.StatusTooManyRequests, wantCode: "too_many_connections"},
+		{name: "bob on alice's address", user: "bob", ip: "10.0.0.1", wantStatus: http.StatusSwitchingProtocols},
+		{name: "carol over the address's cap", user: "carol", ip: "10.0.0.1", wantStatus: http.StatusTooManyRequests, wantCode: "too_many_connections"},
+		{name: "carol elsewhere", user: "carol", ip: "10.0.0.2", wantStatus: http.StatusSwitchingProtocols},
+		{name: "dave", user: "dave", ip: "10.0.0.3", wantStatus: http.StatusSwitchingProtocols},
+		{name: "erin fills the budget", user: "erin", ip: "10.0.0.4", wantStatus: http.StatusSwitchingProtocols},
+		{name: "frank over the process's budget", user: "frank", ip: "10.0.0.5", wantStatus: http.StatusServiceUnavailable, wantCode: "unavailable"},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			ws, resp, err := dialFrom(st.user, st.ip)
+			if resp == nil {
+				t.Fatalf("dial: %v", err)
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != st.wantStatus {
+				t.Fatalf("got status %d, want %d", resp.StatusCode, st.wantStatus)
+			}
+			if ws != nil {
+				open = append(open, ws)
+				return
+			}
+			var body struct{ Code string }
+			if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || body.Code != st.wantCode {
+				t.Errorf("got code %q (%v), want %s", body.Code, err, st.wantCode)
+			}
+			if got := resp.Header.Get("Retry-After"); got != "5" {
+				t.Errorf("got Retry-After %q, want 5", got)
+			}
+			if !resp.Close {
+				t.Error("got a refused connection kept alive, want Connection: close")
+			}
+		})
+	}
+	if got := gaugeValue(h.m.WebSocketClients); got != float64(len(open)) || len(open) != 6 {
+		t.Fatalf("got %v WebSocket clients (%d dialled), want 6", got, len(open))
+	}
+
+	t.Run("open connections keep working", func(t *testing.T) {
+		id := e.newRequest(t, "alice")
+		if subscribed, _ := mustSubscribe(t, open[0], id); !slices.Equal(subscribed, []string{id}) {
+			t.Fatalf("got subscribed %v, want [%s]", subscribed, id)
+		}
+		r := e.decide(t, id, "alice")
+		e.publish(t, r)
+		checkResult(t, mustReadResult(t, open[0]), r)
+		if status, body := mustGet(t, h, "alice", "/api/v1/purchases/"+id); status != http.StatusOK {
+			t.Errorf("poll at the cap: got %d %v, want 200", status, body)
+		}
+	})
+
+	t.Run("a closed connection frees its slot", func(t *testing.T) {
+		_ = open[0].Close()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			ws, resp, err := dialFrom("frank", "10.0.0.5")
+			if ws != nil {
+				return
+			}
+			if resp == nil {
+				t.Fatalf("dial: %v", err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable {
+				t.Fatalf("got status %d, want 503 until the slot frees, then 101", resp.StatusCode)
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no slot 10s after a connection closed")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+}
+
+// TestWSSubscribeBudget: the request ids a user subscribes to come out of
+// one budget shared by its connections (each costs a stored-result read);
+// ids beyond it are refused with rate_limited before any read, reconnecting
+// does not renew it, and other users are unaffected. The limits' clock is
+// stopped, so the counts are exact.
+func TestWSSubscribeBudget(t *testing.T) {
+	t.Parallel()
+	const burst = 10
+	for _, impl := range envs {
+		t.Run(impl.name, func(t *testing.T) {
+			t.Parallel()
+			e := impl.make(t)
+			clock := newStoppedClock()
+			h := newHarness(t, e.src, Options{SubscribeRate: 1, SubscribeBurst: burst, now: clock.now})
+			unknown := func(n int) []string {
+				ids := make([]string, n)
+				for i := range ids {
+					ids[i] = newRequestID(t, e.campaign)
+				}
+				return ids
+			}
+			outer := t // connections outlive the step that opens them
+			ws := mustDial(outer, h, "mallory")
+			steps := []struct {
+				name          string
+				advance       time.Duration
+				reconnect     bool // a new connection, the previous one closed
+				ids           int
+				wantNotFound  int // looked up: unknown
+				wantRateLimit int // refused before any read
+			}{
+				{name: "within the budget", ids: 8, wantNotFound: 8},
+				{name: "a new connection shares it", reconnect: true, ids: 8, wantNotFound: 2, wantRateLimit: 6},
+				{name: "spent", ids: 5, wantRateLimit: 5},
+				{name: "a second refills one id", advance: time.Second, ids: 5, wantNotFound: 1, wantRateLimit: 4},
+			}
+			for _, st := range steps {
+				t.Run(st.name, func(t *testing.T) {
+					clock.advance(st.advance)
+					if st.reconnect {
+						_ = ws.Close()
+						ws = mustDial(outer, h, "mallory")
+					}
+					before := e.reads()
+					subscribed, errs := mustSubscribe(t, ws, unknown(st.ids)...)
+					codes := map[string]int{}
+					for _, f := range errs {
+						codes[f.Code]++
+						if f.Code == "rate_limited" && f.RetryAfter != 1 {
+							t.Errorf("got retry_after %d, want 1", f.RetryAfter)
+						}
+					}
+					if len(subscribed) != 0 || len(errs) != st.ids || codes["not_found"] != st.wantNotFound || codes["rate_limited"] != st.wantRateLimit {
+						t.Errorf("got subscribed %v and errors %v, want %d not_found and %d rate_limited", subscribed, codes, st.wantNotFound, st.wantRateLimit)
+					}
+					if got := e.reads() - before; got != int64(st.wantNotFound) {
+						t.Errorf("got %d stored-result reads, want %d", got, st.wantNotFound)
+					}
+				})
+			}
+			t.Run("other users are unaffected", func(t *testing.T) {
+				id := e.newRequest(t, "alice")
+				ws := mustDial(t, h, "alice")
+				if subscribed, errs := mustSubscribe(t, ws, id); !slices.Equal(subscribed, []string{id}) || len(errs) != 0 {
+					t.Fatalf("got subscribed %v and errors %+v, want [%s]", subscribed, errs, id)
+				}
+				r := e.decide(t, id, "alice")
+				e.publish(t, r)
+				checkResult(t, mustReadResult(t, ws), r)
+			})
+		})
+	}
 }
 
 // smallBuffers keeps TCP buffers small so that a client that stops reading
@@ -528,7 +729,8 @@ func TestWSSlowClientDropped(t *testing.T) {
 	e, f := fakeEnv(t)
 	srv := httptest.NewUnstartedServer(nil)
 	srv.Listener = smallBuffers{srv.Listener}
-	h := startHarness(t, f, Options{SendBuffer: 4, MaxSubscriptionsPerConn: 1000, ReadLimit: 1 << 20, RecheckInterval: time.Hour}, srv)
+	h := startHarness(t, f, Options{SendBuffer: 4, MaxSubscriptionsPerConn: 1000, SubscribeBurst: 1000, ReadLimit: 1 << 20,
+		RecheckInterval: time.Hour}, srv)
 
 	const n = 300
 	slowIDs := make([]string, n)

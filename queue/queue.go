@@ -133,6 +133,42 @@ type Pinger interface {
 	Ping(ctx context.Context) error
 }
 
+// Partition ownership events, as a driver whose consumers own partitions
+// (redisstream's leases) reports them to a PartitionObserver.
+const (
+	// PartitionAcquired: a consumer took the partition.
+	PartitionAcquired = "acquired"
+	// PartitionReleased: it gave the partition up (a stop, or a share
+	// handed over for balance), so another consumer can take it at once.
+	PartitionReleased = "released"
+	// PartitionLost: it stopped serving the partition without giving it
+	// up: its lease had expired or been taken, or could not be freed.
+	PartitionLost = "lost"
+)
+
+// PartitionObserver learns which partitions a process's consumers own, for
+// metrics. PartitionEvent must be quick and safe for concurrent use.
+type PartitionObserver interface {
+	PartitionEvent(topic string, partition int, event string)
+}
+
+// Backlog is what waits in one partition of a topic.
+type Backlog struct {
+	Partition int
+	// Lag counts the messages not handed to any consumer yet; Pending those
+	// handed to one and not acknowledged.
+	Lag, Pending int64
+	// OldestAge is the age of the oldest unacknowledged message, 0 when
+	// there is none: how long the longest-waiting request has waited.
+	OldestAge time.Duration
+}
+
+// BacklogReader is implemented by drivers that can tell a topic's backlog
+// per partition (metrics).
+type BacklogReader interface {
+	Backlog(ctx context.Context, topic string) ([]Backlog, error)
+}
+
 // Features records where drivers truly differ, so the contract suite knows
 // what to expect from each.
 type Features struct {

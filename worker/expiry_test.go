@@ -101,7 +101,7 @@ func newLifecycleBundle(t *testing.T, stock int64) *lifecycleBundle {
 		t.Fatalf("open db: %v", err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	c, err := db.CreateCampaign(t.Context(), model.Campaign{ID: testenv.UniqueName("we-"), Name: "w", Stock: stock, PerUserLimit: 1,
+	c, err := db.CreateCampaign(t.Context(), model.Campaign{ID: testenv.Name(t, "we-"), Name: "w", Stock: stock, PerUserLimit: 1,
 		Price: 250, PaymentWindow: time.Second, StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)})
 	if err != nil {
 		t.Fatalf("create campaign: %v", err)

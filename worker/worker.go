@@ -36,6 +36,7 @@ type Stock interface {
 	Reject(ctx context.Context, d model.Deduction, campaignID, reason string) (model.Result, error)
 	PublishResults(ctx context.Context, results []model.Result) error
 	PublishEvent(ctx context.Context, e model.Event) error
+	SweepUnknown(ctx context.Context, topic string, maxDelay time.Duration) ([]model.Result, error)
 }
 
 // Orders is what the worker needs from the relational model: it stores

@@ -170,7 +170,7 @@ func benchSetup(b *testing.B, stock int64) (*store.Store, *sqlstore.DB, model.Ca
 		b.Fatalf("open db: %v", err)
 	}
 	b.Cleanup(func() { _ = db.Close() })
-	c := model.Campaign{ID: testenv.UniqueName("wb-"), Name: "bench", Stock: stock, PerUserLimit: 1,
+	c := model.Campaign{ID: testenv.Name(b, "wb-"), Name: "bench", Stock: stock, PerUserLimit: 1,
 		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}
 	if _, err := db.CreateCampaign(b.Context(), c); err != nil {
 		b.Fatalf("create campaign: %v", err)

@@ -37,7 +37,7 @@ func newFixture(t *testing.T, stock, limit int64) *fixture {
 		t.Fatalf("open db: %v", err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	c := model.Campaign{ID: testenv.UniqueName("w-"), Name: "w", Stock: stock, PerUserLimit: limit,
+	c := model.Campaign{ID: testenv.Name(t, "w-"), Name: "w", Stock: stock, PerUserLimit: limit,
 		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}
 	if _, err := db.CreateCampaign(t.Context(), c); err != nil {
 		t.Fatalf("create campaign: %v", err)

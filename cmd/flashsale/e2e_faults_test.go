@@ -18,7 +18,7 @@ import (
 // request id (200) and never creates a second request.
 func TestIdempotencyKey(t *testing.T) {
 	c := startSystem(t, realConfig(t, "redisstream"))
-	campaign := testenv.UniqueName("idem-")
+	campaign := testenv.Name(t, "idem-")
 	c.openCampaign(campaign, 10, 3)
 	path := "/api/v1/campaigns/" + campaign + "/purchases"
 	key := map[string]string{"Idempotency-Key": "order-42"}
@@ -66,7 +66,7 @@ func TestQueueOutage(t *testing.T) {
 	cfg.Gateway.BreakerFailures, cfg.Gateway.BreakerOpenFor = 3, time.Second
 	var sw *switchablePublisher
 	c := startSystemWith(t, cfg, func(p queue.Publisher) queue.Publisher { sw = &switchablePublisher{Publisher: p}; return sw })
-	campaign := testenv.UniqueName("qdown-")
+	campaign := testenv.Name(t, "qdown-")
 	const stock, limit = 1000, 1
 	c.openCampaign(campaign, stock, limit)
 
@@ -134,7 +134,7 @@ func TestQueueOutage(t *testing.T) {
 // with 410 from the gateway's flag, and the public view says sold out.
 func TestSoldOutFlagAtGateway(t *testing.T) {
 	c := startSystem(t, realConfig(t, "redisstream"))
-	campaign := testenv.UniqueName("so-")
+	campaign := testenv.Name(t, "so-")
 	c.openCampaign(campaign, 1, 1)
 	if code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", c.token("ann"), `{"quantity":1}`, nil, nil); code != http.StatusAccepted {
 		t.Fatalf("first purchase: got %d", code)
@@ -165,7 +165,7 @@ func TestSoldOutFlagAtGateway(t *testing.T) {
 // campaign sold out gets its request back (it succeeded), not 410.
 func TestIdempotencyKeyAfterSoldOut(t *testing.T) {
 	c := startSystem(t, realConfig(t, "redisstream"))
-	campaign := testenv.UniqueName("idemso-")
+	campaign := testenv.Name(t, "idemso-")
 	c.openCampaign(campaign, 1, 1)
 	path := "/api/v1/campaigns/" + campaign + "/purchases"
 	key := map[string]string{"Idempotency-Key": "lost-answer"}

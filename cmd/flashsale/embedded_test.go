@@ -17,37 +17,8 @@ import (
 // TestServeEmbeddedDefault runs `flashsale serve` exactly as a new user
 // would, with no services, and buys through it.
 func TestServeEmbeddedDefault(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"serve", "--addr", "127.0.0.1:0"}, pw, map[string]string{}, logTo(io.Discard))
-		_ = pw.Close()
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve returned %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Errorf("serve did not stop within 15s of cancellation")
-		}
-	})
-
-	lines := bufio.NewScanner(pr)
-	base, adminToken := "", ""
-	for lines.Scan() && (base == "" || adminToken == "") {
-		line := lines.Text()
-		if _, after, ok := strings.Cut(line, "listening on "); ok {
-			base = after
-		}
-		if _, after, ok := strings.Cut(line, "dev admin token: "); ok {
-			adminToken = after
-		}
-	}
-	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	base, printed := serveInProcess(t, []string{"serve"}, map[string]string{}, "dev admin token: ")
+	adminToken := printed["dev admin token: "]
 	if base == "" || adminToken != config.DevAdminToken {
 		t.Fatalf("serve printed address %q and admin token %q", base, adminToken)
 	}
@@ -107,7 +78,9 @@ func TestCommands(t *testing.T) {
 		{name: "serve help", args: []string{"serve", "--help"}, wantErr: true, want: "Usage: flashsale serve"},
 		{name: "token", args: []string{"token", "bob"}, want: "eyJ"},
 		{name: "token without user", args: []string{"token"}, wantErr: true, want: "Usage: flashsale token"},
-		{name: "token bad user", args: []string{"token", "bob smith"}, wantErr: true},
+		{name: "token provider user", args: []string{"token", "auth0|5f7c8ec7b4a1d2006b1f0e3a"}, want: "eyJ"},
+		{name: "token user of 256 bytes", args: []string{"token", strings.Repeat("u", 256)}, wantErr: true},
+		{name: "token bad user", args: []string{"token", "bob\nsmith"}, wantErr: true},
 		{name: "unknown", args: []string{"frobnicate"}, wantErr: true, want: "Commands:"},
 		{name: "single role on embedded", args: []string{"worker"}, wantErr: true},
 		{name: "bad config", args: []string{"serve", "--config", "/nonexistent.yaml"}, wantErr: true},
@@ -136,4 +109,47 @@ func TestStartFailsCleanly(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "mysql") {
 		t.Fatalf("got %v, want an error naming the unreachable mysql", err)
 	}
+}
+
+// serveInProcess runs `flashsale args...` (a serve) in the test's process on
+// a free port with env, stops it at cleanup (failing the test if it returns
+// an error or does not stop), and returns its base URL once it printed its
+// address, with what it printed after each of the prefixes, which it waits
+// for too.
+func serveInProcess(t *testing.T, args []string, env map[string]string, prefixes ...string) (string, map[string]string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, append(args, "--addr", "127.0.0.1:0"), pw, env, logTo(io.Discard))
+		_ = pw.Close()
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve returned %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Errorf("serve did not stop within 15s of cancellation")
+		}
+	})
+	const address = "listening on "
+	printed := map[string]string{}
+	lines := bufio.NewScanner(pr)
+	for len(printed) < len(prefixes)+1 && lines.Scan() {
+		for _, prefix := range append(prefixes, address) {
+			if _, after, ok := strings.Cut(lines.Text(), prefix); ok {
+				printed[prefix] = after
+			}
+		}
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	base := printed[address]
+	if base == "" {
+		t.Fatalf("serve printed no address")
+	}
+	return base, printed
 }

@@ -124,7 +124,7 @@ func TestMySQLOutage(t *testing.T) {
 	dsn.Addr = px.addr()
 	cfg.Database.DSN = dsn.FormatDSN()
 	c := startSystem(t, cfg)
-	campaign := testenv.UniqueName("mysqlout-")
+	campaign := testenv.Name(t, "mysqlout-")
 	soak := testenv.Soak()
 	stock, limit := int64(150*soak), int64(1)
 	c.openCampaign(campaign, stock, limit)
@@ -229,7 +229,7 @@ func TestRedisRestartWithAOF(t *testing.T) {
 	cfg := realConfig(t, "redisstream")
 	cfg.Redis.Addr = rs.addr()
 	c := startSystem(t, cfg)
-	campaign := testenv.UniqueName("redisout-")
+	campaign := testenv.Name(t, "redisout-")
 	const stock, limit = 300, 1
 	c.openCampaign(campaign, stock, limit)
 

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"strings"
@@ -19,8 +21,10 @@ func TestHostileWebSocket(t *testing.T) {
 	cfg := realConfig(t, "memqueue")
 	cfg.Notifier.AllowedOrigins = []string{"https://shop.example"}
 	cfg.Notifier.MaxSubscriptionsPerConn = 8
+	cfg.Notifier.PollRate, cfg.Notifier.PollBurst = 1, 5
+	cfg.Notifier.SubscribeRate, cfg.Notifier.SubscribeBurst = 1, 16
 	c := startSystem(t, cfg)
-	campaign := testenv.UniqueName("ws-")
+	campaign := testenv.Name(t, "ws-")
 	c.openCampaign(campaign, 5, 1)
 	var alicePurchase purchaseBody
 	if code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", c.token("alice"), `{"quantity":1}`, nil, &alicePurchase); code != http.StatusAccepted {
@@ -102,7 +106,9 @@ func TestHostileWebSocket(t *testing.T) {
 
 	t.Run("malformed frames", func(t *testing.T) {
 		conn, _ := dial(t, c.token("alice"), "https://shop.example")
-		for _, bad := range []string{`{`, `{"type":"buy"}`, `{"type":"subscribe","request_ids":"x"}`, `{"type":"subscribe","request_ids":[]}`} {
+		for _, bad := range []string{`{`, `{"type":"buy"}`, `{"type":"subscribe","request_ids":"x"}`, `{"type":"subscribe","request_ids":[]}`,
+			// Keys encoding/json would take leniently (another case, repeated).
+			`{"type":"subscribe","Request_IDs":["x"]}`, `{"type":"subscribe","request_ids":[],"request_ids":["x"]}`} {
 			_ = conn.WriteMessage(websocket.TextMessage, []byte(bad))
 			if f := read(t, conn); f.Type != "error" || f.Code != "invalid_request" {
 				t.Fatalf("frame %s: got %+v, want error invalid_request", bad, f)
@@ -159,6 +165,114 @@ func TestHostileWebSocket(t *testing.T) {
 		}
 		if !websocket.IsCloseError(err, websocket.CloseMessageTooBig) && !strings.Contains(err.Error(), "reset") {
 			t.Fatalf("got %v, want the connection closed for a frame above the read limit", err)
+		}
+	})
+
+	// The budgets below refill on the wall clock, so each check allows for
+	// the time its flood took: on the old code every request was served.
+	refilled := func(start time.Time, perSecond int) int {
+		return int(math.Ceil(time.Since(start).Seconds() * float64(perSecond)))
+	}
+
+	t.Run("connections beyond the per-user cap", func(t *testing.T) {
+		for range cfg.Notifier.MaxConnsPerUser {
+			if conn, got := dial(t, c.token("hoarder"), "https://shop.example"); conn == nil {
+				t.Fatalf("got %d within the cap, want 101", got)
+			}
+		}
+		h := http.Header{"Origin": {"https://shop.example"}}
+		_, resp, err := websocket.DefaultDialer.Dial(wsURL(c.token("hoarder")), h)
+		if resp == nil {
+			t.Fatalf("dial: %v", err)
+		}
+		defer resp.Body.Close()
+		var body struct{ Code string }
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		if resp.StatusCode != http.StatusTooManyRequests || body.Code != "too_many_connections" || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("got %d %q (Retry-After %q), want 429 too_many_connections with Retry-After", resp.StatusCode, body.Code, resp.Header.Get("Retry-After"))
+		}
+	})
+
+	t.Run("subscribe flood across reconnects", func(t *testing.T) {
+		start, looked, limited := time.Now(), 0, 0
+		for range 6 {
+			conn, _ := dial(t, c.token("flooder"), "https://shop.example")
+			ids := make([]string, cfg.Notifier.MaxSubscriptionsPerConn)
+			for i := range ids {
+				ids[i] = fmt.Sprintf("%s.%032x", campaign, 1000+looked+limited+i)
+			}
+			_ = conn.WriteJSON(map[string]any{"type": "subscribe", "request_ids": ids})
+			for f := read(t, conn); f.Type != "subscribed"; f = read(t, conn) {
+				switch f.Code {
+				case "not_found":
+					looked++
+				case "rate_limited":
+					limited++
+				default:
+					t.Fatalf("got %+v, want not_found or rate_limited", f)
+				}
+			}
+			conn.Close()
+		}
+		if bound := cfg.Notifier.SubscribeBurst + refilled(start, cfg.Notifier.SubscribeRate); looked > bound {
+			t.Fatalf("got %d ids looked up (%d rate_limited), want at most %d", looked, limited, bound)
+		}
+	})
+
+	t.Run("invalid frames across reconnects", func(t *testing.T) {
+		conn, _ := dial(t, c.token("garbler"), "https://shop.example")
+		for range 25 {
+			_ = conn.WriteMessage(websocket.TextMessage, []byte("garbage"))
+		}
+		start := time.Now()
+		closeErr := func(conn *websocket.Conn) (errs int, err error) {
+			_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			for err == nil {
+				if _, _, err = conn.ReadMessage(); err == nil {
+					errs++
+				}
+			}
+			return errs, err
+		}
+		if _, err := closeErr(conn); !websocket.IsCloseError(err, websocket.ClosePolicyViolation) {
+			t.Fatalf("got %v, want a policy-violation close", err)
+		}
+		// A new connection does not renew the allowance: its first bad
+		// frame closes it, unless a frame's allowance (one per 30 s) came
+		// back meanwhile.
+		again, _ := dial(t, c.token("garbler"), "https://shop.example")
+		_ = again.WriteMessage(websocket.TextMessage, []byte("garbage"))
+		_ = again.WriteMessage(websocket.TextMessage, []byte("garbage"))
+		errs, err := closeErr(again)
+		if !websocket.IsCloseError(err, websocket.ClosePolicyViolation) || errs > int(time.Since(start)/(30*time.Second)) {
+			t.Fatalf("got %d error frames, then %v; want the close at once", errs, err)
+		}
+	})
+
+	t.Run("poll flood", func(t *testing.T) {
+		start, answered := time.Now(), 0
+		for i := range 60 {
+			rid := fmt.Sprintf("%s.%032x", campaign, 5000+i)
+			req, _ := http.NewRequest("GET", c.base+"/api/v1/purchases/"+rid, nil)
+			req.Header.Set("Authorization", "Bearer "+c.token("poller"))
+			resp, err := c.http.Do(req)
+			if err != nil {
+				t.Fatalf("poll: %v", err)
+			}
+			var body struct{ Code string }
+			_ = json.NewDecoder(resp.Body).Decode(&body)
+			resp.Body.Close()
+			switch {
+			case resp.StatusCode == http.StatusNotFound && body.Code == "not_found":
+				answered++
+			case resp.StatusCode == http.StatusTooManyRequests && body.Code == "rate_limited" && resp.Header.Get("Retry-After") != "":
+			default:
+				t.Fatalf("poll %d: got %d %q (Retry-After %q), want 404 not_found or 429 rate_limited with Retry-After",
+					i, resp.StatusCode, body.Code, resp.Header.Get("Retry-After"))
+			}
+		}
+		if bound := cfg.Notifier.PollBurst + refilled(start, cfg.Notifier.PollRate); answered > bound {
+			t.Fatalf("got %d of 60 polls answered, want at most %d", answered, bound)
 		}
 	})
 

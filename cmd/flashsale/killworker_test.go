@@ -49,6 +49,7 @@ func processEnv(cfg config.Config) []string {
 		"FLASHSALE_QUEUE_TOPIC="+cfg.Queue.Topic,
 		"FLASHSALE_QUEUE_EXPIRY_TOPIC="+cfg.Queue.ExpiryTopic,
 		"FLASHSALE_QUEUE_LEASE_TTL="+cfg.Queue.LeaseTTL.String(),
+		"FLASHSALE_WORKER_MAX_QUEUE_DELAY="+cfg.Worker.MaxQueueDelay.String(),
 		"FLASHSALE_LOG_LEVEL=error",
 	)
 }
@@ -205,7 +206,7 @@ func TestWorkerKilled(t *testing.T) {
 	// unless it was killed.
 	workers := []*roleProcess{startWorkerProcess(t, bin, env), startWorkerProcess(t, bin, env)}
 
-	campaign := testenv.UniqueName("kill-")
+	campaign := testenv.Name(t, "kill-")
 	soak := testenv.Soak()
 	stock, limit := int64(400*soak), int64(1)
 	c.openCampaign(campaign, stock, limit)

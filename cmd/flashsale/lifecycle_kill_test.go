@@ -55,7 +55,7 @@ func TestExpiryKilledBeforeRelease(t *testing.T) {
 	zombie := startWorkerProcess(t, bin, processEnv(stalled))
 	t.Cleanup(zombie.kill)
 
-	campaign := testenv.UniqueName("killexp-")
+	campaign := testenv.Name(t, "killexp-")
 	const stock, buyers, waiting int64 = 5, 4, 3
 	c.openCampaignOf(campaignBody{ID: campaign, Name: "kill expiry", Stock: stock, PerUserLimit: 1, Price: 500,
 		PaymentWindow: "2s", StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)})
@@ -216,7 +216,7 @@ func TestExpiryConsumerKilledBeforeRelease(t *testing.T) {
 	zombie := startWorkerProcess(t, bin, processEnv(stalled))
 	t.Cleanup(zombie.kill)
 
-	campaign := testenv.UniqueName("killcons-")
+	campaign := testenv.Name(t, "killcons-")
 	const stock, buyers, waiting int64 = 3, 2, 2
 	c.openCampaignOf(campaignBody{ID: campaign, Name: "kill consumer", Stock: stock, PerUserLimit: 1, Price: 500,
 		PaymentWindow: "2s", StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)})
@@ -268,7 +268,7 @@ func TestWebhookKilledMidPayment(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: cfg.Redis.Addr})
 	t.Cleanup(func() { _ = rdb.Close() })
 
-	campaign := testenv.UniqueName("killpay-")
+	campaign := testenv.Name(t, "killpay-")
 	const stock, price = 3, 700
 	c.openCampaignOf(campaignBody{ID: campaign, Name: "kill payment", Stock: stock, PerUserLimit: 1, Price: price,
 		PaymentWindow: "1m", StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)})

@@ -75,7 +75,7 @@ func TestLifecycleRace(t *testing.T) {
 			} else {
 				c = startSystem(t, cfg)
 			}
-			campaign := testenv.UniqueName("life-")
+			campaign := testenv.Name(t, "life-")
 			const stock = 100
 			c.openCampaignOf(campaignBody{ID: campaign, Name: "lifecycle", Stock: stock, PerUserLimit: 1, Price: 1999,
 				PaymentWindow: "2s", StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)})

@@ -26,7 +26,7 @@ func TestSeparateAdminListener(t *testing.T) {
 	t.Cleanup(func() { cancel(); _ = sys.Wait() })
 	public := newClient(t, "http://"+sys.Addr(), cfg.Auth)
 	admin := newClient(t, "http://"+sys.adminAddr, cfg.Auth)
-	campaign := testenv.UniqueName("adm-")
+	campaign := testenv.Name(t, "adm-")
 	if code := public.do("GET", "/admin/v1/campaigns/"+campaign+"/stats", testAdminToken, nil, nil, nil); code != http.StatusNotFound {
 		t.Fatalf("admin route on the public listener: got %d, want 404", code)
 	}

@@ -33,6 +33,7 @@ import (
 // loadtestOptions are the command's flags.
 type loadtestOptions struct {
 	url             string
+	resultsURL      string // the notifier: WebSocket and polling (default: url)
 	configPath      string
 	campaign        string
 	stock           int64
@@ -49,6 +50,8 @@ type loadtestOptions struct {
 	progress        bool
 	adminToken      string
 	jwtSecret       string
+	issuer          string // the iss and aud minted tokens carry, for a server that checks them
+	audience        string
 	maxSockets      int
 	seed            uint64
 	// lifecycle: --pay-ratio or --payment-window was given (loadtest_lifecycle.go).
@@ -94,7 +97,15 @@ shoppers left without an order keep retrying while units come back, and the run
 waits until every order is paid or ended and reports the units resold.
 
 Without --url it starts the embedded serve in this process (or the roles of
---config) and runs against that.
+--config) and runs against that. Against separate processes, --url is a
+gateway (purchases, the admin API, payments) and --results-url a notifier
+(WebSocket and polling); the tool checks both serve their routes before the
+sale and stops with the reason if not.
+
+A run in which more than 10% of the purchases are refused 429 rate_limited
+measured the server's rate limits, not the sale (the shoppers all come from
+this host: raise gateway.ip_rate and ip_burst): it says so and exits non-zero
+even when every invariant held.
 
 Flags:
 `
@@ -105,6 +116,7 @@ func parseLoadtestFlags(args []string, stdout io.Writer, env map[string]string) 
 	// Parse errors are returned as one line; only --help prints the usage.
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&o.url, "url", "", "gateway base URL, e.g. http://127.0.0.1:8080 (default: start the embedded serve in-process)")
+	fs.StringVar(&o.resultsURL, "results-url", "", "notifier base URL for WebSocket and polled results (default: --url)")
 	fs.StringVar(&o.configPath, "config", "", "config of the in-process serve (only without --url)")
 	fs.StringVar(&o.campaign, "campaign", "", "campaign id to create (default: a fresh random id)")
 	fs.Int64Var(&o.stock, "stock", 1000, "units on sale")
@@ -121,6 +133,8 @@ func parseLoadtestFlags(args []string, stdout io.Writer, env map[string]string) 
 	fs.BoolVar(&o.progress, "progress", true, "show a progress bar on stderr")
 	fs.StringVar(&o.adminToken, "admin-token", "", "admin token (default: $FLASHSALE_AUTH_ADMIN_TOKEN, else the dev token; the in-process serve's own)")
 	fs.StringVar(&o.jwtSecret, "jwt-secret", "", "HS256 secret to mint shopper tokens (default: $FLASHSALE_AUTH_JWT_SECRET, else the dev secret; the in-process serve's own)")
+	fs.StringVar(&o.issuer, "issuer", "", "iss of the minted shopper tokens, for a server with auth.issuer (default: $FLASHSALE_AUTH_ISSUER)")
+	fs.StringVar(&o.audience, "audience", "", "aud of the minted shopper tokens, for a server with auth.audience (default: $FLASHSALE_AUTH_AUDIENCE)")
 	fs.IntVar(&o.maxSockets, "max-sockets", 0, "sockets the tool may open at once (default: from the open-file limit)")
 	fs.Uint64Var(&o.seed, "seed", 0, "seed that picks repeating and idempotent shoppers (default: random)")
 	fs.Float64Var(&o.payRatio, "pay-ratio", 1, "lifecycle: share of buyers who pay; the others let their order expire")
@@ -143,6 +157,8 @@ func parseLoadtestFlags(args []string, stdout io.Writer, env map[string]string) 
 	if o.jwtSecret == "" {
 		o.jwtSecret = cmp.Or(env["FLASHSALE_AUTH_JWT_SECRET"], config.DevJWTSecret)
 	}
+	o.issuer = cmp.Or(o.issuer, env["FLASHSALE_AUTH_ISSUER"])
+	o.audience = cmp.Or(o.audience, env["FLASHSALE_AUTH_AUDIENCE"])
 	if o.campaign == "" {
 		o.campaign = "lt-" + rand.Text()[:12]
 	}
@@ -184,10 +200,16 @@ func (o loadtestOptions) validate() error {
 	case o.paymentWindow != 0 && (o.paymentWindow < time.Second || o.paymentWindow > 24*time.Hour):
 		return bad("payment-window", "must be between 1s and 24h")
 	}
-	if o.url != "" {
-		u, err := url.Parse(o.url)
+	if o.resultsURL != "" && o.url == "" {
+		return bad("results-url", "goes with --url (the in-process serve answers results itself)")
+	}
+	for _, f := range []struct{ flag, value string }{{"url", o.url}, {"results-url", o.resultsURL}} {
+		if f.value == "" {
+			continue
+		}
+		u, err := url.Parse(f.value)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return bad("url", fmt.Sprintf("%q is not an http(s) URL with a host", o.url))
+			return bad(f.flag, fmt.Sprintf("%q is not an http(s) URL with a host", f.value))
 		}
 	}
 	return nil
@@ -210,14 +232,19 @@ func runLoadtest(ctx context.Context, args []string, stdout io.Writer, env map[s
 			return fmt.Errorf("loadtest: %w", err)
 		}
 		cfg.HTTP.Addr = "127.0.0.1:0"
+		// Every simulated shopper connects from this host: the per-address
+		// WebSocket cap would refuse the crowd (the per-user cap stays).
+		cfg.Notifier.MaxConnsPerIP = max(cfg.Notifier.MaxConnsPerIP, 1<<20)
 		if o.lifecycle {
 			// Orders expire through their delayed messages; the sweeper
 			// looks often here too, so that an order whose message was lost
 			// ends in seconds, not after the default grace.
 			cfg.Payment.Grace, cfg.Payment.SweepInterval = min(cfg.Payment.Grace, time.Second), min(cfg.Payment.SweepInterval, 250*time.Millisecond)
 		}
+		log := newLog(cfg.Log)
+		routeRedisLog(log)
 		sctx, stop := context.WithCancel(ctx)
-		sys, err := start(sctx, cfg, newLog(cfg.Log), roleSet{gateway: true, worker: true, notifier: true})
+		sys, err := start(sctx, cfg, log, roleSet{gateway: true, worker: true, notifier: true})
 		if err != nil {
 			stop()
 			return fmt.Errorf("loadtest: start in-process serve: %w", err)
@@ -227,11 +254,13 @@ func runLoadtest(ctx context.Context, args []string, stdout io.Writer, env map[s
 			_ = sys.Wait()
 		}()
 		o.url, o.adminToken, o.jwtSecret = "http://"+sys.Addr(), cfg.Auth.AdminToken, cfg.Auth.JWTSecret
+		o.issuer, o.audience = cfg.Auth.Issuer, cfg.Auth.Audience
 		if sys.adminAddr != "" {
 			return errors.New("loadtest: an in-process serve with a separate http.admin_addr is not supported; run serve and pass --url")
 		}
 	}
 	o.url = strings.TrimRight(o.url, "/")
+	o.resultsURL = strings.TrimRight(cmp.Or(o.resultsURL, o.url), "/")
 
 	rep, err := newLoadtest(o, embedded).run(ctx)
 	if err != nil {
@@ -244,8 +273,15 @@ func runLoadtest(ctx context.Context, args []string, stdout io.Writer, env map[s
 	} else {
 		rep.writeText(stdout)
 	}
+	var problems []string
+	if rep.RateLimit.Exceeded {
+		problems = append(problems, rep.RateLimit.message())
+	}
 	if failed := rep.failed(); len(failed) > 0 {
-		return fmt.Errorf("loadtest: %d invariant(s) violated: %s", len(failed), strings.Join(failed, "; "))
+		problems = append(problems, fmt.Sprintf("%d invariant(s) violated: %s", len(failed), strings.Join(failed, "; ")))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("loadtest: %s", strings.Join(problems, "; "))
 	}
 	return nil
 }
@@ -254,10 +290,12 @@ func runLoadtest(ctx context.Context, args []string, stdout io.Writer, env map[s
 type loadtest struct {
 	o    loadtestOptions
 	http *http.Client // admin calls and the health check
-	// shoppers sends the purchases and polls: fasthttp's client costs a
-	// fraction of net/http's CPU per request, and the generator shares the
-	// cores with the server it measures.
+	// shoppers sends the purchases, and results the polls (the same client
+	// when --results-url is --url): fasthttp's client costs a fraction of
+	// net/http's CPU per request, and the generator shares the cores with
+	// the server it measures.
 	shoppers    *fasthttp.HostClient
+	results     *fasthttp.HostClient
 	purchaseURL string // the campaign's purchase endpoint, built once
 	jwt         *auth.JWT
 	wsSlots     chan struct{} // one token per WebSocket the tool may hold open
@@ -270,6 +308,13 @@ const (
 	reservedFDs      = 256
 	maxOpenLoopConns = 1024
 )
+
+// minter signs the shoppers' tokens with the HS256 secret, carrying the
+// issuer and audience a server may check.
+func minter(o loadtestOptions) *auth.JWT {
+	j, _ := auth.New(context.Background(), []byte(o.jwtSecret), auth.Options{Issuer: o.issuer, Audience: o.audience}) // fails only with a JWKS URL
+	return j
+}
 
 func newLoadtest(o loadtestOptions, embedded bool) *loadtest {
 	budget := o.maxSockets
@@ -284,24 +329,36 @@ func newLoadtest(o loadtestOptions, embedded bool) *loadtest {
 	if o.rate > 0 {
 		httpConns = maxOpenLoopConns
 	}
-	httpConns = max(min(httpConns, budget/2), 1)
+	// A separate results URL has a pool of its own: the two share the
+	// HTTP half of the budget.
+	pools := 1
+	if o.resultsURL != o.url {
+		pools = 2
+	}
+	httpConns = max(min(httpConns, budget/(2*pools)), 1)
 	wsCap := 0
 	if o.results == "ws" {
-		wsCap = max(budget-httpConns, 0)
+		wsCap = max(budget-pools*httpConns, 0)
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxConnsPerHost = httpConns
 	tr.MaxIdleConnsPerHost = httpConns
 	tr.MaxIdleConns = httpConns
 	tr.DisableCompression = true
+	shoppers := newShopperClient(o.url, httpConns, o.timeout)
+	results := shoppers
+	if pools == 2 {
+		results = newShopperClient(o.resultsURL, httpConns, o.timeout)
+	}
 	return &loadtest{
 		o:           o,
 		http:        &http.Client{Transport: tr, Timeout: o.timeout},
-		shoppers:    newShopperClient(o.url, httpConns, o.timeout),
+		shoppers:    shoppers,
+		results:     results,
 		purchaseURL: o.url + "/api/v1/campaigns/" + o.campaign + "/purchases",
-		jwt:         auth.NewJWT([]byte(o.jwtSecret), 0),
+		jwt:         minter(o),
 		wsSlots:     make(chan struct{}, wsCap),
-		rec:         newRecorder(o, httpConns, wsCap),
+		rec:         newRecorder(o, pools*httpConns, wsCap),
 	}
 }
 

@@ -71,7 +71,7 @@ func (lt *loadtest) pay(ctx context.Context, s *shopper, orderID string) (int, s
 	req.SetRequestURI(lt.o.url + "/api/v1/orders/" + url.PathEscape(orderID) + "/pay")
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.Set("Authorization", "Bearer "+s.token)
-	if err := lt.shopperCall(ctx, req, resp); err != nil {
+	if err := lt.shopperCall(ctx, lt.shoppers, req, resp); err != nil {
 		return 0, "", err
 	}
 	var body struct {

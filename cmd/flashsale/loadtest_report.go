@@ -26,6 +26,7 @@ type recorder struct {
 	requests     int
 	admittedN    int // 202
 	replayedN    int // 200: an Idempotency-Key matched
+	rateLimitedN int // 429
 	refused      map[string]int
 	transport    map[string]int // transport errors, by a short message
 	admitLat     *hdrhistogram.Histogram
@@ -38,6 +39,7 @@ type recorder struct {
 	duplicates   int // a result for a request id seen twice
 	wsFailures   map[string]int
 	wsOverCap    int
+	wsOpened     int // WebSockets that connected
 	missingN     int
 	missingOne   string           // one missing request, for the report
 	idemBroken   int              // replays that started a second request
@@ -92,6 +94,9 @@ func (r *recorder) answer(a purchaseAnswer, latency time.Duration, err error) {
 		return
 	}
 	_ = r.admitLat.RecordValue(micros(latency))
+	if a.status == http.StatusTooManyRequests {
+		r.rateLimitedN++
+	}
 	switch a.status {
 	case http.StatusAccepted:
 		r.admittedN++
@@ -157,6 +162,12 @@ func (r *recorder) wsFailed(err error) {
 	r.wsFailures[err.Error()]++
 }
 
+func (r *recorder) wsOpen() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.wsOpened++
+}
+
 func (r *recorder) wsCapped() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -175,6 +186,7 @@ func (r *recorder) missing(rid string, err error) {
 // report is what a run measured and what it proved, as printed.
 type report struct {
 	URL               string           `json:"url"`
+	ResultsURL        string           `json:"results_url"`
 	Campaign          string           `json:"campaign"`
 	Stock             int64            `json:"stock"`
 	PerUserLimit      int64            `json:"per_user_limit"`
@@ -202,13 +214,57 @@ type report struct {
 	Successes         int64            `json:"successes"`
 	Server            serverStats      `json:"server"`
 	Lifecycle         *lifecycleReport `json:"lifecycle,omitempty"`
+	RateLimit         rateLimitCheck   `json:"rate_limit"`
 	Invariants        []invariant      `json:"invariants"`
-	InvariantsHolding bool             `json:"ok"`
+	InvariantsHolding bool             `json:"invariants_ok"`
+	// OK: every invariant held and the run measured the sale, not the
+	// server's rate limits.
+	OK bool `json:"ok"`
 }
 
+// maxRateLimitedShare is the share of purchases refused 429 above which a
+// run measured the server's rate limits rather than the sale: its
+// throughput and latencies are the limiter's, and with most shoppers
+// refused the stock may never sell out, so "no undersell" holds without
+// saying anything. The tool's own shoppers stay within the default per-user
+// limits, so a well-configured run sees none; 10% leaves room for a
+// deliberately tight campaign_rate.
+const maxRateLimitedShare = 0.10
+
+// rateLimitCheck is how many purchases the server refused 429.
+type rateLimitCheck struct {
+	Refused  int     `json:"refused_429"`
+	Of       int     `json:"purchases"`
+	Share    float64 `json:"share"`
+	MaxShare float64 `json:"max_share"`
+	Exceeded bool    `json:"exceeded"`
+}
+
+func newRateLimitCheck(refused, of int) rateLimitCheck {
+	c := rateLimitCheck{Refused: refused, Of: of, MaxShare: maxRateLimitedShare}
+	if of > 0 {
+		c.Share = float64(refused) / float64(of)
+	}
+	c.Exceeded = c.Share > maxRateLimitedShare
+	return c
+}
+
+func (c rateLimitCheck) message() string {
+	return "the run measured the rate limits, not the sale: " + c.detail()
+}
+
+func (c rateLimitCheck) detail() string {
+	return fmt.Sprintf("%d of %d purchases (%.1f%%) were refused 429, above %.0f%%; "+
+		"raise the server's gateway.ip_rate and ip_burst (every shopper comes from this host), its user or campaign rates, or lower --rate",
+		c.Refused, c.Of, 100*c.Share, 100*c.MaxShare)
+}
+
+// socketBudget is what the generator allowed itself (HTTPConns, WebSockets:
+// at once) and the WebSockets it did open in all.
 type socketBudget struct {
-	HTTPConns  int `json:"http_connections"`
-	WebSockets int `json:"websockets"`
+	HTTPConns        int `json:"http_connections"`
+	WebSockets       int `json:"websockets"`
+	WebSocketsOpened int `json:"websockets_opened"`
 }
 
 type percentiles struct {
@@ -239,8 +295,8 @@ func (r *recorder) report(st serverStats, lc *lifecycleState) *report {
 	defer r.mu.Unlock()
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	fire := r.firedAt.Sub(r.t0)
-	rep := &report{URL: r.o.url, Campaign: r.o.campaign, Stock: r.o.stock, PerUserLimit: r.o.perUserLimit,
-		Shoppers: r.o.shoppers, Results: r.o.results, Sockets: socketBudget{HTTPConns: r.httpConns, WebSockets: r.wsCap},
+	rep := &report{URL: r.o.url, ResultsURL: r.o.resultsURL, Campaign: r.o.campaign, Stock: r.o.stock, PerUserLimit: r.o.perUserLimit,
+		Shoppers: r.o.shoppers, Results: r.o.results, Sockets: socketBudget{HTTPConns: r.httpConns, WebSockets: r.wsCap, WebSocketsOpened: r.wsOpened},
 		Requests: r.requests, FireSeconds: fire.Seconds(), Admitted: r.admittedN, Replayed: r.replayedN,
 		Refused: r.refused, TransportErrors: r.transport, AllAnsweredMs: ms(r.lastAnswerAt.Sub(r.t0)),
 		AdmitLatency: percentilesOf(r.admitLat), ResultLatency: percentilesOf(r.resultLat),
@@ -287,6 +343,8 @@ func (r *recorder) report(st serverStats, lc *lifecycleState) *report {
 	for _, inv := range rep.Invariants {
 		rep.InvariantsHolding = rep.InvariantsHolding && inv.OK
 	}
+	rep.RateLimit = newRateLimitCheck(r.rateLimitedN, r.requests)
+	rep.OK = rep.InvariantsHolding && !rep.RateLimit.Exceeded
 	return rep
 }
 
@@ -398,7 +456,13 @@ func (rep *report) writeText(w io.Writer) {
 	lat := func(q percentiles) string {
 		return fmt.Sprintf("p50 %.1f ms  p90 %.1f ms  p99 %.1f ms  max %.1f ms", q.P50, q.P90, q.P99, q.Max)
 	}
-	p("flashsale loadtest: %s, campaign %s", rep.URL, rep.Campaign)
+	loud := func() {
+		if rep.RateLimit.Exceeded {
+			p("!!! NOT A MEASUREMENT OF THE SALE: %s", rep.RateLimit.detail())
+		}
+	}
+	loud()
+	p("flashsale loadtest: %s (results from %s), campaign %s", rep.URL, rep.ResultsURL, rep.Campaign)
 	p("  sale            %d units, limit %d per user, %d shoppers, %s", rep.Stock, rep.PerUserLimit, rep.Shoppers, rep.Mode)
 	p("  requests        %d in %.2f s: %.0f req/s, admitted %d (%.0f/s), replays answered %d", rep.Requests,
 		rep.FireSeconds, rep.RequestsPerSec, rep.Admitted, rep.AdmittedPerSec, rep.Replayed)
@@ -415,7 +479,10 @@ func (rep *report) writeText(w io.Writer) {
 	if len(rep.WSFallbacks) > 0 {
 		p("  polled instead  %s", countsText(rep.WSFallbacks))
 	}
-	p("  sockets         up to %d HTTP connections, %d WebSockets", rep.Sockets.HTTPConns, rep.Sockets.WebSockets)
+	// The WebSocket budget alone would read as WebSockets used, even when
+	// every one failed or none was wanted.
+	p("  sockets         up to %d HTTP connections; %d WebSockets opened (up to %d at once)",
+		rep.Sockets.HTTPConns, rep.Sockets.WebSocketsOpened, rep.Sockets.WebSockets)
 	p("  successes       %d of %d units; server: sold %d, remaining %d, admitted %d, orders in DB %d",
 		rep.Successes, rep.Stock, rep.Server.Sold, rep.Server.Remaining, rep.Server.Admitted, rep.Server.OrdersInDB)
 	if lc := rep.Lifecycle; lc != nil {
@@ -430,6 +497,7 @@ func (rep *report) writeText(w io.Writer) {
 		}
 		p("  %s %s: %s", mark, inv.Name, inv.Detail)
 	}
+	loud()
 }
 
 func countsText(m map[string]int) string {

@@ -91,13 +91,13 @@ func newShopperClient(baseURL string, conns int, timeout time.Duration) *fasthtt
 	}
 }
 
-// shopperCall sends req with the shopper's token and returns the answer's
-// status and body (valid until resp is released).
-func (lt *loadtest) shopperCall(ctx context.Context, req *fasthttp.Request, resp *fasthttp.Response) error {
+// shopperCall sends req through client (lt.shoppers or lt.results) and
+// fills resp (valid until it is released).
+func (lt *loadtest) shopperCall(ctx context.Context, client *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return lt.shoppers.DoTimeout(req, resp, lt.o.timeout)
+	return client.DoTimeout(req, resp, lt.o.timeout)
 }
 
 // purchase sends one purchase; its latency counts from due.
@@ -113,7 +113,7 @@ func (lt *loadtest) purchase(ctx context.Context, s *shopper, key string, due ti
 		req.Header.Set("Idempotency-Key", key)
 	}
 	req.SetBodyString(`{"quantity":1}`)
-	if err := lt.shopperCall(ctx, req, resp); err != nil {
+	if err := lt.shopperCall(ctx, lt.shoppers, req, resp); err != nil {
 		a := purchaseAnswer{code: "transport"}
 		lt.rec.answer(a, time.Since(due), err)
 		return a
@@ -185,7 +185,7 @@ func (lt *loadtest) afterResult(ctx context.Context, s *shopper, r finalResult) 
 
 // wsResult subscribes to rid on its own WebSocket and reads until the result.
 func (lt *loadtest) wsResult(ctx context.Context, s *shopper, rid string, deadline time.Time) (finalResult, error) {
-	u, _ := url.Parse(lt.o.url + "/api/v1/ws")
+	u, _ := url.Parse(lt.o.resultsURL + "/api/v1/ws")
 	u.Scheme = strings.Replace(u.Scheme, "http", "ws", 1)
 	u.RawQuery = "access_token=" + url.QueryEscape(s.token)
 	dialer := websocket.Dialer{HandshakeTimeout: lt.o.timeout}
@@ -196,6 +196,7 @@ func (lt *loadtest) wsResult(ctx context.Context, s *shopper, rid string, deadli
 	if err != nil {
 		return finalResult{}, fmt.Errorf("dial: %w", err)
 	}
+	lt.rec.wsOpen()
 	defer conn.Close()
 	_ = conn.SetReadDeadline(deadline)
 	if err := conn.WriteJSON(map[string]any{"type": "subscribe", "request_ids": []string{rid}}); err != nil {
@@ -259,9 +260,9 @@ func (lt *loadtest) poll(ctx context.Context, s *shopper, rid string) (finalResu
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(lt.o.url + "/api/v1/purchases/" + url.PathEscape(rid))
+	req.SetRequestURI(lt.o.resultsURL + "/api/v1/purchases/" + url.PathEscape(rid))
 	req.Header.Set("Authorization", "Bearer "+s.token)
-	if err := lt.shopperCall(ctx, req, resp); err != nil {
+	if err := lt.shopperCall(ctx, lt.results, req, resp); err != nil {
 		return finalResult{}, err
 	}
 	if resp.StatusCode() != http.StatusOK {
@@ -328,22 +329,12 @@ func (lt *loadtest) adminCall(ctx context.Context, method, path string, body, ou
 	return nil
 }
 
-// setUp checks the gateway answers, then creates and preloads the campaign.
+// setUp checks that the gateway and the notifier serve the routes the run
+// needs, then creates and preloads the campaign.
 func (lt *loadtest) setUp(ctx context.Context) error {
-	hctx, cancel := context.WithTimeout(ctx, lt.o.timeout)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(hctx, http.MethodGet, lt.o.url+"/healthz", nil)
-	resp, err := lt.http.Do(req)
-	if err != nil {
-		var uerr *url.Error
-		if errors.As(err, &uerr) {
-			err = uerr.Err
-		}
-		return fmt.Errorf("gateway %s unreachable: %v", lt.o.url, err)
+	if err := lt.checkRoutes(ctx); err != nil {
+		return err
 	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	_ = resp.Body.Close()
-
 	now := time.Now().UTC()
 	c := map[string]any{"id": lt.o.campaign, "name": "loadtest " + lt.o.campaign, "stock": lt.o.stock,
 		"per_user_limit": lt.o.perUserLimit, "start_at": now.Add(-time.Second), "end_at": now.Add(24 * time.Hour)}
@@ -360,6 +351,79 @@ func (lt *loadtest) setUp(ctx context.Context) error {
 		return fmt.Errorf("preload campaign: %w", err)
 	}
 	return nil
+}
+
+// route is one route the run needs, probed without a token: a server that
+// has it refuses the probe (401), one that has not answers 404.
+type route struct {
+	method, path string
+}
+
+// checkRoutes fails, before anything is created, unless --url answers and
+// serves the purchases (and, in a lifecycle run, payments) and
+// --results-url answers and serves the results. Against separate processes
+// the two are a gateway and a notifier; a results URL that points at a
+// gateway would otherwise lose every result and break every invariant.
+func (lt *loadtest) checkRoutes(ctx context.Context) error {
+	gateway := []route{{http.MethodPost, "/api/v1/campaigns/" + lt.o.campaign + "/purchases"}}
+	if lt.o.lifecycle {
+		gateway = append(gateway, route{http.MethodPost, "/api/v1/orders/0/pay"})
+	}
+	// Polling is the fallback of a WebSocket run too.
+	results := []route{{http.MethodGet, "/api/v1/purchases/" + lt.o.campaign + ".0"}}
+	if lt.o.results == "ws" {
+		results = append(results, route{http.MethodGet, "/api/v1/ws"})
+	}
+	checks := []struct {
+		flag, base, role string
+		routes           []route
+	}{
+		{"url", lt.o.url, "a gateway", gateway},
+		{"results-url", lt.o.resultsURL, "a notifier (the WebSocket and poll routes)", results},
+	}
+	for _, c := range checks {
+		if _, err := lt.probe(ctx, http.MethodGet, c.base+"/healthz"); err != nil {
+			return fmt.Errorf("--%s %s unreachable: %v", c.flag, c.base, err)
+		}
+		for _, r := range c.routes {
+			status, err := lt.probe(ctx, r.method, c.base+r.path)
+			if err != nil {
+				return fmt.Errorf("--%s %s: %s %s: %v", c.flag, c.base, r.method, r.path, err)
+			}
+			if status == http.StatusNotFound {
+				return fmt.Errorf("--%s %s does not serve %s %s (404): it must be %s", c.flag, c.base, r.method, r.path, c.role)
+			}
+		}
+	}
+	return nil
+}
+
+// probe sends a request without a token and returns the answer's status.
+func (lt *loadtest) probe(ctx context.Context, method, target string) (int, error) {
+	pctx, cancel := context.WithTimeout(ctx, lt.o.timeout)
+	defer cancel()
+	var body io.Reader
+	if method == http.MethodPost {
+		body = strings.NewReader("{}")
+	}
+	req, err := http.NewRequestWithContext(pctx, method, target, body)
+	if err != nil {
+		return 0, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := lt.http.Do(req)
+	if err != nil {
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err
+		}
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp.StatusCode, nil
 }
 
 // serverStats is the admin stats endpoint's answer.

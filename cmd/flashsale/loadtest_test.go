@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/flashsale/flashsale/internal/auth"
 )
 
 // runLoadtestCmd runs `flashsale loadtest args...` as main would, bounded in
@@ -66,6 +68,9 @@ func TestLoadtestEmbedded(t *testing.T) {
 			}
 			if got := rep.ByChannel["ws"] > 0; got != tt.wantWS {
 				t.Errorf("results by channel %v: got some over ws %v, want %v", rep.ByChannel, got, tt.wantWS)
+			}
+			if got := rep.Sockets.WebSocketsOpened > 0; got != tt.wantWS {
+				t.Errorf("WebSockets opened: got %d, want some %v", rep.Sockets.WebSocketsOpened, tt.wantWS)
 			}
 			if got := rep.ByChannel["poll"] > 0; got != tt.wantPoll {
 				t.Errorf("results by channel %v: got some polled %v, want %v", rep.ByChannel, got, tt.wantPoll)
@@ -129,6 +134,8 @@ func (f *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
+	case strings.HasPrefix(r.URL.Path, "/api/") && r.Header.Get("Authorization") == "":
+		reply(http.StatusUnauthorized, map[string]string{"code": "unauthorized"})
 	case r.URL.Path == "/healthz":
 		reply(http.StatusOK, map[string]string{"status": "ok"})
 	case r.Method == http.MethodPost && r.URL.Path == "/admin/v1/campaigns":
@@ -234,7 +241,9 @@ func TestLoadtestBadInvocation(t *testing.T) {
 		{"stray argument", []string{"now"}, `unexpected argument "now"`},
 		{"pay ratio above one", []string{"--pay-ratio", "1.5"}, "--pay-ratio: must be a share between 0 and 1"},
 		{"payment window too short", []string{"--payment-window", "500ms"}, "--payment-window: must be between 1s and 24h"},
-		{"unreachable gateway", []string{"--url", "http://127.0.0.1:1"}, "gateway http://127.0.0.1:1 unreachable"},
+		{"unreachable gateway", []string{"--url", "http://127.0.0.1:1"}, "--url http://127.0.0.1:1 unreachable"},
+		{"results url without url", []string{"--results-url", "http://127.0.0.1:1"}, "--results-url: goes with --url"},
+		{"results url without scheme", []string{"--url", "http://127.0.0.1:1", "--results-url", "notifier:8080"}, "--results-url:"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -261,5 +270,42 @@ func TestLoadtestHelp(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("usage: got\n%s\nwant it to contain %q", out, want)
 		}
+	}
+}
+
+// TestLoadtestTokensCarryIssuerAndAudience: against a server that checks
+// iss and aud (auth.issuer, auth.audience), the shoppers' tokens pass only
+// when --issuer and --audience (or their FLASHSALE_AUTH_ variables) name
+// them.
+func TestLoadtestTokensCarryIssuerAndAudience(t *testing.T) {
+	server, err := auth.New(t.Context(), []byte(testJWTSecret), auth.Options{Issuer: "https://idp.example/", Audience: "shop-api"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		pass bool
+	}{
+		{"flags", []string{"--issuer", "https://idp.example/", "--audience", "shop-api"}, nil, true},
+		{"environment", nil, map[string]string{"FLASHSALE_AUTH_ISSUER": "https://idp.example/", "FLASHSALE_AUTH_AUDIENCE": "shop-api"}, true},
+		{"neither", nil, nil, false},
+		{"another audience", []string{"--issuer", "https://idp.example/", "--audience", "other"}, nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := parseLoadtestFlags(append([]string{"--jwt-secret", testJWTSecret}, tt.args...), io.Discard, tt.env)
+			if err != nil {
+				t.Fatalf("flags: %v", err)
+			}
+			tok, err := minter(o).Mint("alice", time.Minute)
+			if err != nil {
+				t.Fatalf("mint: %v", err)
+			}
+			if user, err := server.Verify(tok); (err == nil) != tt.pass || (tt.pass && user != "alice") {
+				t.Errorf("verify: got %q, %v; want it to pass: %v", user, err, tt.pass)
+			}
+		})
 	}
 }

@@ -69,14 +69,17 @@ Usage:
   flashsale <command> [flags]
 
 Commands:
-  serve      run gateway, worker and notifier in one process (embedded default: no services needed)
-  gateway    run the HTTP gateway only (admin + admitting purchases)
-  worker     run the queue worker only (Lua deduction + MySQL persistence)
-  notifier   run the WebSocket/poll notifier only
-  token      mint a shopper JWT for a user id, for trying the API
-  loadtest   run a flash sale against a gateway (or an in-process serve) and check its guarantees
-  reconcile  compare a campaign's Redis state with its MySQL orders (--repair after the sale)
-  version    print the version
+  serve        run gateway, worker and notifier in one process (embedded default: no services needed)
+  gateway      run the HTTP gateway only (admin + admitting purchases)
+  worker       run the queue worker only (Lua deduction + MySQL persistence)
+  notifier     run the WebSocket/poll notifier only
+  token        mint a shopper JWT for a user id, for trying the API
+  loadtest     run a flash sale against a gateway (or an in-process serve) and check its guarantees
+  reconcile    compare a campaign's Redis state with its MySQL orders (--repair after the sale)
+  archive      remove a finished, reconciled campaign's keys from Redis
+  admin        manage campaigns over a gateway's admin API: admin campaigns list|get|create|patch|preload|pause|resume|end|delete|stats
+  healthcheck  GET a role's /readyz (or --url) and fail unless it answers 2xx: a container health check
+  version      print the version
 
 Run 'flashsale <command> --help' for the flags of a command.
 `
@@ -102,6 +105,12 @@ func run(ctx context.Context, args []string, stdout io.Writer, env map[string]st
 		return runLoadtest(ctx, rest, stdout, env, newLog)
 	case "reconcile":
 		return runReconcile(ctx, rest, stdout, env)
+	case "archive":
+		return runArchive(ctx, rest, stdout, env)
+	case "admin":
+		return runAdmin(ctx, rest, stdout, env)
+	case "healthcheck":
+		return runHealthcheck(ctx, rest, stdout)
 	case "serve":
 		return runRoles(ctx, cmd, rest, stdout, env, newLog, roleSet{gateway: true, worker: true, notifier: true})
 	case "gateway":

@@ -99,7 +99,7 @@ func webhookBody(paymentID, orderID, status string, amount int64) string {
 // refund, with the units back on sale after a cancel and a refund.
 func TestOrderRoutes(t *testing.T) {
 	c := startSystem(t, realConfig(t, "memqueue"))
-	id := testenv.UniqueName("ord-")
+	id := testenv.Name(t, "ord-")
 	var created struct {
 		Price         int64  `json:"price"`
 		PaymentWindow string `json:"payment_window"`

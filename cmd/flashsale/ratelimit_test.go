@@ -26,7 +26,7 @@ func TestClientIPRateLimit(t *testing.T) {
 			cfg.Gateway.IPRate, cfg.Gateway.IPBurst = 1, 2
 			cfg.HTTP.TrustedProxies = tc.trusted
 			c := startSystem(t, cfg)
-			campaign := testenv.UniqueName("iprl-")
+			campaign := testenv.Name(t, "iprl-")
 			c.openCampaign(campaign, 10, 1)
 			for i, want := range tc.want {
 				var body purchaseBody

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/flashsale/flashsale/internal/config"
 	"github.com/flashsale/flashsale/internal/testenv"
 )
 
@@ -19,7 +20,7 @@ import (
 func TestReconcileCommand(t *testing.T) {
 	cfg := realConfig(t, "memqueue")
 	c := startSystem(t, cfg)
-	campaign := testenv.UniqueName("recon-")
+	campaign := testenv.Name(t, "recon-")
 	c.openCampaign(campaign, 5, 1)
 	for _, u := range []string{"ann", "ben"} {
 		if code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", c.token(u), `{"quantity":1}`, nil, nil); code != http.StatusAccepted {
@@ -27,16 +28,7 @@ func TestReconcileCommand(t *testing.T) {
 		}
 	}
 	c.settle(campaign, 10*time.Second)
-	env := map[string]string{
-		"FLASHSALE_REDIS_MODE":             "server",
-		"FLASHSALE_REDIS_ADDR":             cfg.Redis.Addr,
-		"FLASHSALE_DATABASE_DRIVER":        "mysql",
-		"FLASHSALE_DATABASE_DSN":           cfg.Database.DSN,
-		"FLASHSALE_AUTH_JWT_SECRET":        testJWTSecret,
-		"FLASHSALE_AUTH_ADMIN_TOKEN":       testAdminToken,
-		"FLASHSALE_AUTH_DEV":               "false",
-		"FLASHSALE_PAYMENT_WEBHOOK_SECRET": testWebhookSecret,
-	}
+	env := commandEnv(cfg)
 	reconcile := func(flags ...string) (string, error) {
 		var out bytes.Buffer
 		err := run(context.Background(), append([]string{"reconcile", "--campaign", campaign}, flags...), &out, env, logTo(io.Discard))
@@ -68,5 +60,20 @@ func TestReconcileCommand(t *testing.T) {
 	var helpOut bytes.Buffer
 	if err := run(context.Background(), []string{"reconcile"}, &helpOut, env, logTo(io.Discard)); err == nil || !strings.Contains(helpOut.String(), "Usage: flashsale reconcile") {
 		t.Fatalf("reconcile without --campaign: got %v %q, want usage and an error", err, helpOut.String())
+	}
+}
+
+// commandEnv is the environment of a one-shot command (reconcile, archive)
+// pointed at the Redis and MySQL of cfg, a real-services test config.
+func commandEnv(cfg config.Config) map[string]string {
+	return map[string]string{
+		"FLASHSALE_REDIS_MODE":             "server",
+		"FLASHSALE_REDIS_ADDR":             cfg.Redis.Addr,
+		"FLASHSALE_DATABASE_DRIVER":        "mysql",
+		"FLASHSALE_DATABASE_DSN":           cfg.Database.DSN,
+		"FLASHSALE_AUTH_JWT_SECRET":        testJWTSecret,
+		"FLASHSALE_AUTH_ADMIN_TOKEN":       testAdminToken,
+		"FLASHSALE_AUTH_DEV":               "false",
+		"FLASHSALE_PAYMENT_WEBHOOK_SECRET": testWebhookSecret,
 	}
 }

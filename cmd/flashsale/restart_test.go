@@ -46,7 +46,7 @@ func TestGatewayRestartWhileClientsWait(t *testing.T) {
 	addr, stopFront := startRoles(t, cfg, front)
 	c := newClient(t, "http://"+addr, cfg.Auth)
 	c.db = cfg.Database
-	campaign := testenv.UniqueName("restart-")
+	campaign := testenv.Name(t, "restart-")
 	c.openCampaign(campaign, 20, 1)
 
 	// No worker yet: every request stays queued while its shopper waits.

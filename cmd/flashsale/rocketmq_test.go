@@ -31,6 +31,14 @@ func startRocketMQProcess(t *testing.T, cfg config.Config) *client {
 	return p.client(t, cfg)
 }
 
+// startShopFront starts a gateway and a notifier as child processes and
+// returns a client of each: shop for purchases and admin, results for polls
+// and WebSockets.
+func startShopFront(t *testing.T, bin string, cfg config.Config, env []string) (shop, results *client) {
+	t.Helper()
+	return startRole(t, bin, "gateway", env).client(t, cfg), startRole(t, bin, "notifier", env).client(t, cfg)
+}
+
 // createTopics creates the purchase and the expiry topic, as operators do
 // (docker-compose's rocketmq-init and rocketmq-init-expiry).
 func createTopics(srv *rmqtest.Server, cfg config.Config) {

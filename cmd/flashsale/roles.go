@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -26,6 +28,7 @@ import (
 	"github.com/flashsale/flashsale/internal/httpapi"
 	"github.com/flashsale/flashsale/internal/lifecycle"
 	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/openapi"
 	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/model"
@@ -38,6 +41,22 @@ import (
 )
 
 type roleSet struct{ gateway, worker, notifier bool }
+
+// metrics names the roles for internal/metrics, which exports the families
+// of these roles only.
+func (r roleSet) metrics() []metrics.Role {
+	var out []metrics.Role
+	if r.gateway {
+		out = append(out, metrics.Gateway)
+	}
+	if r.worker {
+		out = append(out, metrics.Worker)
+	}
+	if r.notifier {
+		out = append(out, metrics.Notifier)
+	}
+	return out
+}
 
 func (r roleSet) String() string {
 	var names []string
@@ -76,6 +95,7 @@ func runRoles(ctx context.Context, name string, args []string, stdout io.Writer,
 		return fmt.Errorf("%s: a single role needs shared services: set redis.mode server and a shared queue driver (or use serve)", name)
 	}
 	log := newLog(cfg.Log)
+	routeRedisLog(log)
 	log.Info("starting", "roles", roles.String(), "version", version, "config", fmt.Sprintf("%+v", cfg.Masked()))
 	sys, err := start(ctx, cfg, log, roles)
 	if err != nil {
@@ -86,10 +106,32 @@ func runRoles(ctx context.Context, name string, args []string, stdout io.Writer,
 		fmt.Fprintf(stdout, "admin API on http://%s\n", sys.adminAddr)
 	}
 	if cfg.Auth.Dev {
-		tok, _ := auth.NewJWT([]byte(cfg.Auth.JWTSecret), cfg.Auth.JWTLeeway).Mint("alice", 24*time.Hour)
-		fmt.Fprintf(stdout, "dev admin token: %s\ndev shopper token for user alice: %s\n", cfg.Auth.AdminToken, tok)
+		printDevTokens(stdout, cfg.Auth)
 	}
 	return sys.Wait()
+}
+
+// authOptions are the shopper token checks a config asks for.
+func authOptions(a config.Auth, log *slog.Logger) auth.Options {
+	return auth.Options{Leeway: a.JWTLeeway, Algorithms: a.Algorithms, Issuer: a.Issuer, Audience: a.Audience,
+		JWKSURL: a.JWKSURL, JWKSRefresh: a.JWKSRefresh, JWKSUnknownKID: a.JWKSUnknownKID, Log: log.With("component", "auth")}
+}
+
+// printDevTokens prints what a developer needs to try the API, but only
+// what comes from the built-in development secrets: a secret set in a file
+// or the environment is never written out, nor a token signed with it.
+func printDevTokens(stdout io.Writer, a config.Auth) {
+	if a.AdminToken == config.DevAdminToken {
+		fmt.Fprintf(stdout, "dev admin token: %s\n", a.AdminToken)
+	} else {
+		fmt.Fprintln(stdout, "admin token: auth.admin_token as configured (not printed)")
+	}
+	if a.JWTSecret == config.DevJWTSecret {
+		tok, _ := auth.NewJWT([]byte(a.JWTSecret), a.JWTLeeway).Mint("alice", 24*time.Hour)
+		fmt.Fprintf(stdout, "dev shopper token for user alice: %s\n", tok)
+	} else {
+		fmt.Fprintln(stdout, "shopper tokens: sign them with auth.jwt_secret as configured (flashsale token USER)")
+	}
 }
 
 // system is a running set of roles and the clients they share. start builds
@@ -112,6 +154,9 @@ type system struct {
 	// group on RocketMQ).
 	newExpiryConsumer func(name string) queue.Consumer
 	queuePing         queue.Pinger
+	backlog           queue.BacklogReader // nil unless the driver can tell
+	// shoppers verifies shopper tokens; nil unless a gateway or notifier runs.
+	shoppers *auth.JWT
 
 	// The HTTP engines and the roles, from mount; a role that does not run
 	// is nil.
@@ -131,6 +176,8 @@ type system struct {
 	listeners []listener
 
 	group *errgroup.Group
+	// draining is set once a stop begins: /readyz answers 503 from then on.
+	draining atomic.Bool
 }
 
 // listener is a bound address and the server that serves it once run starts.
@@ -159,7 +206,8 @@ func start(ctx context.Context, cfg config.Config, log *slog.Logger, roles roleS
 	}
 	// sys is not the named result: "return nil, err" must not hide it from
 	// the cleanup below.
-	sys := &system{log: log, cfg: cfg, roles: roles, Metrics: metrics.New()}
+	sys := &system{log: log, cfg: cfg, roles: roles, Metrics: metrics.New(roles.metrics()...)}
+	sys.Metrics.SetBuildInfo(version)
 	defer func() {
 		if err != nil {
 			sys.abort()
@@ -184,7 +232,8 @@ func (s *system) open(ctx context.Context, so startOptions) error {
 	if err != nil {
 		return err
 	}
-	s.store = store.New(rdb)
+	rdb.AddHook(s.Metrics.ScriptHook(scriptNames()))
+	s.store = store.New(rdb, store.WithKeyRetention(s.cfg.Redis.KeyRetention))
 	if s.roles.gateway || s.roles.worker {
 		if s.db, err = sqlstore.Open(ctx, s.cfg.Database.Driver, s.cfg.Database.DSN); err != nil {
 			return err
@@ -194,10 +243,28 @@ func (s *system) open(ctx context.Context, so startOptions) error {
 	if s.pub, s.newConsumer, s.newExpiryConsumer, s.queuePing, err = openQueue(s.cfg.Queue, rdb, s.log, s); err != nil {
 		return err
 	}
+	s.backlog, _ = s.pub.(queue.BacklogReader)
 	if so.wrapPublisher != nil {
 		s.pub = so.wrapPublisher(s.pub)
 	}
+	if s.roles.gateway || s.roles.notifier {
+		// The provider's key set is fetched now (a wrong auth.jwks_url
+		// fails the start) and refreshed until the clients close.
+		keysCtx, stopKeys := context.WithCancel(context.WithoutCancel(ctx))
+		s.closers = append(s.closers, func() error { stopKeys(); return nil })
+		if s.shoppers, err = auth.New(keysCtx, []byte(s.cfg.Auth.JWTSecret), authOptions(s.cfg.Auth, s.log)); err != nil {
+			return fmt.Errorf("shopper auth: %w", err)
+		}
+	}
 	return nil
+}
+
+// scriptNames names the Lua scripts run on Redis, for their latency
+// metric.
+func scriptNames() map[string]string {
+	names := store.ScriptNames()
+	maps.Copy(names, redisstream.ScriptNames())
+	return names
 }
 
 // mount builds the roles this process runs and registers their routes, the
@@ -221,9 +288,8 @@ func (s *system) mount() error {
 	if s.queuePing != nil {
 		checks["queue"] = s.queuePing.Ping
 	}
-	jwt := auth.NewJWT([]byte(s.cfg.Auth.JWTSecret), s.cfg.Auth.JWTLeeway)
 	if s.roles.notifier {
-		checks["notifier"] = s.mountNotifier(jwt)
+		checks["notifier"] = s.mountNotifier(s.shoppers)
 	}
 	if s.db != nil {
 		opts := lifecycleOptions(s.cfg)
@@ -231,13 +297,48 @@ func (s *system) mount() error {
 		s.lifecycle = lifecycle.New(s.db, s.store, opts, s.log.With("component", "lifecycle"))
 	}
 	if s.roles.gateway {
-		s.mountGateway(jwt)
+		s.mountGateway(s.shoppers)
 	}
-	registerOps(s.engine, s.Metrics, checks)
+	registerOps(s.engine, s.adminEngine, s.Metrics, checks, s.draining.Load)
+	s.Metrics.WatchDependencies(checks)
+	if s.roles.gateway || s.roles.notifier {
+		registerDocument(s.engine, s.adminEngine)
+	}
 	if s.roles.worker {
 		s.mountWorker()
 	}
 	return nil
+}
+
+// watchStock exports the units left of every open campaign loaded into
+// Redis: what a dashboard shows selling down.
+func (s *system) watchStock() {
+	s.Metrics.WatchStock(func(ctx context.Context) (map[string]int64, error) {
+		ids, err := s.db.OpenCampaignIDs(ctx, time.Now())
+		if err != nil {
+			return nil, err
+		}
+		return s.store.Remaining(ctx, ids)
+	})
+}
+
+// watchBacklog exports what waits in each partition of the topics the
+// worker consumes, when the queue driver can tell.
+func (s *system) watchBacklog() {
+	if s.backlog == nil {
+		return
+	}
+	s.Metrics.WatchBacklog([]string{s.cfg.Queue.Topic, s.cfg.Queue.ExpiryTopic}, func(ctx context.Context, topic string) ([]metrics.Backlog, error) {
+		partitions, err := s.backlog.Backlog(ctx, topic)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]metrics.Backlog, len(partitions))
+		for i, b := range partitions {
+			out[i] = metrics.Backlog(b)
+		}
+		return out, nil
+	})
 }
 
 // mountWorker builds the worker, which decides purchases and schedules the
@@ -254,16 +355,29 @@ func (s *system) mountWorker() {
 	s.expiry = worker.NewExpiry(log, s.lifecycle, worker.ExpiryOptions{Topic: s.cfg.Queue.ExpiryTopic, Publisher: s.pub,
 		MaxAttempts: s.cfg.Worker.MaxAttempts})
 	s.expiryConsumer = s.newExpiryConsumer(consumerName())
+	s.watchBacklog()
 }
 
 // mountNotifier builds the notifier and registers its WebSocket and poll
 // routes. It returns the notifier's readiness check.
 func (s *system) mountNotifier(jwt *auth.JWT) func(context.Context) error {
-	ntf := notifier.New(s.log.With("role", "notifier"), s.store, s.Metrics, notifier.Options{
-		AllowedOrigins:          s.cfg.Notifier.AllowedOrigins,
-		MaxSubscriptionsPerConn: s.cfg.Notifier.MaxSubscriptionsPerConn,
-		PingInterval:            s.cfg.Notifier.PingInterval,
-		RecheckInterval:         s.cfg.Notifier.RecheckInterval,
+	c := s.cfg.Notifier
+	fileLimit := openFileLimit()
+	maxConns := webSocketBudget(c, fileLimit)
+	log := s.log.With("role", "notifier")
+	log.Info("WebSocket budget", "max_conns", maxConns, "open_file_limit", fileLimit, "fd_reserve", c.FDReserve)
+	ntf := notifier.New(log, s.store, s.Metrics, notifier.Options{
+		AllowedOrigins:          c.AllowedOrigins,
+		MaxSubscriptionsPerConn: c.MaxSubscriptionsPerConn,
+		PingInterval:            c.PingInterval,
+		RecheckInterval:         c.RecheckInterval,
+		MaxConnsPerUser:         c.MaxConnsPerUser,
+		MaxConnsPerIP:           c.MaxConnsPerIP,
+		MaxConns:                maxConns,
+		PollRate:                c.PollRate,
+		PollBurst:               c.PollBurst,
+		SubscribeRate:           c.SubscribeRate,
+		SubscribeBurst:          c.SubscribeBurst,
 	})
 	ntf.Register(s.engine, httpapi.Shopper(s.log, jwt, false), httpapi.Shopper(s.log, jwt, true))
 	s.notifier = ntf
@@ -275,11 +389,24 @@ func (s *system) mountNotifier(jwt *auth.JWT) func(context.Context) error {
 	}
 }
 
+// webSocketBudget is the process's WebSocket cap: notifier.max_conns, or
+// the descriptor limit less notifier.fd_reserve (at most half the limit),
+// so that WebSockets cannot take the descriptors plain HTTP, /healthz and
+// the Redis and MySQL pools need.
+func webSocketBudget(c config.Notifier, fileLimit int) int {
+	if c.MaxConns > 0 {
+		return c.MaxConns
+	}
+	return fileLimit - min(c.FDReserve, fileLimit/2)
+}
+
 // mountGateway builds the gateway and registers its admin and shopper routes.
 func (s *system) mountGateway(jwt *auth.JWT) {
 	s.gateway = gateway.New(s.log.With("role", "gateway"), s.store, s.db, s.pub, s.Metrics, gatewayOptions(s.cfg))
+	s.watchStock()
 	log := s.log.With("role", "gateway")
-	admin, shopper := httpapi.Admin(s.log, s.cfg.Auth.AdminToken), httpapi.Shopper(s.log, jwt, false)
+	admin := httpapi.Admin(s.log, s.cfg.Auth.AdminToken, s.cfg.Auth.AdminFailuresPerMinute)
+	shopper := httpapi.Shopper(s.log, jwt, false)
 	h := gateway.NewHandlers(log, s.gateway)
 	h.RegisterAdmin(s.adminEngine, admin)
 	h.RegisterShopper(s.engine, shopper)
@@ -305,6 +432,8 @@ func gatewayOptions(cfg config.Config) gateway.Options {
 		Topic:            cfg.Queue.Topic,
 		RateLimits:       cfg.Gateway.RateLimits,
 		CampaignCacheTTL: cfg.Gateway.CampaignCacheTTL,
+		CachedCampaigns:  cfg.Gateway.CachedCampaigns,
+		CachedUnknownIDs: cfg.Gateway.CachedUnknownIDs,
 		SoldOutRecheck:   cfg.Gateway.SoldOutRecheck,
 		PublishTimeout:   cfg.Gateway.PublishTimeout,
 		AdmitBatch:       cfg.Gateway.AdmitBatch,
@@ -360,6 +489,7 @@ func (s *system) run(ctx context.Context) {
 		g.Go(func() error { return s.worker.Run(gctx, s.consumer, s.cfg.Queue.Topic) })
 		g.Go(func() error { return s.expiry.Run(gctx, s.expiryConsumer) })
 		g.Go(func() error { return s.expiry.Sweep(gctx, s.cfg.Payment.SweepInterval) })
+		g.Go(func() error { return s.worker.SweepUnknown(gctx, s.cfg.Queue.Topic, s.cfg.Worker.MaxQueueDelay) })
 	}
 	for _, l := range s.listeners {
 		g.Go(func() error {
@@ -371,9 +501,25 @@ func (s *system) run(ctx context.Context) {
 	}
 	g.Go(func() error {
 		<-gctx.Done()
+		s.drain()
 		s.shutdown(stopLoops)
 		return nil
 	})
+}
+
+// drain marks the process draining, so /readyz answers 503, and goes on
+// serving for http.drain_delay: a load balancer that polls /readyz stops
+// sending requests before the listeners close, instead of seeing refused
+// connections. Only a gateway or a notifier waits; a worker serves no
+// shopper (it stopped consuming and freed its partitions already).
+func (s *system) drain() {
+	s.draining.Store(true)
+	d := s.cfg.HTTP.DrainDelay
+	if d <= 0 || !(s.roles.gateway || s.roles.notifier) {
+		return
+	}
+	s.log.Info("draining: /readyz answers 503 until the listeners close", "drain_delay", d)
+	time.Sleep(d)
 }
 
 // shutdown stops intake and lets in-flight requests finish within
@@ -432,17 +578,32 @@ func newEngine(log *slog.Logger, m *metrics.Metrics, c config.HTTP) (*gin.Engine
 	e.Use(gin.CustomRecoveryWithWriter(io.Discard, func(c *gin.Context, rec any) {
 		httpapi.Abort(c, log, fmt.Errorf("panic: %v", rec))
 	}))
-	e.Use(m.GinMiddleware(), httpapi.LimitBody(log, c.MaxBodyBytes))
+	e.Use(m.GinMiddleware(), httpapi.CheckBody(log, c.MaxBodyBytes))
 	e.NoRoute(func(c *gin.Context) { httpapi.Abort(c, log, fmt.Errorf("route: %w", errNoRoute)) })
-	e.NoMethod(func(c *gin.Context) { httpapi.Abort(c, log, fmt.Errorf("method: %w", errNoRoute)) })
+	// gin has set the Allow header by then.
+	e.NoMethod(func(c *gin.Context) { httpapi.Abort(c, log, fmt.Errorf("route: %w", model.ErrMethodNotAllowed)) })
 	return e, nil
 }
 
 var errNoRoute = fmt.Errorf("no such route: %w", model.ErrNotFound)
 
-func registerOps(e *gin.Engine, m *metrics.Metrics, checks map[string]func(context.Context) error) {
-	e.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
-	e.GET("/readyz", func(c *gin.Context) {
+// registerOps mounts the health check on the main engine (and the admin
+// one), and the readiness check and the metrics on the admin engine, which
+// is the main one unless http.admin_addr is set: they tell the public who
+// runs admin actions (the admin routes' refusals), why purchases are
+// refused, and which backends are down. Once draining reports true,
+// /readyz answers 503 {"status":"draining"}.
+func registerOps(e, admin *gin.Engine, m *metrics.Metrics, checks map[string]func(context.Context) error, draining func() bool) {
+	healthz := func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) }
+	e.GET("/healthz", healthz)
+	if admin != e {
+		admin.GET("/healthz", healthz)
+	}
+	admin.GET("/readyz", func(c *gin.Context) {
+		if draining() {
+			c.JSON(http.StatusServiceUnavailable, gin.H{"status": "draining"})
+			return
+		}
 		ctx, cancel := context.WithTimeout(c.Request.Context(), 2*time.Second)
 		defer cancel()
 		status, body := http.StatusOK, gin.H{}
@@ -455,7 +616,17 @@ func registerOps(e *gin.Engine, m *metrics.Metrics, checks map[string]func(conte
 		}
 		c.JSON(status, body)
 	})
-	e.GET("/metrics", gin.WrapH(promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})))
+	admin.GET("/metrics", gin.WrapH(promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})))
+}
+
+// registerDocument serves the API's OpenAPI document on both listeners,
+// like /healthz: integrators read it on the public one, operators on the
+// admin one.
+func registerDocument(e, admin *gin.Engine) {
+	e.GET(openapi.Path, openapi.Serve)
+	if admin != e {
+		admin.GET(openapi.Path, openapi.Serve)
+	}
 }
 
 func openRedis(ctx context.Context, c config.Redis, sys *system) (redis.UniversalClient, error) {
@@ -498,7 +669,7 @@ func openQueue(c config.Queue, rdb redis.UniversalClient, log *slog.Logger, sys 
 		return q, consumer, consumer, q, nil
 	case "redisstream":
 		q := redisstream.New(rdb, redisstream.Options{Partitions: c.Partitions, BatchSize: c.BatchSize, Group: c.Group,
-			LeaseTTL: c.LeaseTTL, Logger: log.With("component", "redisstream")})
+			LeaseTTL: c.LeaseTTL, Logger: log.With("component", "redisstream"), Observer: sys.Metrics})
 		consumer := func(name string) queue.Consumer { return q.Consumer(name) }
 		return q, consumer, consumer, q, nil
 	case "rocketmq":
@@ -529,9 +700,9 @@ func openQueue(c config.Queue, rdb redis.UniversalClient, log *slog.Logger, sys 
 	return nil, nil, nil, nil, fmt.Errorf("queue driver %q: unknown", c.Driver)
 }
 
-// openRocketMQ returns a RocketMQ queue and registers its closer. New only
-// resolves the name servers' host names; the clients connect lazily, and
-// readiness (Ping) reports an unreachable broker.
+// openRocketMQ returns a RocketMQ queue and registers its closer. New dials
+// nothing: the clients connect lazily, and readiness (Ping) reports an
+// unreachable name server or broker.
 func openRocketMQ(opts rocketmq.Options, sys *system) (*rocketmq.Queue, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/flashsale/flashsale/internal/auth"
@@ -16,7 +18,7 @@ func runToken(args []string, stdout io.Writer, env map[string]string) error {
 	configPath := fs.String("config", "", "config file (default: the built-in embedded config)")
 	ttl := fs.Duration("ttl", 24*time.Hour, "how long the token is valid")
 	fs.Usage = func() {
-		fmt.Fprintln(stdout, "Usage: flashsale token [--config FILE] [--ttl 24h] USER_ID\n\nPrints a shopper JWT signed with the config's auth.jwt_secret.")
+		fmt.Fprintln(stdout, "Usage: flashsale token [--config FILE] [--ttl 24h] USER_ID\n\nPrints a shopper JWT signed with the config's auth.jwt_secret (HS256, with auth.issuer and auth.audience\nwhen set); with auth.jwks_url only when auth.algorithms lists HS256.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -30,7 +32,17 @@ func runToken(args []string, stdout io.Writer, env map[string]string) error {
 	if err != nil {
 		return err
 	}
-	tok, err := auth.NewJWT([]byte(cfg.Auth.JWTSecret), cfg.Auth.JWTLeeway).Mint(fs.Arg(0), *ttl)
+	if cfg.Auth.JWKSURL != "" && !slices.Contains(cfg.Auth.Algorithms, "HS256") {
+		return fmt.Errorf("token: auth.algorithms does not accept HS256 next to auth.jwks_url: tokens come from the identity provider")
+	}
+	// Minting needs no key set: the secret signs, and the configured
+	// issuer and audience go in, so the token passes their checks.
+	minter, err := auth.New(context.Background(), []byte(cfg.Auth.JWTSecret),
+		auth.Options{Leeway: cfg.Auth.JWTLeeway, Issuer: cfg.Auth.Issuer, Audience: cfg.Auth.Audience})
+	if err != nil {
+		return fmt.Errorf("token: %w", err)
+	}
+	tok, err := minter.Mint(fs.Arg(0), *ttl)
 	if err != nil {
 		return fmt.Errorf("token: %w", err)
 	}

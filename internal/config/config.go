@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -48,6 +50,10 @@ type HTTP struct {
 	// those headers are ignored, so a client cannot pick its rate-limit key.
 	TrustedProxies  []string      `yaml:"trusted_proxies" env:"TRUSTED_PROXIES"`
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" env:"SHUTDOWN_TIMEOUT"`
+	// DrainDelay is how long a gateway or notifier keeps serving, with
+	// /readyz answering 503, between SIGTERM and closing its listeners, so
+	// a load balancer stops sending it requests first.
+	DrainDelay time.Duration `yaml:"drain_delay" env:"DRAIN_DELAY"`
 }
 
 // Auth holds the secrets. They are masked whenever the config is logged.
@@ -55,9 +61,74 @@ type Auth struct {
 	JWTSecret  string        `yaml:"jwt_secret" env:"JWT_SECRET"`
 	JWTLeeway  time.Duration `yaml:"jwt_leeway" env:"JWT_LEEWAY"`
 	AdminToken string        `yaml:"admin_token" env:"ADMIN_TOKEN"`
-	// Dev marks the built-in development secrets, which serve refuses to use
-	// with a real Redis or MySQL.
+	// AdminFailuresPerMinute is how many wrong admin tokens a client IP may
+	// present in a minute; then it gets 429 until the minute is over.
+	AdminFailuresPerMinute int `yaml:"admin_failures_per_minute" env:"ADMIN_FAILURES_PER_MINUTE"`
+	// Dev is the embedded default's development mode: serve prints the
+	// development admin token and a shopper token at start. Validate refuses
+	// it, like the development secrets themselves, with a real Redis or
+	// MySQL.
 	Dev bool `yaml:"dev" env:"DEV"`
+	// Provider verifies shopper tokens an identity provider signs.
+	Provider `yaml:",inline"`
+}
+
+// Provider configures shopper tokens from an identity provider (Auth0,
+// Okta, Keycloak, Cognito…): verified against its JWKS URL, their iss and
+// aud checked. Without jwks_url shopper tokens are HS256 with jwt_secret.
+type Provider struct {
+	// JWKSURL is the provider's key set, e.g.
+	// https://TENANT.auth0.com/.well-known/jwks.json.
+	JWKSURL string `yaml:"jwks_url" env:"JWKS_URL"`
+	// Issuer and Audience must be every token's iss and among its aud;
+	// both are required with jwks_url (a token for another API of the same
+	// provider must not buy here).
+	Issuer   string `yaml:"issuer" env:"ISSUER"`
+	Audience string `yaml:"audience" env:"AUDIENCE"`
+	// Algorithms accepted: RS256 and ES256 by default with jwks_url, HS256
+	// alone without. Adding HS256 next to a provider's lets load tests mint
+	// tokens with jwt_secret.
+	Algorithms []string `yaml:"algorithms" env:"ALGORITHMS"`
+	// JWKSRefresh is how often the key set is fetched again (rotated keys
+	// come in, withdrawn ones stop working within it).
+	JWKSRefresh time.Duration `yaml:"jwks_refresh" env:"JWKS_REFRESH"`
+	// JWKSUnknownKID is the least time between two fetches caused by a
+	// token whose key id the set lacks.
+	JWKSUnknownKID time.Duration `yaml:"jwks_unknown_kid" env:"JWKS_UNKNOWN_KID"`
+}
+
+// supportedAlgorithms are the JWT algorithms auth.algorithms may name
+// (internal/auth.SupportedAlgorithms).
+var supportedAlgorithms = []string{"HS256", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
+
+// validate checks the provider settings, nil when they are fine.
+func (p Provider) validate() error {
+	bad := func(key, why string) error { return fmt.Errorf("config: auth.%s: %s", key, why) }
+	for _, a := range p.Algorithms {
+		if !slices.Contains(supportedAlgorithms, a) {
+			return bad("algorithms", fmt.Sprintf("%q is not one of %s", a, strings.Join(supportedAlgorithms, ", ")))
+		}
+	}
+	if p.JWKSURL == "" {
+		if len(p.Algorithms) > 0 && !slices.Equal(p.Algorithms, []string{"HS256"}) {
+			return bad("algorithms", "only HS256 without auth.jwks_url")
+		}
+		return nil
+	}
+	u, err := url.Parse(p.JWKSURL)
+	switch {
+	case err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "":
+		return bad("jwks_url", "must be an http(s) URL")
+	case p.Issuer == "":
+		return bad("issuer", "is required with auth.jwks_url (the provider's iss, e.g. https://TENANT.auth0.com/)")
+	case p.Audience == "":
+		return bad("audience", "is required with auth.jwks_url (this API's identifier at the provider)")
+	case p.JWKSRefresh < time.Minute || p.JWKSRefresh > 24*time.Hour:
+		return bad("jwks_refresh", "must be between 1m and 24h")
+	case p.JWKSUnknownKID < time.Second || p.JWKSUnknownKID > time.Hour:
+		return bad("jwks_unknown_kid", "must be between 1s and 1h")
+	}
+	return nil
 }
 
 // Redis selects the Redis server; mode "embedded" runs an in-process Redis.
@@ -67,6 +138,9 @@ type Redis struct {
 	Password string `yaml:"password" env:"PASSWORD"`
 	DB       int    `yaml:"db" env:"DB"`
 	PoolSize int    `yaml:"pool_size" env:"POOL_SIZE"`
+	// KeyRetention is how long a campaign's keys outlive its sale: they
+	// expire this long after its end plus its payment window.
+	KeyRetention time.Duration `yaml:"key_retention" env:"KEY_RETENTION"`
 }
 
 // Database selects the order store.
@@ -115,6 +189,8 @@ type Gateway struct {
 	model.RateLimits `yaml:",inline"`
 	PublishTimeout   time.Duration `yaml:"publish_timeout" env:"PUBLISH_TIMEOUT"`
 	CampaignCacheTTL time.Duration `yaml:"campaign_cache_ttl" env:"CAMPAIGN_CACHE_TTL"`
+	CachedCampaigns  int           `yaml:"cached_campaigns" env:"CACHED_CAMPAIGNS"`
+	CachedUnknownIDs int           `yaml:"cached_unknown_ids" env:"CACHED_UNKNOWN_IDS"`
 	SoldOutRecheck   time.Duration `yaml:"soldout_recheck" env:"SOLDOUT_RECHECK"`
 	AdmitBatch       int           `yaml:"admit_batch" env:"ADMIT_BATCH"`
 	AdmitConcurrency int           `yaml:"admit_concurrency" env:"ADMIT_CONCURRENCY"`
@@ -126,6 +202,19 @@ type Gateway struct {
 // Worker tunes consumption.
 type Worker struct {
 	MaxAttempts int `yaml:"max_attempts" env:"MAX_ATTEMPTS"`
+	// MaxQueueDelay is the longest a stored message can take to reach a
+	// worker while workers run. A request whose publish outcome was
+	// unknown and that no worker has seen this long after was never
+	// stored: the workers' sweep rejects it (not_enqueued). Too short, and
+	// a message that was only slow is rejected (when it arrives it finds
+	// the final result and takes nothing); too long, and its shopper waits
+	// that long for the answer. The default, 5m, covers several times over
+	// the slowest hand-overs measured or documented: a dead RocketMQ
+	// consumer's queue lock (60 s) plus a rebalance (20 s), a broker
+	// restart's resubscription (30 s), a redisstream lease (queue.lease_ttl)
+	// and a sale's backlog at the workers' throughput. Paused campaigns do
+	// not count against it (their requests are held, not swept).
+	MaxQueueDelay time.Duration `yaml:"max_queue_delay" env:"MAX_QUEUE_DELAY"`
 }
 
 // Payment configures what follows a success: the payment provider, the
@@ -152,6 +241,19 @@ type Notifier struct {
 	MaxSubscriptionsPerConn int           `yaml:"max_subscriptions_per_conn" env:"MAX_SUBSCRIPTIONS_PER_CONN"`
 	PingInterval            time.Duration `yaml:"ping_interval" env:"PING_INTERVAL"`
 	RecheckInterval         time.Duration `yaml:"recheck_interval" env:"RECHECK_INTERVAL"`
+
+	// Abuse limits (docs/RELIABILITY.md, "Limits"). MaxConns 0 derives the
+	// process's WebSocket budget from its descriptor limit: RLIMIT_NOFILE
+	// minus FDReserve (at most half the limit), kept for plain HTTP, health
+	// checks and the clients' pools.
+	MaxConnsPerUser int `yaml:"max_conns_per_user" env:"MAX_CONNS_PER_USER"`
+	MaxConnsPerIP   int `yaml:"max_conns_per_ip" env:"MAX_CONNS_PER_IP"`
+	MaxConns        int `yaml:"max_conns" env:"MAX_CONNS"`
+	FDReserve       int `yaml:"fd_reserve" env:"FD_RESERVE"`
+	PollRate        int `yaml:"poll_rate" env:"POLL_RATE"`
+	PollBurst       int `yaml:"poll_burst" env:"POLL_BURST"`
+	SubscribeRate   int `yaml:"subscribe_rate" env:"SUBSCRIBE_RATE"`
+	SubscribeBurst  int `yaml:"subscribe_burst" env:"SUBSCRIBE_BURST"`
 }
 
 // Log configures slog.
@@ -161,7 +263,7 @@ type Log struct {
 }
 
 // Development secrets of the embedded default. Never valid in production:
-// Validate refuses them unless Redis is embedded.
+// Validate refuses them with a real Redis or MySQL.
 const (
 	DevJWTSecret     = "flashsale-dev-only-jwt-secret-do-not-use-in-production"
 	DevAdminToken    = "dev-admin-token"
@@ -174,21 +276,32 @@ func Default() Config {
 	return Config{
 		HTTP: HTTP{Addr: "127.0.0.1:8080", ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 			WriteTimeout: 10 * time.Second, IdleTimeout: 60 * time.Second, MaxBodyBytes: 4096, ShutdownTimeout: 10 * time.Second},
-		Auth:     Auth{JWTSecret: DevJWTSecret, JWTLeeway: 30 * time.Second, AdminToken: DevAdminToken, Dev: true},
-		Redis:    Redis{Mode: "embedded", PoolSize: 64},
+		Auth: Auth{JWTSecret: DevJWTSecret, JWTLeeway: 30 * time.Second, AdminToken: DevAdminToken, AdminFailuresPerMinute: 10, Dev: true,
+			Provider: Provider{JWKSRefresh: time.Hour, JWKSUnknownKID: time.Minute}},
+		Redis:    Redis{Mode: "embedded", PoolSize: 64, KeyRetention: 7 * 24 * time.Hour},
 		Database: Database{Driver: "sqlite", DSN: ":memory:"},
 		Queue: Queue{Driver: "redisstream", Topic: "flashsale-purchases", ExpiryTopic: "flashsale-expiry", Partitions: 8, BatchSize: 128, Group: "workers", LeaseTTL: 10 * time.Second,
 			RocketMQ: RocketMQ{NameServers: []string{"127.0.0.1:9876"}, ProducerGroup: "flashsale-gateway",
 				Retries: 2, MaxReconsumeTimes: 1000, SuspendTime: time.Second, LogLevel: "warn"}},
 		Gateway: Gateway{RateLimits: model.RateLimits{UserRate: 5, UserBurst: 10}, PublishTimeout: 2 * time.Second,
-			CampaignCacheTTL: 2 * time.Second, SoldOutRecheck: time.Second, AdmitBatch: 256, AdmitConcurrency: 2, AdmitLinger: 500 * time.Microsecond,
+			CampaignCacheTTL: 2 * time.Second, CachedCampaigns: 10_000, CachedUnknownIDs: 1024, SoldOutRecheck: time.Second, AdmitBatch: 256, AdmitConcurrency: 2, AdmitLinger: 500 * time.Microsecond,
 			BreakerFailures: 3, BreakerOpenFor: 2 * time.Second},
-		Worker:   Worker{MaxAttempts: 10},
+		Worker:   Worker{MaxAttempts: 10, MaxQueueDelay: 5 * time.Minute},
 		Payment:  Payment{Provider: "fake", WebhookSecret: DevWebhookSecret, WebhookTolerance: 5 * time.Minute, Grace: 30 * time.Second, SweepInterval: 5 * time.Second},
-		Notifier: Notifier{MaxSubscriptionsPerConn: 256, PingInterval: 20 * time.Second, RecheckInterval: time.Second},
+		Notifier: Notifier{MaxSubscriptionsPerConn: 256, PingInterval: 20 * time.Second, RecheckInterval: time.Second, MaxConnsPerUser: 8, MaxConnsPerIP: 256, FDReserve: 256, PollRate: 5, PollBurst: 20, SubscribeRate: 20, SubscribeBurst: 256},
 		Log:      Log{Level: "info", Format: "text"},
 	}
 }
+
+// EnvPrefix starts every environment variable that overrides a config key.
+const EnvPrefix = "FLASHSALE_"
+
+// TestEnvPrefix starts the variables the project's tests read
+// (FLASHSALE_TEST_REDIS_ADDR, …; see internal/testenv). They share
+// EnvPrefix but name no config key, and a test's child processes inherit
+// them, so Load lets them pass; every other FLASHSALE_ variable must name a
+// key.
+const TestEnvPrefix = EnvPrefix + "TEST_"
 
 // Load returns the defaults overlaid with the YAML file at path (if path is
 // not empty) and then the environment (lookup, usually os.LookupEnv based).
@@ -205,7 +318,10 @@ func Load(path string, environ map[string]string) (Config, error) {
 			return Config{}, fmt.Errorf("config %s: %w", path, err)
 		}
 	}
-	opts := env.Options{Prefix: "FLASHSALE_", Environment: environ}
+	opts := env.Options{Prefix: EnvPrefix, Environment: environ}
+	if err := unknownEnv(&cfg, opts); err != nil {
+		return Config{}, err
+	}
 	if err := env.ParseWithOptions(&cfg, opts); err != nil {
 		return Config{}, fmt.Errorf("config environment%s: %w", envNames(&cfg, opts, err), err)
 	}
@@ -231,20 +347,30 @@ func (c Config) Validate() error {
 		return bad("http.*_timeout", "every timeout must be positive")
 	case c.HTTP.ShutdownTimeout <= 0:
 		return bad("http.shutdown_timeout", "must be positive")
+	case c.HTTP.DrainDelay < 0 || c.HTTP.DrainDelay > 5*time.Minute:
+		return bad("http.drain_delay", "must be between 0 (off) and 5m")
 	case len(c.Auth.JWTSecret) < 32:
 		return bad("auth.jwt_secret", "must be at least 32 bytes")
 	case len(c.Auth.AdminToken) < 8:
 		return bad("auth.admin_token", "must be at least 8 bytes")
+	case c.Auth.AdminFailuresPerMinute < 1 || c.Auth.AdminFailuresPerMinute > 1000:
+		return bad("auth.admin_failures_per_minute", "must be between 1 and 1000")
 	case c.Auth.JWTLeeway < 0 || c.Auth.JWTLeeway > 5*time.Minute:
 		return bad("auth.jwt_leeway", "must be between 0 and 5m")
+	case c.Auth.Provider.validate() != nil:
+		return c.Auth.Provider.validate()
 	case c.Redis.Mode != "embedded" && c.Redis.Mode != "server":
 		return bad("redis.mode", `must be "embedded" or "server"`)
 	case c.Redis.Mode == "server" && c.Redis.Addr == "":
 		return bad("redis.addr", `is required when redis.mode is "server"`)
-	case c.Redis.Mode == "server" && (c.Auth.JWTSecret == DevJWTSecret || c.Auth.AdminToken == DevAdminToken):
-		return bad("auth", "the development secrets are only allowed with redis.mode embedded")
+	case c.Auth.Dev && c.realServices():
+		return bad("auth.dev", "development mode is only allowed with redis.mode embedded and database.driver sqlite")
+	case c.realServices() && (c.Auth.JWTSecret == DevJWTSecret || c.Auth.AdminToken == DevAdminToken):
+		return bad("auth", "the development secrets are only allowed with redis.mode embedded and database.driver sqlite")
 	case c.Redis.PoolSize < 1:
 		return bad("redis.pool_size", "must be at least 1")
+	case c.Redis.KeyRetention < time.Hour || c.Redis.KeyRetention > 365*24*time.Hour:
+		return bad("redis.key_retention", "must be between 1h and 8760h (a year)")
 	case c.Database.Driver != "sqlite" && c.Database.Driver != "mysql":
 		return bad("database.driver", `must be "sqlite" or "mysql"`)
 	case c.Database.DSN == "":
@@ -272,6 +398,10 @@ func (c Config) Validate() error {
 		return bad("gateway.publish_timeout", "must be positive")
 	case c.Gateway.CampaignCacheTTL <= 0:
 		return bad("gateway.campaign_cache_ttl", "must be positive")
+	case c.Gateway.CachedCampaigns < 1 || c.Gateway.CachedCampaigns > 1_000_000:
+		return bad("gateway.cached_campaigns", "must be between 1 and 1000000")
+	case c.Gateway.CachedUnknownIDs < 1 || c.Gateway.CachedUnknownIDs > 1_000_000:
+		return bad("gateway.cached_unknown_ids", "must be between 1 and 1000000")
 	case c.Gateway.SoldOutRecheck <= 0:
 		return bad("gateway.soldout_recheck", "must be positive")
 	case c.Gateway.AdmitBatch < 1 || c.Gateway.AdmitBatch > 4096:
@@ -286,12 +416,14 @@ func (c Config) Validate() error {
 		return bad("gateway.breaker_open_for", "must be positive")
 	case c.Worker.MaxAttempts < 1:
 		return bad("worker.max_attempts", "must be at least 1")
+	case c.Worker.MaxQueueDelay < time.Second || c.Worker.MaxQueueDelay > 24*time.Hour:
+		return bad("worker.max_queue_delay", "must be between 1s and 24h")
 	case c.Payment.Provider != "fake":
 		return bad("payment.provider", `must be "fake"`)
 	case len(c.Payment.WebhookSecret) < 32:
 		return bad("payment.webhook_secret", "must be at least 32 bytes")
-	case c.Redis.Mode == "server" && c.Payment.WebhookSecret == DevWebhookSecret:
-		return bad("payment.webhook_secret", "the development secret is only allowed with redis.mode embedded")
+	case c.realServices() && c.Payment.WebhookSecret == DevWebhookSecret:
+		return bad("payment.webhook_secret", "the development secret is only allowed with redis.mode embedded and database.driver sqlite")
 	case c.Payment.WebhookTolerance < time.Second || c.Payment.WebhookTolerance > time.Hour:
 		return bad("payment.webhook_tolerance", "must be between 1s and 1h")
 	case c.Payment.Grace <= 0 || c.Payment.Grace > time.Hour:
@@ -302,12 +434,24 @@ func (c Config) Validate() error {
 		return bad("notifier.max_subscriptions_per_conn", "must be at least 1")
 	case c.Notifier.PingInterval <= 0 || c.Notifier.RecheckInterval <= 0:
 		return bad("notifier.*_interval", "must be positive")
+	case c.Notifier.MaxConnsPerUser < 1 || c.Notifier.MaxConnsPerIP < 1:
+		return bad("notifier.max_conns_per_*", "must be at least 1")
+	case c.Notifier.MaxConns < 0 || c.Notifier.FDReserve < 0:
+		return bad("notifier.max_conns", "max_conns (0: derived) and fd_reserve must not be negative")
+	case c.Notifier.PollRate < 1 || c.Notifier.PollBurst < 1 || c.Notifier.SubscribeRate < 1 || c.Notifier.SubscribeBurst < 1:
+		return bad("notifier.*_rate", "poll and subscribe rates and bursts must be at least 1")
 	case c.Log.Level != "debug" && c.Log.Level != "info" && c.Log.Level != "warn" && c.Log.Level != "error":
 		return bad("log.level", "must be debug, info, warn or error")
 	case c.Log.Format != "text" && c.Log.Format != "json":
 		return bad("log.format", `must be "text" or "json"`)
 	}
 	return nil
+}
+
+// realServices reports whether the config reaches a real Redis or MySQL,
+// where the development mode and secrets are refused.
+func (c Config) realServices() bool {
+	return c.Redis.Mode == "server" || c.Database.Driver == "mysql"
 }
 
 // ExpiryGroupSuffix names, after queue.group, the RocketMQ consumer group of
@@ -378,6 +522,74 @@ func maskDSN(dsn string) string {
 		return dsn
 	}
 	return dsn[:colon+1] + "***" + dsn[at:]
+}
+
+// unknownEnv refuses a FLASHSALE_ variable that names no config key (other
+// than TestEnvPrefix's): a misspelt override would otherwise be ignored
+// without a word, and the server would run on the value it was meant to
+// replace. The error names the closest key.
+func unknownEnv(cfg *Config, opts env.Options) error {
+	params, err := env.GetFieldParamsWithOptions(cfg, opts)
+	if err != nil {
+		return fmt.Errorf("config environment: %w", err)
+	}
+	known := make([]string, 0, len(params))
+	for _, p := range params {
+		known = append(known, p.Key)
+	}
+	var unknown []string
+	for name := range opts.Environment {
+		if strings.HasPrefix(name, opts.Prefix) && !strings.HasPrefix(name, TestEnvPrefix) && !slices.Contains(known, name) {
+			unknown = append(unknown, name)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	slices.Sort(unknown)
+	for i, name := range unknown {
+		if match := closest(name, known); match != "" {
+			unknown[i] += " (did you mean " + match + "?)"
+		}
+	}
+	return fmt.Errorf("config environment: unknown variable %s: every %s* variable must name a config key (%s* excepted)",
+		strings.Join(unknown, ", "), opts.Prefix, TestEnvPrefix)
+}
+
+// closest returns the name among known nearest to name, if it is a few
+// edits away (a typo), else "".
+func closest(name string, known []string) string {
+	best, bestDist := "", 4 // more edits than this is another name, not a typo
+	for _, k := range known {
+		if d := editDistance(strings.ToUpper(name), k); d < bestDist {
+			best, bestDist = k, d
+		}
+	}
+	return best
+}
+
+// editDistance counts the insertions, deletions, substitutions and swaps of
+// adjacent letters that turn a into b (optimal string alignment).
+func editDistance(a, b string) int {
+	prev2, prev, cur := make([]int, len(b)+1), make([]int, len(b)+1), make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(b)]
 }
 
 // envNames names the set variables behind a parse error, since the env

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -8,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caarlos0/env/v11"
+
+	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -21,13 +25,16 @@ func TestEmbeddedYAMLMatchesDefaults(t *testing.T) {
 	}
 }
 
-// normalize treats a nil and an empty origin list alike.
+// normalize treats a nil and an empty list alike.
 func normalize(c Config) Config {
 	if len(c.Notifier.AllowedOrigins) == 0 {
 		c.Notifier.AllowedOrigins = nil
 	}
 	if len(c.HTTP.TrustedProxies) == 0 {
 		c.HTTP.TrustedProxies = nil
+	}
+	if len(c.Auth.Algorithms) == 0 {
+		c.Auth.Algorithms = nil
 	}
 	return c
 }
@@ -71,6 +78,17 @@ func TestEnvOverrides(t *testing.T) {
 		"FLASHSALE_GATEWAY_ADMIT_LINGER":                "0",
 		"FLASHSALE_PAYMENT_GRACE":                       "250ms",
 		"FLASHSALE_QUEUE_EXPIRY_TOPIC":                  "expiries",
+		"FLASHSALE_NOTIFIER_MAX_CONNS_PER_USER":         "2",
+		"FLASHSALE_NOTIFIER_MAX_CONNS_PER_IP":           "40",
+		"FLASHSALE_NOTIFIER_MAX_CONNS":                  "500",
+		"FLASHSALE_NOTIFIER_FD_RESERVE":                 "64",
+		"FLASHSALE_NOTIFIER_POLL_RATE":                  "2",
+		"FLASHSALE_NOTIFIER_POLL_BURST":                 "4",
+		"FLASHSALE_NOTIFIER_SUBSCRIBE_RATE":             "6",
+		"FLASHSALE_NOTIFIER_SUBSCRIBE_BURST":            "8",
+		"FLASHSALE_GATEWAY_CACHED_UNKNOWN_IDS":          "64",
+		"FLASHSALE_REDIS_KEY_RETENTION":                 "36h",
+		"FLASHSALE_WORKER_MAX_QUEUE_DELAY":              "90s",
 	})
 	if err != nil {
 		t.Fatalf("load: %v", err)
@@ -92,6 +110,18 @@ func TestEnvOverrides(t *testing.T) {
 		{"gateway.admit_linger (0 turns it off)", cfg.Gateway.AdmitLinger, time.Duration(0)},
 		{"payment.grace", cfg.Payment.Grace, 250 * time.Millisecond},
 		{"queue.expiry_topic", cfg.Queue.ExpiryTopic, "expiries"},
+		{"notifier.max_conns_per_user", cfg.Notifier.MaxConnsPerUser, 2},
+		{"notifier.max_conns_per_ip", cfg.Notifier.MaxConnsPerIP, 40},
+		{"notifier.max_conns", cfg.Notifier.MaxConns, 500},
+		{"notifier.fd_reserve", cfg.Notifier.FDReserve, 64},
+		{"notifier.poll_rate", cfg.Notifier.PollRate, 2},
+		{"notifier.poll_burst", cfg.Notifier.PollBurst, 4},
+		{"notifier.subscribe_rate", cfg.Notifier.SubscribeRate, 6},
+		{"notifier.subscribe_burst", cfg.Notifier.SubscribeBurst, 8},
+		{"gateway.cached_unknown_ids", cfg.Gateway.CachedUnknownIDs, 64},
+		{"gateway.cached_campaigns (untouched)", cfg.Gateway.CachedCampaigns, 10_000},
+		{"redis.key_retention", cfg.Redis.KeyRetention, 36 * time.Hour},
+		{"worker.max_queue_delay", cfg.Worker.MaxQueueDelay, 90 * time.Second},
 	}
 	for _, c := range checks {
 		if !reflect.DeepEqual(c.got, c.want) {
@@ -144,11 +174,16 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 		{name: "bad driver", yaml: "queue:\n  driver: kafka\n", wantKey: "queue.driver"},
 		{name: "zero batch", yaml: "queue:\n  batch_size: 0\n", wantKey: "queue.batch_size"},
 		{name: "bad duration", yaml: "http:\n  read_timeout: soon\n", wantKey: "line 2"},
+		{name: "drain delay too long", yaml: "http:\n  drain_delay: 10m\n", wantKey: "http.drain_delay"},
+		{name: "negative drain delay", env: map[string]string{"FLASHSALE_HTTP_DRAIN_DELAY": "-1s"}, wantKey: "http.drain_delay"},
 		{name: "short secret", yaml: "auth:\n  jwt_secret: short\n", wantKey: "auth.jwt_secret"},
+		{name: "admin failures off", yaml: "auth:\n  admin_failures_per_minute: 0\n", wantKey: "auth.admin_failures_per_minute"},
 		{name: "server redis without addr", yaml: "redis:\n  mode: server\n", wantKey: "redis.addr"},
 		{name: "dev secrets with real redis", yaml: "redis:\n  mode: server\n  addr: r:6379\n", wantKey: "auth"},
 		{name: "bad log level", yaml: "log:\n  level: loud\n", wantKey: "log.level"},
 		{name: "admit linger too long", yaml: "gateway:\n  admit_linger: 20ms\n", wantKey: "gateway.admit_linger"},
+		{name: "key retention too short", yaml: "redis:\n  key_retention: 30m\n", wantKey: "redis.key_retention"},
+		{name: "no unknown ids cached", yaml: "gateway:\n  cached_unknown_ids: 0\n", wantKey: "gateway.cached_unknown_ids"},
 		{name: "negative admit linger", env: map[string]string{"FLASHSALE_GATEWAY_ADMIT_LINGER": "-1ms"}, wantKey: "gateway.admit_linger"},
 		{name: "bad env number", env: map[string]string{"FLASHSALE_QUEUE_PARTITIONS": "many"}, wantKey: "FLASHSALE_QUEUE_PARTITIONS"},
 		{name: "rocketmq without name servers", yaml: "queue:\n  driver: rocketmq\n  rocketmq:\n    name_servers: []\n", wantKey: "queue.rocketmq.name_servers"},
@@ -159,14 +194,28 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 		{name: "rocketmq bad topic", yaml: "queue:\n  driver: rocketmq\n  topic: a.b\n", wantKey: "queue.topic"},
 		{name: "unknown payment provider", yaml: "payment:\n  provider: paypal\n", wantKey: "payment.provider"},
 		{name: "short webhook secret", env: map[string]string{"FLASHSALE_PAYMENT_WEBHOOK_SECRET": "short"}, wantKey: "payment.webhook_secret"},
-		{name: "dev webhook secret with real redis", yaml: "redis:\n  mode: server\n  addr: r:6379\nauth:\n  jwt_secret: " + strings.Repeat("j", 32) + "\n  admin_token: admin-token\n", wantKey: "payment.webhook_secret"},
+		{name: "dev webhook secret with real redis", yaml: "redis:\n  mode: server\n  addr: r:6379\nauth:\n  jwt_secret: " + strings.Repeat("j", 32) + "\n  admin_token: admin-token\n  dev: false\n", wantKey: "payment.webhook_secret"},
+		{name: "dev webhook secret with mysql", yaml: "database:\n  driver: mysql\n  dsn: u@tcp(db)/x\nauth:\n  jwt_secret: " + strings.Repeat("j", 32) + "\n  admin_token: admin-token\n  dev: false\n", wantKey: "payment.webhook_secret"},
+		{name: "dev secrets with mysql", yaml: "database:\n  driver: mysql\n  dsn: u@tcp(db)/x\nauth:\n  dev: false\n", wantKey: "auth: the development secrets"},
 		{name: "webhook tolerance zero", yaml: "payment:\n  webhook_tolerance: 0s\n", wantKey: "payment.webhook_tolerance"},
 		{name: "grace zero", yaml: "payment:\n  grace: 0s\n", wantKey: "payment.grace"},
 		{name: "sweep interval too short", yaml: "payment:\n  sweep_interval: 1ms\n", wantKey: "payment.sweep_interval"},
+		{name: "queue delay too short", yaml: "worker:\n  max_queue_delay: 100ms\n", wantKey: "worker.max_queue_delay"},
 		{name: "expiry topic is the purchase topic", yaml: "queue:\n  expiry_topic: flashsale-purchases\n", wantKey: "queue.expiry_topic"},
 		{name: "rocketmq bad expiry topic", yaml: "queue:\n  driver: rocketmq\n  expiry_topic: a.b\n", wantKey: "queue.expiry_topic"},
 		{name: "rocketmq group too long for its expiry group", yaml: "queue:\n  driver: rocketmq\n  group: " + strings.Repeat("g", 125) + "\n", wantKey: "queue.group"},
 		{name: "rocketmq bad log level", yaml: "queue:\n  driver: rocketmq\n  rocketmq:\n    log_level: loud\n", wantKey: "queue.rocketmq.log_level"},
+		{name: "no WebSocket per user", yaml: "notifier:\n  max_conns_per_user: 0\n", wantKey: "notifier.max_conns_per_*"},
+		{name: "no WebSocket per address", env: map[string]string{"FLASHSALE_NOTIFIER_MAX_CONNS_PER_IP": "0"}, wantKey: "notifier.max_conns_per_*"},
+		{name: "negative descriptor reserve", yaml: "notifier:\n  fd_reserve: -1\n", wantKey: "notifier.max_conns"},
+		{name: "no poll burst", yaml: "notifier:\n  poll_burst: 0\n", wantKey: "notifier.*_rate"},
+		{name: "jwks without issuer", yaml: "auth:\n  jwks_url: https://idp.example/.well-known/jwks.json\n  audience: api\n", wantKey: "auth.issuer"},
+		{name: "jwks without audience", env: map[string]string{"FLASHSALE_AUTH_JWKS_URL": "https://idp.example/jwks", "FLASHSALE_AUTH_ISSUER": "https://idp.example/"}, wantKey: "auth.audience"},
+		{name: "jwks url not a URL", yaml: "auth:\n  jwks_url: idp.example/jwks\n  issuer: i\n  audience: a\n", wantKey: "auth.jwks_url"},
+		{name: "unknown algorithm", yaml: "auth:\n  algorithms: [RS256, none]\n", wantKey: "auth.algorithms"},
+		{name: "provider algorithm without jwks", env: map[string]string{"FLASHSALE_AUTH_ALGORITHMS": "RS256"}, wantKey: "auth.algorithms"},
+		{name: "jwks refresh too often", yaml: "auth:\n  jwks_url: https://idp.example/jwks\n  issuer: i\n  audience: a\n  jwks_refresh: 1s\n", wantKey: "auth.jwks_refresh"},
+		{name: "no subscribe rate", env: map[string]string{"FLASHSALE_NOTIFIER_SUBSCRIBE_RATE": "0"}, wantKey: "notifier.*_rate"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -189,6 +238,61 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 	}
 }
 
+// TestProviderKeys: the identity provider's keys are read from YAML and
+// from FLASHSALE_AUTH_* variables.
+func TestProviderKeys(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	yaml := "auth:\n  jwks_url: https://idp.example/.well-known/jwks.json\n  issuer: https://idp.example/\n  audience: api\n  jwks_refresh: 30m\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(path, map[string]string{"FLASHSALE_AUTH_AUDIENCE": "shop-api", "FLASHSALE_AUTH_ALGORITHMS": "ES256,HS256",
+		"FLASHSALE_AUTH_JWKS_UNKNOWN_KID": "10s"})
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	want := Provider{JWKSURL: "https://idp.example/.well-known/jwks.json", Issuer: "https://idp.example/", Audience: "shop-api",
+		Algorithms: []string{"ES256", "HS256"}, JWKSRefresh: 30 * time.Minute, JWKSUnknownKID: 10 * time.Second}
+	if !reflect.DeepEqual(cfg.Auth.Provider, want) {
+		t.Fatalf("got %+v, want %+v", cfg.Auth.Provider, want)
+	}
+}
+
+// TestDevModeRefusedWithRealServices: auth.dev (serve prints tokens at
+// start) is refused with a real Redis or MySQL, even when every secret is a
+// real one; it stays the embedded default's.
+func TestDevModeRefusedWithRealServices(t *testing.T) {
+	real := map[string]string{
+		"FLASHSALE_AUTH_JWT_SECRET":        strings.Repeat("s", 40),
+		"FLASHSALE_AUTH_ADMIN_TOKEN":       "admin-secret-token",
+		"FLASHSALE_PAYMENT_WEBHOOK_SECRET": strings.Repeat("w", 32),
+		"FLASHSALE_AUTH_DEV":               "true",
+	}
+	tests := []struct {
+		name string
+		env  map[string]string
+	}{
+		{"real redis", map[string]string{"FLASHSALE_REDIS_MODE": "server", "FLASHSALE_REDIS_ADDR": "r:6379"}},
+		{"mysql", map[string]string{"FLASHSALE_DATABASE_DRIVER": "mysql", "FLASHSALE_DATABASE_DSN": "u@tcp(db)/x"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env := maps.Clone(real)
+			maps.Copy(env, tc.env)
+			if _, err := Load("", env); err == nil || !strings.Contains(err.Error(), "auth.dev") {
+				t.Fatalf("got %v, want an error naming auth.dev", err)
+			}
+			env["FLASHSALE_AUTH_DEV"] = "false"
+			if _, err := Load("", env); err != nil {
+				t.Fatalf("with auth.dev false: got %v, want no error", err)
+			}
+		})
+	}
+	if _, err := Load("", real); err != nil {
+		t.Fatalf("embedded services in dev mode with real secrets: got %v, want no error", err)
+	}
+}
+
 func TestMaskedHidesSecrets(t *testing.T) {
 	c := Default()
 	c.Database.DSN = "flashsale:hunter2@tcp(mysql:3306)/flashsale"
@@ -202,5 +306,69 @@ func TestMaskedHidesSecrets(t *testing.T) {
 	}
 	if m.Database.DSN != "flashsale:***@tcp(mysql:3306)/flashsale" {
 		t.Errorf("got dsn %q, want the password masked", m.Database.DSN)
+	}
+}
+
+// TestUnknownEnvRefused: a FLASHSALE_ variable that names no key fails at
+// start, naming the variable and the key it was probably meant to be; the
+// tests' own FLASHSALE_TEST_ variables pass, and every key is accepted.
+func TestUnknownEnvRefused(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string // "" for no error
+	}{
+		{name: "misspelt key", env: map[string]string{"FLASHSALE_REDIS_ADRR": "r:6379"},
+			want: "unknown variable FLASHSALE_REDIS_ADRR (did you mean FLASHSALE_REDIS_ADDR?)"},
+		{name: "swapped letters", env: map[string]string{"FLASHSALE_QUEUE_DIRVER": "memqueue"},
+			want: "FLASHSALE_QUEUE_DIRVER (did you mean FLASHSALE_QUEUE_DRIVER?)"},
+		{name: "lower case", env: map[string]string{"FLASHSALE_log_level": "warn"},
+			want: "FLASHSALE_log_level (did you mean FLASHSALE_LOG_LEVEL?)"},
+		{name: "nothing close", env: map[string]string{"FLASHSALE_COLOUR": "blue"},
+			want: "unknown variable FLASHSALE_COLOUR:"},
+		{name: "every unknown one named", env: map[string]string{"FLASHSALE_HTTP_ADR": "x", "FLASHSALE_SOAK": "3"},
+			want: "FLASHSALE_HTTP_ADR (did you mean FLASHSALE_HTTP_ADDR?), FLASHSALE_SOAK"},
+		{name: "test variables allowed", env: map[string]string{"FLASHSALE_TEST_REDIS_ADDR": "r:6379", "FLASHSALE_TEST_ANYTHING": "1"}},
+		{name: "other prefixes ignored", env: map[string]string{"FLASHSALEX": "1", "HOME": "/root"}},
+		{name: "nested and inlined keys", env: map[string]string{"FLASHSALE_QUEUE_ROCKETMQ_SUSPEND_TIME": "2s", "FLASHSALE_GATEWAY_IP_RATE": "5"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load("", tc.env)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("got %v, want no error", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestEveryKeyHasAVariable: each key's own variable is accepted, so the
+// unknown-variable check cannot refuse a real key.
+func TestEveryKeyHasAVariable(t *testing.T) {
+	cfg := Default()
+	params, err := env.GetFieldParamsWithOptions(&cfg, env.Options{Prefix: EnvPrefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(params) < 60 {
+		t.Fatalf("got %d keys, want every key of the config (over 60)", len(params))
+	}
+	for _, p := range params {
+		if err := unknownEnv(&cfg, env.Options{Prefix: EnvPrefix, Environment: map[string]string{p.Key: "x"}}); err != nil {
+			t.Errorf("%s: got %v, want it known", p.Key, err)
+		}
+	}
+}
+
+// TestTestVariablesAllowed: the variables internal/testenv reads, which
+// child processes of the tests inherit, are the ones Load lets pass.
+func TestTestVariablesAllowed(t *testing.T) {
+	for _, name := range []string{testenv.RedisAddrEnv, testenv.MySQLDSNEnv, testenv.SoakEnv} {
+		if !strings.HasPrefix(name, TestEnvPrefix) {
+			t.Errorf("testenv reads %s, want it under %s", name, TestEnvPrefix)
+		}
 	}
 }

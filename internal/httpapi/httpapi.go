@@ -4,17 +4,21 @@
 package httpapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 
 	"github.com/gin-gonic/gin"
 
 	"github.com/flashsale/flashsale/internal/auth"
+	"github.com/flashsale/flashsale/internal/wire"
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -42,6 +46,8 @@ var mapping = renderBodies([]sentinel{
 	{err: model.ErrForbidden, status: http.StatusForbidden, code: "forbidden"},
 	{err: model.ErrNotFound, status: http.StatusNotFound, code: "not_found"},
 	{err: model.ErrBodyTooLarge, status: http.StatusRequestEntityTooLarge, code: "body_too_large"},
+	{err: model.ErrUnsupportedMediaType, status: http.StatusUnsupportedMediaType, code: "unsupported_media_type"},
+	{err: model.ErrMethodNotAllowed, status: http.StatusMethodNotAllowed, code: "method_not_allowed"},
 	{err: model.ErrSaleStarted, status: http.StatusConflict, code: "sale_started"},
 	{err: model.ErrNotStarted, status: http.StatusConflict, code: "not_started"},
 	{err: model.ErrEnded, status: http.StatusConflict, code: "ended"},
@@ -56,9 +62,11 @@ var mapping = renderBodies([]sentinel{
 	{err: model.ErrPaymentConflict, status: http.StatusConflict, code: "payment_conflict"},
 	{err: model.ErrBadSignature, status: http.StatusUnauthorized, code: "bad_signature"},
 	{err: model.ErrStaleSignature, status: http.StatusUnauthorized, code: "stale_signature"},
+	{err: model.ErrIdempotencyKeyReused, status: http.StatusUnprocessableEntity, code: "idempotency_key_reused"},
 	{err: model.ErrSoldOut, status: http.StatusGone, code: "sold_out"},
 	{err: model.ErrRateLimited, status: http.StatusTooManyRequests, code: "rate_limited"},
 	{err: model.ErrTooManyStreams, status: http.StatusTooManyRequests, code: "too_many_subscriptions"},
+	{err: model.ErrTooManyConns, status: http.StatusTooManyRequests, code: "too_many_connections"},
 	{err: model.ErrUnavailable, status: http.StatusServiceUnavailable, code: "unavailable"},
 })
 
@@ -86,6 +94,9 @@ func Classify(err error) (int, ErrorBody) {
 	s, inv := classify(err)
 	if inv != nil {
 		return http.StatusBadRequest, ErrorBody{Code: "invalid_request", Message: inv.Error(), Field: inv.Field}
+	}
+	if ae := (*model.AuthError)(nil); errors.As(err, &ae) {
+		return s.status, ErrorBody{Code: s.code, Message: ae.Error()}
 	}
 	msg := "internal error"
 	if s.err != nil {
@@ -139,6 +150,12 @@ func Abort(c *gin.Context, log *slog.Logger, err error) {
 	s, inv := classify(err)
 	if inv != nil {
 		c.AbortWithStatusJSON(http.StatusBadRequest, ErrorBody{Code: "invalid_request", Message: inv.Error(), Field: inv.Field})
+		return
+	}
+	if ae := (*model.AuthError)(nil); s.status == http.StatusUnauthorized && errors.As(err, &ae) {
+		// The reason is the shopper's to fix (or their identity
+		// provider's), so it is said; other 401s stay the bare sentinel's.
+		c.AbortWithStatusJSON(s.status, ErrorBody{Code: s.code, Message: ae.Error()})
 		return
 	}
 	var rl *model.RateLimitError
@@ -201,55 +218,70 @@ func shopper(c *gin.Context, log *slog.Logger, v *auth.JWT, allowQuery bool) (st
 	return user, true
 }
 
-// Admin checks the admin bearer token in constant time and logs the action.
-func Admin(log *slog.Logger, token string) gin.HandlerFunc {
+// CheckBody checks request bodies before any handler: a declared length
+// above n is 413, a body that is not application/json 415 (every body of
+// the API is JSON; a form or text body is refused before it is decoded
+// leniently or not at all); a body of unknown length (chunked) is cut at n
+// while it is read, which the decoders report as model.ErrBodyTooLarge.
+func CheckBody(log *slog.Logger, n int64) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		got := bearer(c)
-		if got == "" {
-			Abort(c, log, model.ErrUnauthorized)
-			return
-		}
-		if !auth.AdminTokenEqual(got, token) {
-			Abort(c, log, model.ErrForbidden)
-			return
-		}
-		c.Next()
-		log.Info("admin action", "method", c.Request.Method, "route", c.FullPath(), "campaign_id", c.Param("id"), "status", c.Writer.Status())
-	}
-}
-
-// LimitBody caps request bodies; reading past the cap fails the decode, which
-// the handlers report as model.ErrBodyTooLarge.
-func LimitBody(log *slog.Logger, n int64) gin.HandlerFunc {
-	return func(c *gin.Context) {
-		if c.Request.ContentLength > n {
+		r := c.Request
+		if r.ContentLength > n {
 			Abort(c, log, model.ErrBodyTooLarge)
+			return
+		}
+		if r.ContentLength != 0 && !isJSON(r.Header["Content-Type"]) {
+			Abort(c, log, model.ErrUnsupportedMediaType)
 			return
 		}
 		// A declared length is enforced by net/http already (the body ends
 		// there); only a body of unknown length (chunked) needs the cap.
-		if c.Request.ContentLength < 0 {
-			c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, n)
+		if r.ContentLength < 0 {
+			r.Body = http.MaxBytesReader(c.Writer, r.Body, n)
 		}
 		c.Next()
 	}
 }
 
+// isJSON reports whether a request's Content-Type values are one
+// application/json, parameters (charset) allowed.
+func isJSON(values []string) bool {
+	if len(values) != 1 {
+		return false
+	}
+	if values[0] == "application/json" { // what nearly every client sends
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(values[0])
+	return err == nil && mt == "application/json"
+}
+
 // DecodeJSON decodes the request body into v strictly: unknown fields,
-// trailing data, wrong types and oversized bodies are client errors.
+// repeated keys, keys in another case than the field's, trailing data,
+// wrong types and oversized bodies are client errors.
 func DecodeJSON(c *gin.Context, v any) error { return DecodeJSONFrom(c.Request.Body, v) }
 
 // DecodeJSONFrom is DecodeJSON on any reader of a request body (one already
-// wrapped by LimitBody's http.MaxBytesReader, or what is left of it).
+// wrapped by CheckBody's http.MaxBytesReader, or what is left of it). The
+// body is read to its end first, so that a body of unknown length meets the
+// cap wherever its excess lies, trailing space included.
 func DecodeJSONFrom(r io.Reader, v any) error {
-	dec := json.NewDecoder(r)
+	b, err := io.ReadAll(r)
+	if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
+		return model.ErrBodyTooLarge
+	} else if err != nil {
+		return model.Invalid("", "unreadable body")
+	}
+	return decodeStrict(b, v)
+}
+
+// decodeStrict is DecodeJSON on a body read whole.
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		var tooLarge *http.MaxBytesError
 		var typeErr *json.UnmarshalTypeError
 		switch {
-		case errors.As(err, &tooLarge):
-			return model.ErrBodyTooLarge
 		case errors.As(err, &typeErr):
 			return model.Invalid(typeErr.Field, "wrong type, want "+typeErr.Type.String())
 		case errors.Is(err, io.EOF):
@@ -259,8 +291,15 @@ func DecodeJSONFrom(r io.Reader, v any) error {
 		}
 		return model.Invalid("", "malformed JSON")
 	}
-	if dec.More() {
+	if len(bytes.TrimLeft(b[dec.InputOffset():], " \t\r\n")) > 0 {
 		return model.Invalid("", "trailing data after JSON body")
+	}
+	if err := wire.CheckKeys(b, reflect.TypeOf(v)); err != nil {
+		var ke *wire.KeyError
+		if errors.As(err, &ke) {
+			return model.Invalid(ke.Key, ke.Reason())
+		}
+		return model.Invalid("", "malformed JSON") // unreachable: b decoded
 	}
 	return nil
 }

@@ -29,6 +29,8 @@ func TestClassify(t *testing.T) {
 		{"forbidden", model.ErrForbidden, 403, "forbidden"},
 		{"not found", fmt.Errorf("campaign x: %w", model.ErrNotFound), 404, "not_found"},
 		{"too large", model.ErrBodyTooLarge, 413, "body_too_large"},
+		{"not json", model.ErrUnsupportedMediaType, 415, "unsupported_media_type"},
+		{"wrong method", fmt.Errorf("method: %w", model.ErrMethodNotAllowed), 405, "method_not_allowed"},
 		{"sale started", model.ErrSaleStarted, 409, "sale_started"},
 		{"not started", model.ErrNotStarted, 409, "not_started"},
 		{"ended", model.ErrEnded, 409, "ended"},
@@ -42,6 +44,7 @@ func TestClassify(t *testing.T) {
 		{"payment conflict", model.ErrPaymentConflict, 409, "payment_conflict"},
 		{"bad signature", model.ErrBadSignature, 401, "bad_signature"},
 		{"stale signature", fmt.Errorf("webhook: %w", model.ErrStaleSignature), 401, "stale_signature"},
+		{"idempotency key reused", fmt.Errorf("purchase: %w", model.ErrIdempotencyKeyReused), 422, "idempotency_key_reused"},
 		{"sold out", model.ErrSoldOut, 410, "sold_out"},
 		{"rate limited", &model.RateLimitError{RetryAfterSeconds: 2}, 429, "rate_limited"},
 		{"unavailable", fmt.Errorf("publish: %w: boom", model.ErrUnavailable), 503, "unavailable"},
@@ -86,12 +89,17 @@ func TestDecodeJSON(t *testing.T) {
 		{name: "trailing", body: `{"quantity":2} 1`, field: ""},
 		{name: "overflow", body: `{"quantity":99999999999999999999}`, field: "quantity"},
 		{name: "too large", body: `{"quantity":1,"x":"` + strings.Repeat("a", 100) + `"}`, wantErr: model.ErrBodyTooLarge},
+		{name: "too large in trailing space", body: `{"quantity":1}` + strings.Repeat(" ", 100), wantErr: model.ErrBodyTooLarge},
+		{name: "too large before trailing data", body: `{"quantity":1}` + strings.Repeat(" ", 100) + "GARBAGE", wantErr: model.ErrBodyTooLarge},
+		{name: "trailing space", body: "{\"quantity\":2} \t\r\n"},
+		{name: "key in another case", body: `{"Quantity":2}`, field: "Quantity"},
+		{name: "repeated key", body: `{"quantity":1,"quantity":2}`, field: "quantity"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			err := decode(tc.body)
 			switch {
-			case tc.name == "ok":
+			case tc.name == "ok" || tc.name == "trailing space":
 				if err != nil {
 					t.Fatalf("got %v, want nil", err)
 				}
@@ -199,42 +207,62 @@ func BenchmarkAbort(b *testing.B) {
 	}
 }
 
-// TestLimitBody: a declared length above the cap is refused before the
+// TestCheckBody: a declared length above the cap is refused before the
 // handler; a body of unknown length is cut at the cap while it is read; a
-// declared length within the cap reaches the handler whole.
-func TestLimitBody(t *testing.T) {
+// declared length within the cap reaches the handler whole; a body that is
+// not application/json is refused before the handler, a request without a
+// body needs no type.
+func TestCheckBody(t *testing.T) {
 	gin.SetMode(gin.TestMode)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	const limit = 32
 	tests := []struct {
-		name       string
-		body       string
-		chunked    bool
-		wantStatus int
-		wantCode   string
+		name        string
+		body        string
+		chunked     bool
+		contentType []string // nil = application/json
+		wantStatus  int
+		wantCode    string
 	}{
 		{name: "declared within", body: `{"quantity":1}`, wantStatus: http.StatusOK},
 		{name: "declared exactly the cap", body: `{"quantity":1,"x":"` + strings.Repeat("a", limit-21) + `"}`, wantStatus: http.StatusOK},
 		{name: "declared above", body: `{"quantity":1,"x":"` + strings.Repeat("a", limit) + `"}`, wantStatus: http.StatusRequestEntityTooLarge, wantCode: "body_too_large"},
 		{name: "chunked within", body: `{"quantity":1}`, chunked: true, wantStatus: http.StatusOK},
 		{name: "chunked above", body: `{"quantity":1,"x":"` + strings.Repeat("a", limit) + `"}`, chunked: true, wantStatus: http.StatusRequestEntityTooLarge, wantCode: "body_too_large"},
+		{name: "chunked above in trailing space", body: `{"quantity":1}` + strings.Repeat(" ", limit), chunked: true, wantStatus: http.StatusRequestEntityTooLarge, wantCode: "body_too_large"},
+		{name: "json with charset", body: `{"quantity":1}`, contentType: []string{"application/json; charset=utf-8"}, wantStatus: http.StatusOK},
+		{name: "json in capitals", body: `{"quantity":1}`, contentType: []string{"Application/JSON"}, wantStatus: http.StatusOK},
+		{name: "no content type", body: `{"quantity":1}`, contentType: []string{}, wantStatus: http.StatusUnsupportedMediaType, wantCode: "unsupported_media_type"},
+		{name: "text/plain", body: `{"quantity":1}`, contentType: []string{"text/plain"}, wantStatus: http.StatusUnsupportedMediaType, wantCode: "unsupported_media_type"},
+		{name: "form", body: `quantity=1`, contentType: []string{"application/x-www-form-urlencoded"}, wantStatus: http.StatusUnsupportedMediaType, wantCode: "unsupported_media_type"},
+		{name: "json suffix", body: `{"quantity":1}`, contentType: []string{"application/problem+json"}, wantStatus: http.StatusUnsupportedMediaType, wantCode: "unsupported_media_type"},
+		{name: "two content types", body: `{"quantity":1}`, contentType: []string{"application/json", "text/plain"}, wantStatus: http.StatusUnsupportedMediaType, wantCode: "unsupported_media_type"},
+		{name: "malformed content type", body: `{"quantity":1}`, contentType: []string{"application/json; charset"}, wantStatus: http.StatusUnsupportedMediaType, wantCode: "unsupported_media_type"},
+		{name: "chunked text/plain", body: `{"quantity":1}`, chunked: true, contentType: []string{"text/plain"}, wantStatus: http.StatusUnsupportedMediaType, wantCode: "unsupported_media_type"},
+		{name: "no body, no type", body: "", contentType: []string{}, wantStatus: http.StatusOK},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			e := gin.New()
-			e.Use(LimitBody(log, limit))
+			e.Use(CheckBody(log, limit))
 			e.POST("/", func(c *gin.Context) {
 				var v struct {
 					Quantity *int64 `json:"quantity"`
 					X        string `json:"x"`
 				}
-				if err := DecodeJSON(c, &v); err != nil {
-					Abort(c, log, err)
-					return
+				if c.Request.ContentLength != 0 {
+					if err := DecodeJSON(c, &v); err != nil {
+						Abort(c, log, err)
+						return
+					}
 				}
 				c.Status(http.StatusOK)
 			})
 			req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(tc.body))
+			req.Header["Content-Type"] = tc.contentType
+			if tc.contentType == nil {
+				req.Header.Set("Content-Type", "application/json")
+			}
 			if tc.chunked {
 				req.ContentLength = -1
 			}

@@ -86,7 +86,7 @@ func mustOpen(t *testing.T, driver, dsn string) *sqlstore.DB {
 func newBundle(t *testing.T, db *sqlstore.DB, st *store.Store) *testBundle {
 	t.Helper()
 	now := time.Now().UTC().Truncate(time.Millisecond)
-	c, err := db.CreateCampaign(t.Context(), model.Campaign{ID: testenv.UniqueName("lc"), Name: "lifecycle", Stock: 10,
+	c, err := db.CreateCampaign(t.Context(), model.Campaign{ID: testenv.Name(t, "lc"), Name: "lifecycle", Stock: 10,
 		PerUserLimit: 3, Price: 500, PaymentWindow: time.Minute, StartAt: now.Add(-time.Hour), EndAt: now.Add(time.Hour)})
 	if err != nil {
 		t.Fatalf("create campaign: %v", err)
@@ -106,7 +106,7 @@ func newBundle(t *testing.T, db *sqlstore.DB, st *store.Store) *testBundle {
 func (b *testBundle) sell(t *testing.T, user string, units int64, expiresAt time.Time) model.Order {
 	t.Helper()
 	rid := model.FormatRequestID(b.campaign.ID, randomHex(16))
-	r, err := b.st.Deduct(t.Context(), b.campaign.ID, []model.Deduction{{RequestID: rid, UserID: user, Quantity: units, OrderID: testenv.UniqueName("o")}})
+	r, err := b.st.Deduct(t.Context(), b.campaign.ID, []model.Deduction{{RequestID: rid, UserID: user, Quantity: units, OrderID: testenv.Name(t, "o")}})
 	if err != nil || r.Results[0].Status != model.StatusSuccess {
 		t.Fatalf("deduct %d for %s: %+v, %v", units, user, r, err)
 	}

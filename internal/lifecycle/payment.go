@@ -10,10 +10,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/flashsale/flashsale/internal/wire"
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -132,8 +134,15 @@ func decodeWebhook(body []byte) (model.Payment, error) {
 	if err := dec.Decode(&w); err != nil {
 		return model.Payment{}, model.Invalid("", "malformed webhook body")
 	}
-	if dec.More() {
+	if len(bytes.TrimLeft(body[dec.InputOffset():], " \t\r\n")) > 0 {
 		return model.Payment{}, model.Invalid("", "trailing data after webhook body")
+	}
+	if err := wire.CheckKeys(body, reflect.TypeFor[webhookBody]()); err != nil {
+		var ke *wire.KeyError
+		if errors.As(err, &ke) {
+			return model.Payment{}, model.Invalid(ke.Key, ke.Reason())
+		}
+		return model.Payment{}, model.Invalid("", "malformed webhook body")
 	}
 	switch {
 	case !model.ValidPaymentID(w.PaymentID):

@@ -59,6 +59,9 @@ func TestWebhookRefusals(t *testing.T) {
 			signed("bad payment id", webhook(o.ID, "pi 7", model.PaymentSucceeded, 1000), nil, "payment_id"),
 			signed("unknown field", []byte(`{"payment_id":"pi_8","order_id":"`+o.ID+`","status":"succeeded","amount":1000,"x":1}`), nil, ""),
 			signed("not json", []byte(`{`), nil, ""),
+			signed("trailing bracket", append(webhook(o.ID, "pi_9", model.PaymentSucceeded, 1000), ']'), nil, ""),
+			signed("amount in another case", []byte(`{"payment_id":"pi_10","order_id":"`+o.ID+`","status":"succeeded","Amount":1000}`), nil, "Amount"),
+			signed("repeated amount", []byte(`{"payment_id":"pi_11","order_id":"`+o.ID+`","status":"succeeded","amount":1,"amount":1000}`), nil, "amount"),
 		}
 		for _, tc := range tests {
 			t.Run(tc.name, func(t *testing.T) {

@@ -3,6 +3,7 @@
 package metrics
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,31 +14,75 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
-// Metrics holds every collector the roles update.
+// Role names a process's role; each exports the families of its own work
+// besides those every process exports.
+type Role string
+
+// The roles.
+const (
+	Gateway  Role = "gateway"
+	Worker   Role = "worker"
+	Notifier Role = "notifier"
+)
+
+// Metrics holds every collector the roles update. Each process registers
+// only the families of the roles it runs (New); the collectors of the
+// others exist but are not exported, so code updates them unconditionally.
 type Metrics struct {
-	Registry         *prometheus.Registry
-	Requests         *CounterVec          // route, code
-	Refusals         *CounterVec          // reason
-	PublishLatency   prometheus.Histogram // seconds
-	WorkerBatchSize  prometheus.Histogram // messages per Lua call
-	Deductions       *CounterVec          // result
-	PersistLatency   prometheus.Histogram // seconds
-	ResultsDelivered *CounterVec          // channel: ws, poll
-	WebSocketClients prometheus.Gauge     //
-	PoisonMessages   prometheus.Counter   //
-	LatePayments     prometheus.Counter   // payments for orders that had ended
+	Registry *prometheus.Registry
+	role     string // the roles joined by "+", build_info's role label
+
+	// Every process.
+	buildInfo       *prometheus.GaugeVec // version, role
+	Requests        *CounterVec          // route, code
+	RequestDuration *prometheus.HistogramVec
+	// Gateway.
+	Refusals        *CounterVec          // reason
+	PublishLatency  prometheus.Histogram // seconds
+	PublishUnknown  prometheus.Counter   // requests published with an unknown outcome, kept admitted
+	LatePayments    prometheus.Counter   // payments for orders that had ended
+	CachedCampaigns *prometheus.GaugeVec // kind: known, unknown (ids naming no campaign)
+	// Gateway and worker: the Lua scripts they run (ScriptHook).
+	ScriptDuration *prometheus.HistogramVec // script
+	// Worker.
+	WorkerBatchSize prometheus.Histogram // messages per Lua call
+	Deductions      *CounterVec          // result
+	PersistLatency  prometheus.Histogram // seconds
+	PoisonMessages  prometheus.Counter
+	NotEnqueued     prometheus.Counter     // unknown publishes rejected by the sweep: no worker saw them
+	LeaseEvents     *prometheus.CounterVec // topic, event (PartitionEvent)
+	PartitionsOwned *prometheus.GaugeVec   // topic
+	// Notifier.
+	ResultsDelivered       *CounterVec // channel: ws, poll
+	WebSocketClients       prometheus.Gauge
+	WebSocketSubscriptions prometheus.Gauge
 }
 
-// New creates and registers the collectors on a fresh registry.
-func New() *Metrics {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	f := func(c prometheus.Collector) { reg.MustRegister(c) }
+// New creates the collectors and registers, on a fresh registry, those
+// every process exports (the Go runtime's and the process's, build info,
+// HTTP requests) and those of the given roles; with no role given, those of
+// every role.
+func New(roles ...Role) *Metrics {
+	if len(roles) == 0 {
+		roles = []Role{Gateway, Worker, Notifier}
+	}
+	names := make([]string, len(roles))
+	for i, r := range roles {
+		names[i] = string(r)
+	}
 	m := &Metrics{
-		Registry: reg,
+		Registry: prometheus.NewRegistry(),
+		role:     strings.Join(names, "+"),
+		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "flashsale_build_info", Help: "Always 1: the version and the roles this process runs.",
+		}, []string{"version", "role"}),
 		Requests: newCounterVec(prometheus.CounterOpts{
 			Name: "flashsale_http_requests_total", Help: "HTTP requests by route and status code.",
 		}, []string{"route", "code"}),
+		RequestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "flashsale_http_request_duration_seconds", Help: "HTTP request latency by route (WebSocket upgrades excluded: they last as long as the connection).",
+			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16),
+		}, []string{"route"}),
 		Refusals: newCounterVec(prometheus.CounterOpts{
 			Name: "flashsale_admit_refusals_total", Help: "Purchase requests refused at the gateway, by reason.",
 		}, []string{"reason"}),
@@ -45,6 +90,22 @@ func New() *Metrics {
 			Name: "flashsale_queue_publish_seconds", Help: "Queue publish latency.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}),
+		PublishUnknown: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flashsale_publish_unknown_total",
+			Help: "Purchase requests whose publish outcome was unknown (the queue may have stored them), admitted all the same.",
+		}),
+		NotEnqueued: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flashsale_not_enqueued_total",
+			Help: "Requests with an unknown publish outcome that no worker saw within worker.max_queue_delay, rejected (not_enqueued).",
+		}),
+		LatePayments: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flashsale_late_payments_total",
+			Help: "Payments that arrived for an order already expired or cancelled, recorded refund_required.",
+		}),
+		ScriptDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "flashsale_redis_script_seconds", Help: "Lua script call latency by script (a pipelined call counts its pipeline's round trip).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}, []string{"script"}),
 		WorkerBatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "flashsale_worker_batch_size", Help: "Requests deducted per Lua call.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
@@ -56,25 +117,70 @@ func New() *Metrics {
 			Name: "flashsale_order_persist_seconds", Help: "Latency of one batched order insert.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
+		PoisonMessages: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flashsale_worker_poison_messages_total", Help: "Messages given up after repeated failures.",
+		}),
+		LeaseEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flashsale_queue_lease_events_total",
+			Help: "Queue partitions this process's consumers acquired, released (a stop, a rebalance) or lost (the lease expired or was taken), by topic.",
+		}, []string{"topic", "event"}),
+		PartitionsOwned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "flashsale_queue_partitions_owned", Help: "Queue partitions this process's consumers hold, by topic.",
+		}, []string{"topic"}),
 		ResultsDelivered: newCounterVec(prometheus.CounterOpts{
 			Name: "flashsale_results_delivered_total", Help: "Final results delivered to shoppers, by channel.",
 		}, []string{"channel"}),
 		WebSocketClients: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "flashsale_websocket_clients", Help: "Open WebSocket connections.",
 		}),
-		PoisonMessages: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "flashsale_worker_poison_messages_total", Help: "Messages given up after repeated failures.",
+		WebSocketSubscriptions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "flashsale_websocket_subscriptions", Help: "Request ids WebSocket clients wait on.",
 		}),
-		LatePayments: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "flashsale_late_payments_total",
-			Help: "Payments that arrived for an order already expired or cancelled, recorded refund_required.",
-		}),
+		CachedCampaigns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "flashsale_gateway_cached_campaigns",
+			Help: "Campaign ids in the gateway's cache: known campaigns, and unknown ids (bounded, short-lived).",
+		}, []string{"kind"}),
 	}
-	for _, c := range []prometheus.Collector{m.Requests, m.Refusals, m.PublishLatency, m.WorkerBatchSize,
-		m.Deductions, m.PersistLatency, m.ResultsDelivered, m.WebSocketClients, m.PoisonMessages, m.LatePayments} {
-		f(c)
+	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.buildInfo, m.Requests, m.RequestDuration)
+	has := func(r Role) bool { return slices.Contains(roles, r) }
+	if has(Gateway) {
+		m.Registry.MustRegister(m.Refusals, m.PublishLatency, m.PublishUnknown, m.LatePayments, m.CachedCampaigns)
+	}
+	if has(Gateway) || has(Worker) {
+		m.Registry.MustRegister(m.ScriptDuration)
+	}
+	if has(Worker) {
+		m.Registry.MustRegister(m.WorkerBatchSize, m.Deductions, m.PersistLatency, m.PoisonMessages, m.NotEnqueued, m.LeaseEvents, m.PartitionsOwned)
+		// Zero from the start, so a rate over them has a first point.
+		for _, r := range []string{"success", "sold_out", "limit_exceeded", "rejected"} {
+			m.Deductions.WithLabelValues(r)
+		}
+	}
+	if has(Notifier) {
+		m.Registry.MustRegister(m.ResultsDelivered, m.WebSocketClients, m.WebSocketSubscriptions)
+		m.ResultsDelivered.WithLabelValues("ws")
+		m.ResultsDelivered.WithLabelValues("poll")
 	}
 	return m
+}
+
+// SetBuildInfo sets flashsale_build_info to 1 for version and this
+// process's roles.
+func (m *Metrics) SetBuildInfo(version string) {
+	m.buildInfo.WithLabelValues(version, m.role).Set(1)
+}
+
+// PartitionEvent counts a queue consumer's lease event and keeps the count
+// of partitions held (queue.PartitionObserver).
+func (m *Metrics) PartitionEvent(topic string, _ int, event string) {
+	m.LeaseEvents.WithLabelValues(topic, event).Inc()
+	switch event {
+	case "acquired":
+		m.PartitionsOwned.WithLabelValues(topic).Inc()
+	case "released", "lost":
+		m.PartitionsOwned.WithLabelValues(topic).Dec()
+	}
 }
 
 // GinMiddleware counts requests by route template (not raw path, so ids do
@@ -87,8 +193,10 @@ func (m *Metrics) GinMiddleware() gin.HandlerFunc {
 		route string
 		code  int
 	}
-	var counters sync.Map // key → prometheus.Counter
+	var counters sync.Map  // key → prometheus.Counter
+	var durations sync.Map // route → prometheus.Observer
 	return func(c *gin.Context) {
+		start := time.Now()
 		c.Next()
 		k := key{route: c.FullPath(), code: c.Writer.Status()}
 		if k.route == "" {
@@ -99,6 +207,14 @@ func (m *Metrics) GinMiddleware() gin.HandlerFunc {
 			ctr, _ = counters.LoadOrStore(k, m.Requests.WithLabelValues(k.route, strconv.Itoa(k.code)))
 		}
 		ctr.(prometheus.Counter).Inc()
+		if c.IsWebsocket() {
+			return
+		}
+		obs, ok := durations.Load(k.route)
+		if !ok {
+			obs, _ = durations.LoadOrStore(k.route, m.RequestDuration.WithLabelValues(k.route))
+		}
+		Since(obs.(prometheus.Observer), start)
 	}
 }
 

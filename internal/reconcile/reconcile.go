@@ -32,12 +32,14 @@ type Projection interface {
 	Rebuild(ctx context.Context, c model.Campaign, orders []model.Order) (loaded bool, err error)
 	Release(ctx context.Context, campaignID, orderID, userID string, units int64) (released bool, err error)
 	SetPaused(ctx context.Context, c model.Campaign) (written bool, err error)
+	EndEarly(ctx context.Context, c model.Campaign) (written bool, err error)
 }
 
 // Redis is what reconciliation reads and writes in Redis.
 type Redis interface {
 	Projection
 	Snapshot(ctx context.Context, campaignID string) (model.Snapshot, error)
+	Remove(ctx context.Context, campaignID string, admitted int64) (removed int64, err error)
 }
 
 // Orders is what reconciliation reads and writes in MySQL.
@@ -60,7 +62,8 @@ type Orders interface {
 //     had its release meet Redis before the write (or meet nothing), so
 //     the write counted its units again: they are released now, once
 //     (release.lua is idempotent per order id).
-//  4. A pause or resume committed after the read has its flag written.
+//  4. A pause or resume, or an early end, committed after the read has
+//     its flag written.
 //
 // A failure after step 1 leaves Redis at an older epoch, where workers
 // decide nothing that MySQL stores: loading again completes it.
@@ -100,6 +103,12 @@ func Load(ctx context.Context, ledger Ledger, proj Projection, id string) (model
 		}
 		c.Paused = cur.Paused
 	}
+	if cur.EndedEarly && !c.EndedEarly {
+		if _, err := proj.EndEarly(ctx, cur); err != nil {
+			return c, fmt.Errorf("load %s: %w", id, err)
+		}
+		c.EndedEarly, c.EndAt = true, cur.EndAt
+	}
 	return c, nil
 }
 
@@ -125,6 +134,13 @@ const (
 	KindStillQueued     = "still_queued"      // requests without a final result
 	KindCampaignUnknown = "campaign_mismatch" // Redis stock/limit differ from the campaign row
 )
+
+// Kinds lists every kind of difference, so a report can say zero of each.
+func Kinds() []string {
+	return []string{KindNotLoaded, KindEpochMismatch, KindMissingInDB, KindMissingInRedis, KindOrderMismatch,
+		KindSoldMismatch, KindStockMismatch, KindUserUnits, KindOverLimit, KindOversold, KindSoldOutFlag,
+		KindStillQueued, KindCampaignUnknown}
+}
 
 // Report is the outcome of Check.
 type Report struct {
@@ -331,4 +347,36 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// Archive removes a campaign's keys from Redis once nothing can need them:
+// its sale has ended, no order is pending payment (its expiry or payment
+// would write Redis again), and Redis agrees with MySQL (Check), every
+// admitted request decided included. Anything else is model.ErrConflict
+// with nothing removed, and the report says why. A campaign Redis does
+// not hold has its leftovers (rate-limit state) removed. MySQL keeps
+// everything: a load rebuilds the campaign from its orders.
+func (rc *Reconciler) Archive(ctx context.Context, id string) (rep Report, removed int64, err error) {
+	st, err := rc.load(ctx, id)
+	if err != nil {
+		return Report{}, 0, err
+	}
+	rep = compare(st)
+	if now := rc.now(); now.Before(st.campaign.EndAt) {
+		return rep, 0, fmt.Errorf("archive %s: the sale ends at %s: %w", id, st.campaign.EndAt.Format(time.RFC3339), model.ErrConflict)
+	}
+	pending := 0
+	for _, o := range st.orders {
+		if o.Status == model.OrderPendingPayment {
+			pending++
+		}
+	}
+	if pending > 0 {
+		return rep, 0, fmt.Errorf("archive %s: %d orders are pending payment; archive once their payment windows are over: %w", id, pending, model.ErrConflict)
+	}
+	if st.snap.Loaded && !rep.Consistent() {
+		return rep, 0, fmt.Errorf("archive %s: Redis and MySQL disagree (%d differences); reconcile first: %w", id, len(rep.Differences), model.ErrConflict)
+	}
+	removed, err = rc.redis.Remove(ctx, id, st.snap.Admitted)
+	return rep, removed, err
 }

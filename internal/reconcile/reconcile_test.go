@@ -44,7 +44,7 @@ func newFixture(t *testing.T) *fixture {
 	t.Cleanup(func() { _ = raw.Close() })
 	f := &fixture{rdb: rdb, st: store.New(rdb), db: db, raw: raw}
 	start := time.Now().Add(-2 * time.Hour).Truncate(time.Second)
-	f.campaign = model.Campaign{ID: testenv.UniqueName("rc-"), Name: "rc", Stock: 10, PerUserLimit: 1,
+	f.campaign = model.Campaign{ID: testenv.Name(t, "rc-"), Name: "rc", Stock: 10, PerUserLimit: 1,
 		StartAt: start, EndAt: start.Add(time.Hour)}
 	if _, err := db.CreateCampaign(t.Context(), f.campaign); err != nil {
 		t.Fatalf("create: %v", err)

@@ -206,7 +206,7 @@ func TestLoadWaitsForInFlightInsert(t *testing.T) {
 	db := openDBs(t)[DriverMySQL](t)
 	st := store.New(testenv.Redis(t))
 	start := time.Now().Add(-time.Hour)
-	c, err := db.CreateCampaign(t.Context(), model.Campaign{ID: testenv.UniqueName("lw"), Name: "ledger", Stock: 5, PerUserLimit: 1,
+	c, err := db.CreateCampaign(t.Context(), model.Campaign{ID: testenv.Name(t, "lw"), Name: "ledger", Stock: 5, PerUserLimit: 1,
 		StartAt: start, EndAt: start.Add(24 * time.Hour)})
 	if err != nil {
 		t.Fatal(err)

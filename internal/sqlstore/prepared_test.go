@@ -34,9 +34,9 @@ func TestInsertOrdersPrepared(t *testing.T) {
 	}
 
 	bad := testOrders(c, 1000, len(first))
-	bad[3].UserID = string(make([]byte, 200)) // user_id is 128 wide
+	bad[3].UserID = string(make([]byte, 300)) // user_id is 255 wide
 	if err := db.InsertOrders(t.Context(), bad, mustEpochs(t, db, bad)); err == nil {
-		t.Fatalf("got nil, want an error for a 200-byte user id")
+		t.Fatalf("got nil, want an error for a 300-byte user id")
 	}
 	if st, _ := db.CampaignOrderStats(t.Context(), c); st.Orders != int64(len(first)+8) {
 		t.Fatalf("after the failed batch: got %d orders, want %d", st.Orders, len(first)+8)

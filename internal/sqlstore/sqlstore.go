@@ -39,6 +39,7 @@ type campaignRow struct {
 	// InsertOrders refuses orders decided under another one.
 	LedgerEpoch int64 `gorm:"column:ledger_epoch;not null;default:0"`
 	Paused      bool  `gorm:"not null;default:false"`
+	EndedEarly  bool  `gorm:"column:ended_early;not null;default:false"`
 }
 
 func (campaignRow) TableName() string { return "campaigns" }
@@ -53,10 +54,13 @@ type orderRow struct {
 	ID         string `gorm:"primaryKey;size:64"`
 	RequestID  string `gorm:"size:120;not null;uniqueIndex"`
 	CampaignID string `gorm:"size:64;not null;index:idx_orders_campaign_user,priority:1"`
-	UserID     string `gorm:"size:128;not null;index:idx_orders_campaign_user,priority:2;index:idx_orders_user,priority:1"`
-	Quantity   int64  `gorm:"not null"`
-	Amount     int64  `gorm:"not null;default:0"`
-	Status     string `gorm:"size:32;not null;index:idx_orders_due,priority:1"`
+	// UserID holds any JWT subject (model.MaxUserID bytes; varchar counts
+	// characters, so 255 of them always fit). gorm widens an older, narrower
+	// column at Open.
+	UserID   string `gorm:"size:255;not null;index:idx_orders_campaign_user,priority:2;index:idx_orders_user,priority:1"`
+	Quantity int64  `gorm:"not null"`
+	Amount   int64  `gorm:"not null;default:0"`
+	Status   string `gorm:"size:32;not null;index:idx_orders_due,priority:1"`
 	// StockReturned is set once an order's units are back in Redis (or
 	// need not come back): the sweeper completes releases it lacks.
 	StockReturned bool       `gorm:"not null;default:false;index:idx_orders_due,priority:2"`
@@ -148,11 +152,56 @@ func Open(ctx context.Context, driver, dsn string) (*DB, error) {
 		_ = sqlDB.Close()
 		return nil, err
 	}
-	if err := gdb.WithContext(ctx).AutoMigrate(&campaignRow{}, &orderRow{}, &paymentRow{}); err != nil {
+	if err := db.migrate(ctx); err != nil {
 		_ = sqlDB.Close()
 		return nil, fmt.Errorf("migrate %s database: %w", driver, err)
 	}
 	return db, nil
+}
+
+// binaryCollation is every MySQL table's collation: ids are exact strings
+// (b1 and B1 are two campaigns), as SQLite compares them. MySQL's default
+// collations ignore case, and would answer B1 with b1, refuse to create
+// B1, and skip B1's orders as duplicates of b1's.
+const binaryCollation = "utf8mb4_bin"
+
+// migratedTables are the tables Open migrates.
+var migratedTables = []string{"campaigns", "orders", "payments"}
+
+// migrate creates or updates the schema. On MySQL new tables are created
+// with binaryCollation, and tables created before with another collation
+// (by an earlier version, or on a server whose default differs) are
+// converted once; the conversion copies the table, so it is best done by
+// the first process started after an upgrade, before a sale.
+func (db *DB) migrate(ctx context.Context) error {
+	gdb := db.gdb.WithContext(ctx)
+	if db.driver == DriverMySQL {
+		gdb = gdb.Set("gorm:table_options", "CHARACTER SET utf8mb4 COLLATE "+binaryCollation)
+	}
+	if err := gdb.AutoMigrate(&campaignRow{}, &orderRow{}, &paymentRow{}); err != nil {
+		return err
+	}
+	if db.driver != DriverMySQL {
+		return nil
+	}
+	for _, table := range migratedTables {
+		// The table's default counts too: it is what columns added later get.
+		var others int64
+		err := db.pool.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "+
+			"AND TABLE_NAME = ? AND COLLATION_NAME IS NOT NULL AND COLLATION_NAME <> ?) + (SELECT COUNT(*) FROM information_schema.TABLES "+
+			"WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND TABLE_COLLATION <> ?)",
+			table, binaryCollation, table, binaryCollation).Scan(&others)
+		if err != nil {
+			return fmt.Errorf("collation of %s: %w", table, err)
+		}
+		if others == 0 {
+			continue
+		}
+		if _, err := db.pool.ExecContext(ctx, "ALTER TABLE `"+table+"` CONVERT TO CHARACTER SET utf8mb4 COLLATE "+binaryCollation); err != nil {
+			return fmt.Errorf("convert %s to %s: %w", table, binaryCollation, err)
+		}
+	}
+	return nil
 }
 
 // Close closes the connection pool.
@@ -210,7 +259,7 @@ func (r campaignRow) toModel() model.Campaign {
 	return model.Campaign{ID: r.ID, Name: r.Name, Stock: r.Stock, PerUserLimit: r.PerUserLimit,
 		Price: r.Price, PaymentWindow: time.Duration(r.PaymentWindowMS) * time.Millisecond,
 		StartAt: r.StartAt.UTC(), EndAt: r.EndAt.UTC(), CreatedAt: r.CreatedAt.UTC(),
-		Epoch: r.LedgerEpoch, Paused: r.Paused}
+		Epoch: r.LedgerEpoch, Paused: r.Paused, EndedEarly: r.EndedEarly}
 }
 
 // now is the time gorm and InsertOrders stamp rows with: UTC, at the

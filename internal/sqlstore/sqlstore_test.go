@@ -143,9 +143,9 @@ func TestInsertOrders(t *testing.T) {
 func TestInsertOrdersFailsOnBadRow(t *testing.T) {
 	db := openDBs(t)[DriverMySQL](t)
 	bad := testOrders("c1", 0, 2)
-	bad[1].UserID = string(make([]byte, 200)) // user_id is 128 wide
+	bad[1].UserID = string(make([]byte, 300)) // user_id is 255 wide
 	if err := db.InsertOrders(t.Context(), bad, mustEpochs(t, db, bad)); err == nil {
-		t.Fatalf("got nil, want an error for a 200-byte user id")
+		t.Fatalf("got nil, want an error for a 300-byte user id")
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -18,6 +19,9 @@ import (
 var admitSource string
 
 // idemField is a shopper's field in the idem hash, "" when there is no key.
+// A user id may hold '|' (Auth0's "auth0|…"), a key never does (the
+// gateway allows [A-Za-z0-9_.:-]), so the last '|' splits a field one way
+// only and two shoppers' keys never share a field.
 func idemField(userID, idempotencyKey string) string {
 	if idempotencyKey == "" {
 		return ""
@@ -25,17 +29,33 @@ func idemField(userID, idempotencyKey string) string {
 	return userID + "|" + idempotencyKey
 }
 
+// fingerprint sums up what a request asks for, so that a key sent again
+// with another body is told apart from a retry. The campaign and the user
+// are the key's scope already (the idem hash is the campaign's, its field
+// the user's); the quantity is the whole body.
+func fingerprint(a model.AdmitRequest) string {
+	return strconv.FormatInt(a.Quantity, 10)
+}
+
+// parseIdemValue reads an idem hash value, "<request id>|<fingerprint>" as
+// admit.lua writes it; one without a fingerprint matches any (hasFP false).
+func parseIdemValue(v string) (requestID, fp string, hasFP bool) {
+	return strings.Cut(v, "|")
+}
+
 // Admit applies the rate limits to a batch of one campaign's requests and
 // stores the admitted ones as queued, in one atomic script call. When a
-// shopper's Idempotency-Key was seen before, the request changes nothing and
-// its answer names the earlier request. Answers are in batch order.
+// shopper's Idempotency-Key was seen before, the request changes nothing:
+// with the same body its answer names the earlier request and that
+// request's result as it stands, with another body it is AdmitKeyReused.
+// Answers are in batch order.
 func (s *Store) Admit(ctx context.Context, campaignID string, batch []model.AdmitRequest, limits model.RateLimits) ([]model.AdmitReply, error) {
 	if len(batch) == 0 {
 		return nil, nil
 	}
 	k := campaignKeys(campaignID)
-	keys := []string{k.results, k.idem, k.counters, k.stock, k.campaignLimit, k.userLimits, k.ipLimits}
-	args := make([]any, 0, 7+5*len(batch))
+	keys := []string{k.results, k.idem, k.counters, k.stock, k.campaignLimit, k.userLimits, k.ipLimits, k.meta}
+	args := make([]any, 0, 7+6*len(batch))
 	args = append(args, len(batch), limits.UserRate, limits.UserBurst, limits.CampaignRate, limits.CampaignBurst,
 		limits.IPRate, limits.IPBurst)
 	for _, a := range batch {
@@ -43,7 +63,7 @@ func (s *Store) Admit(ctx context.Context, campaignID string, batch []model.Admi
 			return nil, fmt.Errorf("admit %s: request %s belongs to campaign %s", campaignID, a.RequestID, a.CampaignID)
 		}
 		queued := encodeStored(model.Result{Status: model.StatusQueued, Quantity: a.Quantity, UserID: a.UserID})
-		args = append(args, a.RequestID, queued, idemField(a.UserID, a.IdempotencyKey), a.UserID, a.ClientIP)
+		args = append(args, a.RequestID, queued, idemField(a.UserID, a.IdempotencyKey), a.UserID, a.ClientIP, fingerprint(a))
 	}
 	reply, err := s.admit.Run(ctx, s.rdb, keys, args...).Slice()
 	if err != nil {
@@ -64,6 +84,14 @@ func parseAdmitReply(batch []model.AdmitRequest, reply []any) ([]model.AdmitRepl
 	out := make([]model.AdmitReply, len(batch))
 	for i, a := range batch {
 		code, ok1 := reply[2*i].(int64)
+		if code == 1 && ok1 {
+			r, err := parseExisting(a, reply[2*i+1])
+			if err != nil {
+				return nil, err
+			}
+			out[i] = r
+			continue
+		}
 		value, ok2 := reply[2*i+1].(string)
 		if !ok1 || !ok2 {
 			return nil, fmt.Errorf("reply for %s malformed: %v, %v", a.RequestID, reply[2*i], reply[2*i+1])
@@ -74,11 +102,6 @@ func parseAdmitReply(batch []model.AdmitRequest, reply []any) ([]model.AdmitRepl
 				return nil, fmt.Errorf("reply for %s names %q", a.RequestID, value)
 			}
 			out[i] = model.AdmitReply{Code: model.Admitted, RequestID: value}
-		case 1:
-			if value == "" {
-				return nil, fmt.Errorf("reply for %s: existing request without id", a.RequestID)
-			}
-			out[i] = model.AdmitReply{Code: model.AdmitExisting, RequestID: value}
 		case -1:
 			out[i] = model.AdmitReply{Code: model.AdmitNotLoaded}
 		case -2, -3, -4:
@@ -94,11 +117,32 @@ func parseAdmitReply(batch []model.AdmitRequest, reply []any) ([]model.AdmitRepl
 				c = model.AdmitIPRateLimited
 			}
 			out[i] = model.AdmitReply{Code: c, RetryAfter: time.Duration(secs * float64(time.Second))}
+		case -5:
+			out[i] = model.AdmitReply{Code: model.AdmitKeyReused}
 		default:
 			return nil, fmt.Errorf("reply for %s: unknown code %d", a.RequestID, code)
 		}
 	}
 	return out, nil
+}
+
+// parseExisting reads the value of an AdmitExisting reply: the earlier
+// request's id and stored result.
+func parseExisting(a model.AdmitRequest, value any) (model.AdmitReply, error) {
+	pair, ok := value.([]any)
+	if !ok || len(pair) != 2 {
+		return model.AdmitReply{}, fmt.Errorf("reply for %s: existing request malformed: %v", a.RequestID, value)
+	}
+	rid, ok1 := pair[0].(string)
+	stored, ok2 := pair[1].(string)
+	if !ok1 || !ok2 || rid == "" {
+		return model.AdmitReply{}, fmt.Errorf("reply for %s: existing request without id or result: %v", a.RequestID, value)
+	}
+	r, err := decodeStored(rid, a.CampaignID, stored)
+	if err != nil {
+		return model.AdmitReply{}, fmt.Errorf("reply for %s: existing request %s: %w", a.RequestID, rid, err)
+	}
+	return model.AdmitReply{Code: model.AdmitExisting, RequestID: rid, Result: r}, nil
 }
 
 // Withdraw takes back the admitted requests whose publish failed, in one

@@ -8,10 +8,16 @@
 -- limit (GCRA, the algorithm of go-redis/redis_rate: a refusal changes
 -- nothing, a request let through moves the key's theoretical arrival time),
 -- then the Idempotency-Key dedupe and the "queued" result that marks the
--- request admitted until a worker decides it.
+-- request admitted until a worker decides it. A key names its first request
+-- and that request's fingerprint (its body, as the caller sums it up): the
+-- same key again with the same fingerprint gets that request's result as it
+-- stands now; with another fingerprint it is refused (the IETF
+-- Idempotency-Key draft's 422). A key whose request has no result (none is
+-- expected: withdraw.lua removes both) names nothing and is taken anew.
 --
 -- KEYS[1] results   hash request id -> "status|qty|order_id|reason|user"
--- KEYS[2] idem      hash "<user>|<idempotency key>" -> request id
+-- KEYS[2] idem      hash "<user>|<idempotency key>" -> "<request id>|<fingerprint>"
+--                   (a bare request id, written before fingerprints, matches any)
 -- KEYS[3] counters  hash: admitted
 -- KEYS[4] stock     only checked for existence (campaign preloaded)
 -- KEYS[5] campaign rate limit: its theoretical arrival time (TAT), with a TTL
@@ -19,21 +25,25 @@
 --         user keeps the call count per batch constant; a TAT in the past
 --         means the same as none, so stale fields need no expiry.
 -- KEYS[7] client IP rate limits: hash client IP -> TAT, like KEYS[6]
+-- KEYS[8] meta      hash: expire_at (rebuild.lua), the lifetime of what this call creates
 -- ARGV[1] n
 -- ARGV[2] user rate per second (0 = off), ARGV[3] user burst
 -- ARGV[4] campaign rate per second (0 = off), ARGV[5] campaign burst
 -- ARGV[6] client IP rate per second (0 = off), ARGV[7] client IP burst
--- ARGV[8+5(i-1) .. 12+5(i-1)] request i: request id, queued result value,
+-- ARGV[8+6(i-1) .. 13+6(i-1)] request i: request id, queued result value,
 --                            idempotency field ("" when the shopper sent no key), user id,
---                            client IP ("" when unknown: not limited)
+--                            client IP ("" when unknown: not limited), fingerprint
 --
 -- Reply: { code_1, value_1, ..., code_n, value_n }
 --    0, request id    admitted as new (or this request id again: a retry counts once)
---    1, request id    an earlier request with the same key; nothing changed
+--    1, {request id, result}  an earlier request with the same key and fingerprint,
+--                     and its stored result; nothing changed
 --   -1, ""            campaign not preloaded; nothing changed
 --   -2, retry after   per-user rate limit (seconds, as a string); nothing changed
 --   -3, retry after   per-campaign rate limit; nothing changed but the IP's and user's limits
 --   -4, retry after   per-client-IP rate limit; nothing changed
+--   -5, ""            the key names an earlier request with another fingerprint;
+--                     nothing changed but the rate limits, which counted it
 
 -- Cost: every redis.call is the expensive part of a script, so the batch
 -- reads everything it needs first (one HMGET per hash), decides in Lua
@@ -55,10 +65,10 @@ local ip_rate, ip_burst = tonumber(ARGV[6]), tonumber(ARGV[7])
 local t = redis.call('TIME')
 local now = (tonumber(t[1]) - 1483228800) + tonumber(t[2]) / 1000000
 
-local rids, idems, users, ips, idem_fields = {}, {}, {}, {}, {}
+local rids, idems, users, ips, fps, idem_fields = {}, {}, {}, {}, {}, {}
 for i = 1, n do
-  local base = 8 + 5 * (i - 1)
-  rids[i], idems[i], users[i], ips[i] = ARGV[base], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4]
+  local base = 8 + 6 * (i - 1)
+  rids[i], idems[i], users[i], ips[i], fps[i] = ARGV[base], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4], ARGV[base + 5]
   if idems[i] ~= '' then
     idem_fields[#idem_fields + 1] = idems[i]
   end
@@ -113,7 +123,10 @@ local function allow(tbl, mv, subject, rate, burst)
 end
 
 local loaded = redis.call('EXISTS', KEYS[4]) == 1
-local stored, idem_of = {}, {}
+-- idem_of: idempotency field -> {rid, fp} of the request it names (fp
+-- false: any), or false. result_of: request id -> stored result, for the
+-- requests keys name.
+local stored, idem_of, result_of = {}, {}, {}
 if loaded then
   local found = redis.call('HMGET', KEYS[1], unpack(rids))
   for i = 1, n do
@@ -121,8 +134,25 @@ if loaded then
   end
   if #idem_fields > 0 then
     local earlier = redis.call('HMGET', KEYS[2], unpack(idem_fields))
+    local named = {}
     for j, field in ipairs(idem_fields) do
-      idem_of[field] = earlier[j] or false
+      local v = earlier[j]
+      idem_of[field] = false
+      if v then
+        local sep = string.find(v, '|', 1, true)
+        local e = { rid = v, fp = false }
+        if sep then
+          e.rid, e.fp = string.sub(v, 1, sep - 1), string.sub(v, sep + 1)
+        end
+        idem_of[field] = e
+        named[#named + 1] = e.rid
+      end
+    end
+    if #named > 0 then
+      local results = redis.call('HMGET', KEYS[1], unpack(named))
+      for j, rid in ipairs(named) do
+        result_of[rid] = results[j] or false
+      end
     end
   end
 end
@@ -156,19 +186,26 @@ for i = 1, n do
       code, value = -1, ''
     else
       local earlier = idem ~= '' and idem_of[idem]
-      if earlier and earlier ~= rid then
-        code, value = 1, earlier
+      if earlier and not result_of[earlier.rid] then
+        earlier = false -- names nothing: taken anew
+      end
+      if earlier and earlier.rid ~= rid and earlier.fp and earlier.fp ~= fps[i] then
+        code, value = -5, ''
+      elseif earlier and earlier.rid ~= rid then
+        code, value = 1, { earlier.rid, result_of[earlier.rid] }
       else
-        if idem ~= '' and earlier ~= rid then
-          idem_of[idem] = rid
+        local queued = ARGV[9 + 6 * (i - 1)]
+        if idem ~= '' and not earlier then
+          idem_of[idem] = { rid = rid, fp = fps[i] }
+          result_of[rid] = result_of[rid] or queued
           new_idem[#new_idem + 1] = idem
-          new_idem[#new_idem + 1] = rid
+          new_idem[#new_idem + 1] = rid .. '|' .. fps[i]
         end
         -- A client retry of this same request id must not count it twice.
         if not stored[rid] then
           stored[rid] = true
           new_results[#new_results + 1] = rid
-          new_results[#new_results + 1] = ARGV[9 + 5 * (i - 1)]
+          new_results[#new_results + 1] = queued
           admitted = admitted + 1
         end
       end
@@ -208,5 +245,17 @@ for ip in pairs(ip_moved) do
 end
 for j = 1, #moved_ips, 4000 do
   redis.call('HSET', KEYS[7], unpack(moved_ips, j, math.min(j + 3999, #moved_ips)))
+end
+-- The hashes written may be new: they expire with the campaign's other keys.
+local written = {}
+if #new_results > 0 then written[#written + 1] = KEYS[1] end
+if #new_idem > 0 then written[#written + 1] = KEYS[2] end
+if #user_tats > 0 then written[#written + 1] = KEYS[6] end
+if #moved_ips > 0 then written[#written + 1] = KEYS[7] end
+if #written > 0 then
+  local expire_at = redis.call('HGET', KEYS[8], 'expire_at')
+  for _, key in ipairs(expire_at and written or {}) do
+    redis.call('EXPIREAT', key, expire_at)
+  end
 end
 return reply

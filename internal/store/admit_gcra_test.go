@@ -36,7 +36,7 @@ func TestAdmitLimiterMatchesRedisRate(t *testing.T) {
 			t.Cleanup(func() { _ = rdb.Close() })
 			s := New(rdb)
 			lib := redis_rate.NewLimiter(rdb)
-			c := newCampaign(1_000_000, 1_000_000)
+			c := newCampaign(t, 1_000_000, 1_000_000)
 			mustLoad(t, s, c)
 			limits := model.RateLimits{UserRate: tc.rate, UserBurst: tc.burst}
 			libLimit := redis_rate.Limit{Rate: tc.rate, Burst: tc.burst, Period: time.Second}

@@ -12,6 +12,7 @@ import (
 // admitCall is one request of an Admit batch in a table; rid is a label.
 type admitCall struct {
 	rid, user, key, ip string
+	qty                int64 // 0 = 1
 	want               model.AdmitCode
 	wantRID            string // label of the request id Admit must return; "" = none
 }
@@ -40,6 +41,17 @@ func TestAdmit(t *testing.T) {
 				{rid: "r3", user: "u2", key: "k1", want: model.Admitted, wantRID: "r3"},
 			},
 			wantAdmitted: 2,
+		},
+		{
+			// The IETF Idempotency-Key draft: a key is one request, whatever
+			// else is sent with it.
+			name: "same key same user other quantity in one batch is refused",
+			calls: []admitCall{
+				{rid: "r1", user: "u1", key: "k1", want: model.Admitted, wantRID: "r1"},
+				{rid: "r2", user: "u1", key: "k1", qty: 2, want: model.AdmitKeyReused},
+				{rid: "r3", user: "u1", key: "k1", want: model.AdmitExisting, wantRID: "r1"},
+			},
+			wantAdmitted: 1,
 		},
 		{
 			name: "same request id twice counts once",
@@ -122,14 +134,14 @@ func TestAdmit(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
-				c := newCampaign(10, 2)
+				c := newCampaign(t, 10, 2)
 				if !tt.notLoaded {
 					mustLoad(t, s, c)
 				}
 				ids := newLabels(c.ID)
 				batch := make([]model.AdmitRequest, len(tt.calls))
 				for i, call := range tt.calls {
-					batch[i] = model.AdmitRequest{RequestID: ids.rid(call.rid), CampaignID: c.ID, UserID: call.user, Quantity: 1, IdempotencyKey: call.key, ClientIP: call.ip}
+					batch[i] = model.AdmitRequest{RequestID: ids.rid(call.rid), CampaignID: c.ID, UserID: call.user, Quantity: max(call.qty, 1), IdempotencyKey: call.key, ClientIP: call.ip}
 				}
 				got, err := s.Admit(t.Context(), c.ID, batch, tt.limits)
 				if err != nil {
@@ -142,6 +154,14 @@ func TestAdmit(t *testing.T) {
 					}
 					if got[i].Code != call.want || got[i].RequestID != wantRID {
 						t.Errorf("request %d (%s): got code %d id %q, want code %d id %q", i, call.rid, got[i].Code, got[i].RequestID, call.want, wantRID)
+					}
+					// A replay in the batch of its first request sees it queued.
+					wantResult := model.Result{}
+					if call.want == model.AdmitExisting {
+						wantResult = model.Result{RequestID: wantRID, CampaignID: c.ID, UserID: call.user, Status: model.StatusQueued, Quantity: 1}
+					}
+					if got[i].Result != wantResult {
+						t.Errorf("request %d (%s): got result %+v, want %+v", i, call.rid, got[i].Result, wantResult)
 					}
 					limited := call.want == model.AdmitUserRateLimited || call.want == model.AdmitCampaignRateLimited || call.want == model.AdmitIPRateLimited
 					if limited != (got[i].RetryAfter > 0) {
@@ -254,7 +274,7 @@ func TestAdmitAcrossCalls(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
-				c := newCampaign(10, 2)
+				c := newCampaign(t, 10, 2)
 				mustLoad(t, s, c)
 				ids := newLabels(c.ID)
 				for i, call := range tt.calls {
@@ -293,7 +313,7 @@ func TestAdmitAcrossCalls(t *testing.T) {
 // request, and the refusal writes nothing.
 func TestAdmitNotLoaded(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		c := newCampaign(10, 1) // never preloaded
+		c := newCampaign(t, 10, 1) // never preloaded
 		rid := newRequestID(c.ID)
 		got, err := s.Admit(t.Context(), c.ID, []model.AdmitRequest{{RequestID: rid, CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: "k1"}}, model.RateLimits{})
 		if err != nil || len(got) != 1 || got[0] != (model.AdmitReply{Code: model.AdmitNotLoaded}) {
@@ -316,7 +336,7 @@ func TestAdmitNotLoaded(t *testing.T) {
 func TestAdmitIdempotencyRace(t *testing.T) {
 	const goroutines, perBatch = 32, 8
 	s := New(testenv.Redis(t))
-	c := newCampaign(10, 1)
+	c := newCampaign(t, 10, 1)
 	mustLoad(t, s, c)
 	var (
 		mu       sync.Mutex
@@ -360,7 +380,7 @@ func TestAdmitIdempotencyRace(t *testing.T) {
 // TestWithdrawBatch: one Withdraw call for a whole failed publish.
 func TestWithdrawBatch(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		c := newCampaign(10, 1)
+		c := newCampaign(t, 10, 1)
 		mustLoad(t, s, c)
 		var batch []model.AdmitRequest
 		for i := range 3 {
@@ -416,7 +436,7 @@ func TestWithdraw(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
-				c := newCampaign(10, 1)
+				c := newCampaign(t, 10, 1)
 				mustLoad(t, s, c)
 				a := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: "u1", Quantity: 1, IdempotencyKey: tt.key}
 				mustAdmit(t, s, a)
@@ -456,6 +476,126 @@ func TestWithdraw(t *testing.T) {
 					t.Errorf("Admit with the same key after Withdraw: got (%s, %v), want (%s, %v)", rid, existing, want, wantExisting)
 				}
 			})
+		}
+	})
+}
+
+// TestAdmitReplay: an Idempotency-Key sent again gets its first request as
+// it stands now (queued, or its final result), and with another body is
+// refused and changes nothing; IdempotentRequest, which the gateway asks
+// where it refuses without admitting, answers the same as Admit.
+func TestAdmitReplay(t *testing.T) {
+	tests := []struct {
+		name string
+		// before runs on the first request (quantity 2) before the replay.
+		before     func(t *testing.T, s *Store, c model.Campaign, first model.AdmitRequest)
+		replayQty  int64
+		want       model.AdmitCode
+		wantStatus model.Status // of the result the replay gets back
+		wantOrder  string
+	}{
+		{name: "queued", replayQty: 2, want: model.AdmitExisting, wantStatus: model.StatusQueued},
+		{
+			name: "decided: success", replayQty: 2, want: model.AdmitExisting, wantStatus: model.StatusSuccess, wantOrder: "o1",
+			before: func(t *testing.T, s *Store, c model.Campaign, first model.AdmitRequest) {
+				mustDeduct(t, s, c.ID, []model.Deduction{{RequestID: first.RequestID, UserID: first.UserID, Quantity: first.Quantity, OrderID: "o1"}})
+			},
+		},
+		{
+			name: "decided: rejected", replayQty: 2, want: model.AdmitExisting, wantStatus: model.StatusRejected,
+			before: func(t *testing.T, s *Store, c model.Campaign, first model.AdmitRequest) {
+				d := model.Deduction{RequestID: first.RequestID, UserID: first.UserID, Quantity: first.Quantity}
+				if _, err := s.Reject(t.Context(), d, c.ID, model.ReasonNotEnqueued); err != nil {
+					t.Fatalf("Reject: %v", err)
+				}
+			},
+		},
+		{name: "another quantity while queued", replayQty: 1, want: model.AdmitKeyReused},
+		{
+			name: "another quantity once decided", replayQty: 1, want: model.AdmitKeyReused,
+			before: func(t *testing.T, s *Store, c model.Campaign, first model.AdmitRequest) {
+				mustDeduct(t, s, c.ID, []model.Deduction{{RequestID: first.RequestID, UserID: first.UserID, Quantity: first.Quantity, OrderID: "o1"}})
+			},
+		},
+		{
+			// Written before keys carried a fingerprint: any body matches.
+			name: "key without a fingerprint", replayQty: 1, want: model.AdmitExisting, wantStatus: model.StatusQueued,
+			before: func(t *testing.T, s *Store, c model.Campaign, first model.AdmitRequest) {
+				k := campaignKeys(c.ID)
+				if err := s.rdb.HSet(t.Context(), k.idem, idemField(first.UserID, first.IdempotencyKey), first.RequestID).Err(); err != nil {
+					t.Fatalf("HSET: %v", err)
+				}
+			},
+		},
+	}
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				c := newCampaign(t, 10, 2)
+				mustLoad(t, s, c)
+				first := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: "u1", Quantity: 2, IdempotencyKey: "k1"}
+				mustAdmit(t, s, first)
+				if tt.before != nil {
+					tt.before(t, s, c, first)
+				}
+				stBefore, resultBefore := mustStats(t, s, c.ID), mustResult(t, s, first.RequestID)
+				replay := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: "u1", Quantity: tt.replayQty, IdempotencyKey: "k1"}
+				want := model.AdmitReply{Code: tt.want}
+				if tt.want == model.AdmitExisting {
+					want.RequestID, want.Result = first.RequestID, resultBefore
+					if resultBefore.Status != tt.wantStatus || resultBefore.OrderID != tt.wantOrder {
+						t.Fatalf("first request: got %s %q, want %s %q", resultBefore.Status, resultBefore.OrderID, tt.wantStatus, tt.wantOrder)
+					}
+				}
+
+				looked, ok, err := s.IdempotentRequest(t.Context(), replay)
+				if err != nil || !ok || looked != want {
+					t.Errorf("IdempotentRequest: got (%+v, %v, %v), want (%+v, true, nil)", looked, ok, err, want)
+				}
+				got, err := s.Admit(t.Context(), c.ID, []model.AdmitRequest{replay}, model.RateLimits{})
+				if err != nil || len(got) != 1 || got[0] != want {
+					t.Fatalf("Admit: got (%+v, %v), want [%+v]", got, err, want)
+				}
+
+				if st := mustStats(t, s, c.ID); st.Admitted != stBefore.Admitted || st.Queued() != stBefore.Queued() {
+					t.Errorf("admitted/queued: got %d/%d, want %d/%d", st.Admitted, st.Queued(), stBefore.Admitted, stBefore.Queued())
+				}
+				mustNoResult(t, s, replay.RequestID)
+				if r := mustResult(t, s, first.RequestID); r != resultBefore {
+					t.Errorf("first request's result: got %+v, want %+v", r, resultBefore)
+				}
+				// The key still names the first request, with its own body.
+				again := first
+				again.RequestID = newRequestID(c.ID)
+				if rid, existing := mustAdmit(t, s, again); rid != first.RequestID || !existing {
+					t.Errorf("the first body again: got (%s, %v), want (%s, true)", rid, existing, first.RequestID)
+				}
+			})
+		}
+	})
+}
+
+// TestAdmitKeyNamingNothing: a key whose request has no result (none is
+// expected: withdraw.lua removes both) names nothing, for Admit and
+// IdempotentRequest alike, and the next request with it is admitted anew.
+func TestAdmitKeyNamingNothing(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		c := newCampaign(t, 10, 2)
+		mustLoad(t, s, c)
+		k := campaignKeys(c.ID)
+		gone := newRequestID(c.ID)
+		if err := s.rdb.HSet(t.Context(), k.idem, idemField("u1", "k1"), gone+"|1").Err(); err != nil {
+			t.Fatalf("HSET: %v", err)
+		}
+		a := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: "u1", Quantity: 2, IdempotencyKey: "k1"}
+		if got, ok, err := s.IdempotentRequest(t.Context(), a); err != nil || ok {
+			t.Errorf("IdempotentRequest: got (%+v, %v, %v), want none", got, ok, err)
+		}
+		if rid, existing := mustAdmit(t, s, a); rid != a.RequestID || existing {
+			t.Errorf("Admit: got (%s, %v), want (%s, false)", rid, existing, a.RequestID)
+		}
+		if v := s.rdb.HGet(t.Context(), k.idem, idemField("u1", "k1")).Val(); v != a.RequestID+"|2" {
+			t.Errorf("idem value: got %q, want %q", v, a.RequestID+"|2")
 		}
 	})
 }

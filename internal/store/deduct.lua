@@ -8,7 +8,13 @@
 -- KEYS[3] results   hash request id -> "status|qty|order_id|reason|user"
 -- KEYS[4] soldout   flag, set to "1" when stock reaches zero
 -- KEYS[5] counters  hash: sold, admitted, fin:<status>
--- KEYS[6] meta      hash: stock, limit, start_ms, end_ms, epoch, paused
+-- KEYS[6] meta      hash: stock, limit, start_ms, end_ms, epoch, paused,
+--                   expire_at (rebuild.lua), the lifetime of what this call creates,
+--                   ended_early (endearly.lua): every request not decided yet
+--                   is rejected (ended_early), paused or not
+-- KEYS[7] unknown   sorted set of requests whose publish outcome was unknown
+--                   (unknown.lua); the batch's are removed, as the worker
+--                   has seen them (sweep.lua then leaves them alone)
 -- ARGV[1]           number of requests n
 -- ARGV[2+4i .. 5+4i] request i: request id, user id, quantity, order id to use on success
 --
@@ -18,13 +24,15 @@
 --                worker stores the successes only while MySQL is at it
 --   status       success | sold_out | limit_exceeded | rejected
 --   order_id     set for success, "" otherwise
---   reason       set for rejected (insufficient_stock, bad_message), "" otherwise
--- or, deciding nothing and writing nothing (the worker holds the batch):
+--   reason       set for rejected (insufficient_stock, bad_message, ended_early), "" otherwise
+-- or, deciding nothing (the worker holds the batch):
 --   { -1 }       not loaded: Redis has no stock for the campaign. It was
 --                never loaded, or Redis lost it and a preload will rebuild
 --                it from MySQL; a final result decided now would be decided
---                against nothing.
---   { -2 }       paused (meta paused = "1")
+--                against nothing. Nothing is written.
+--   { -2 }       paused (meta paused = "1") and not ended early. Only KEYS[7]
+--                is written: a held request is in the queue, and no sweep
+--                may reject it.
 --
 -- Cost: every redis.call is the expensive part of a script, so the batch reads
 -- its stored results and its users' units with one HMGET each, decides in Lua
@@ -38,11 +46,22 @@
 
 local n = tonumber(ARGV[1])
 local remaining = redis.call('GET', KEYS[1])
-local meta = redis.call('HMGET', KEYS[6], 'limit', 'epoch', 'paused')
+local meta = redis.call('HMGET', KEYS[6], 'limit', 'epoch', 'paused', 'expire_at', 'ended_early')
 if not remaining or not meta[1] then
   return { -1 }
 end
-if meta[3] == '1' then
+-- EXISTS first: the set is nearly always empty, and then this costs one
+-- call without the batch's ids.
+if redis.call('EXISTS', KEYS[7]) == 1 then
+  local seen = {}
+  for i = 0, n - 1 do
+    seen[#seen + 1] = ARGV[2 + 4 * i]
+  end
+  redis.call('ZREM', KEYS[7], unpack(seen))
+end
+-- A sale ended early holds nothing: its backlog must reach final results.
+local ended_early = meta[5] == '1'
+if meta[3] == '1' and not ended_early then
   return { -2 }
 end
 remaining = tonumber(remaining)
@@ -105,6 +124,8 @@ for i = 1, n do
     end
     if not qty or qty < 1 then
       status, reason = 'rejected', 'bad_message'
+    elseif ended_early then
+      status, reason = 'rejected', 'ended_early'
     elseif remaining <= 0 then
       status = 'sold_out'
     elseif qty > remaining then
@@ -162,5 +183,18 @@ if unmarked > 0 then
 end
 for status, count in pairs(fin) do
   redis.call('HINCRBY', KEYS[5], 'fin:' .. status, count)
+end
+-- The keys written may be new (and SET dropped the flag's expiry): they
+-- expire with the campaign's other keys.
+if meta[4] then
+  if sold > 0 then
+    redis.call('EXPIREAT', KEYS[2], meta[4])
+    if remaining == 0 then
+      redis.call('EXPIREAT', KEYS[4], meta[4])
+    end
+  end
+  if #results > 0 then
+    redis.call('EXPIREAT', KEYS[3], meta[4])
+  end
 end
 return reply

@@ -173,7 +173,7 @@ func TestDeduct(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
-				c := newCampaign(tt.stock, tt.limit)
+				c := newCampaign(t, tt.stock, tt.limit)
 				mustLoad(t, s, c)
 				ids := newLabels(c.ID)
 				last := map[string]model.Result{} // latest reply per request id
@@ -241,7 +241,7 @@ func TestDeduct(t *testing.T) {
 // A redelivery in a later batch must leave every counter as it was.
 func TestDeductRedeliveryChangesNothing(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		c := newCampaign(2, 1)
+		c := newCampaign(t, 2, 1)
 		mustLoad(t, s, c)
 		r1, r2 := newRequestID(c.ID), newRequestID(c.ID)
 		first := mustDeduct(t, s, c.ID, []model.Deduction{
@@ -274,7 +274,7 @@ func TestDeductRedeliveryChangesNothing(t *testing.T) {
 // its result may remain, so the redelivered batch is decided afresh.
 func TestDeductErrorChangesNothing(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		c := newCampaign(5, 2)
+		c := newCampaign(t, 5, 2)
 		mustLoad(t, s, c)
 		k := campaignKeys(c.ID)
 		if err := s.rdb.HSet(t.Context(), k.users, "u2", "not-a-number").Err(); err != nil {
@@ -311,7 +311,7 @@ func TestDeductEmptyBatch(t *testing.T) {
 // TestStats follows a campaign from admit to decision.
 func TestStats(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		c := newCampaign(3, 1)
+		c := newCampaign(t, 3, 1)
 		if st := mustStats(t, s, c.ID); st.Loaded || st.Queued() != 0 || !reflect.DeepEqual(st.FinishedByStatus, finished(nil)) {
 			t.Errorf("Stats before preload: got %+v, want not loaded with zero counts", st)
 		}

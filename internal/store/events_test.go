@@ -56,7 +56,7 @@ func subscribed(t *testing.T, sub func(ctx context.Context, ready func()) error)
 
 func TestEvents(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		c := newCampaign(1, 1)
+		c := newCampaign(t, 1, 1)
 		// The channel is shared by everything on this Redis: keep only this test's events.
 		got := make(chan model.Event, 16)
 		subscribed(t, func(ctx context.Context, ready func()) error {
@@ -89,7 +89,7 @@ func TestEvents(t *testing.T) {
 
 func TestResults(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		c := newCampaign(1, 1)
+		c := newCampaign(t, 1, 1)
 		got := make(chan model.Result, 16)
 		subscribed(t, func(ctx context.Context, ready func()) error {
 			return s.SubscribeResults(ctx, ready, func(r model.Result) {
@@ -132,7 +132,7 @@ func TestResults(t *testing.T) {
 // whole and in order, many results to a Redis message.
 func TestResultsShareMessages(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		c := newCampaign(1, 1)
+		c := newCampaign(t, 1, 1)
 		const n = 2*resultsPerMessage + 3
 		got := make(chan model.Result, n)
 		subscribed(t, func(ctx context.Context, ready func()) error {

@@ -45,10 +45,12 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, s *Store)) {
 // survives the round trip through rebuild.lua unchanged.
 func testStart() time.Time { return time.Now().Add(time.Hour).Truncate(time.Millisecond) }
 
-func newCampaign(stock, limit int64) model.Campaign {
+// newCampaign returns a campaign of t's own, whose Redis keys are deleted
+// when t ends.
+func newCampaign(t testing.TB, stock, limit int64) model.Campaign {
 	start := testStart()
 	return model.Campaign{
-		ID:           testenv.UniqueName("c"),
+		ID:           testenv.Name(t, "c"),
 		Name:         "test",
 		Stock:        stock,
 		PerUserLimit: limit,

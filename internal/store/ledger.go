@@ -38,12 +38,15 @@ func (s *Store) Projection(ctx context.Context, campaignID string) (model.Projec
 
 // Rebuild loads campaign c into Redis from its orders, under c.Epoch, in
 // one atomic step (rebuild.lua): its values and paused flag; remaining =
-// stock - units of the active orders (pending payment, paid); each buyer's
+// stock - units of the active orders (pending payment, paid); the
+// ended-early flag; each buyer's
 // units from them; a success result for every order's request; the ids of
 // the orders no longer active in the released hash, so a release of one
 // still in flight changes nothing; the counters (sold = active units, every
 // restored result admitted and decided); the sold-out flag when nothing
-// remains. Everything else Redis held of the campaign goes.
+// remains. Everything else Redis held of the campaign goes, the requests
+// whose publish outcome was unknown included (their queued markers go).
+// Every key of the campaign expires at expireAt.
 //
 // c must come from the ledger's BumpEpoch, and orders must be read after
 // it. loaded is false, with nothing changed, when Redis holds c.Epoch or a
@@ -72,9 +75,13 @@ func (s *Store) Rebuild(ctx context.Context, c model.Campaign, orders []model.Or
 	if c.Paused {
 		paused = "1"
 	}
-	args := make([]any, 0, 10+2*len(units)+len(results)+len(released))
+	endedEarly := "0"
+	if c.EndedEarly {
+		endedEarly = "1"
+	}
+	args := make([]any, 0, 12+2*len(units)+len(results)+len(released))
 	args = append(args, c.Epoch, c.Stock, c.PerUserLimit, c.StartAt.UnixMilli(), c.EndAt.UnixMilli(), paused,
-		c.Stock-sold, sold, len(units))
+		c.Stock-sold, sold, s.expireAt(c, time.Now()), endedEarly, len(units))
 	for u, n := range units {
 		args = append(args, u, n)
 	}
@@ -83,7 +90,7 @@ func (s *Store) Rebuild(ctx context.Context, c model.Campaign, orders []model.Or
 	args = append(args, released...)
 	k := campaignKeys(c.ID)
 	code, err := s.rebuild.Run(ctx, s.rdb,
-		[]string{k.meta, k.stock, k.soldout, k.counters, k.users, k.results, k.idem, k.released}, args...).Int()
+		[]string{k.meta, k.stock, k.soldout, k.counters, k.users, k.results, k.idem, k.released, k.userLimits, k.ipLimits, k.unknown}, args...).Int()
 	if err != nil {
 		return false, fmt.Errorf("rebuild %s: %w", c.ID, err)
 	}
@@ -94,6 +101,25 @@ func (s *Store) Rebuild(ctx context.Context, c model.Campaign, orders []model.Or
 		return false, nil
 	}
 	return false, fmt.Errorf("rebuild %s: unexpected reply %d", c.ID, code)
+}
+
+// expireAt is when the keys of c expire, in unix seconds: the retention
+// after the last moment its sale can need them, the end of the payment
+// window of an order decided as the sale ends. Until then the gateways
+// admit, the workers decide and orders are paid or released against them.
+// A load after that moment (a rebuild of a sale long over, to decide what
+// its queue still held) gives them the retention from the load.
+func (s *Store) expireAt(c model.Campaign, now time.Time) int64 {
+	last := c.EndAt
+	if now.After(last) {
+		last = now
+	}
+	at := last.Add(c.WithDefaults().PaymentWindow + s.retention)
+	sec := at.Unix()
+	if at.Nanosecond() > 0 { // round up: never earlier than promised
+		sec++
+	}
+	return sec
 }
 
 // SetPaused writes c.Paused into Redis, if Redis holds c.Epoch: a load
@@ -107,6 +133,18 @@ func (s *Store) SetPaused(ctx context.Context, c model.Campaign) (written bool, 
 	code, err := s.paused.Run(ctx, s.rdb, []string{campaignKeys(c.ID).meta}, c.Epoch, paused).Int()
 	if err != nil {
 		return false, fmt.Errorf("set paused %s: %w", c.ID, err)
+	}
+	return code == 1, nil
+}
+
+// EndEarly writes c's end and ended-early flag into Redis, if Redis holds
+// c.Epoch (a load under another epoch read them from MySQL itself):
+// from then on deduct.lua rejects every request not decided yet
+// (model.ReasonEndedEarly). written says whether it did.
+func (s *Store) EndEarly(ctx context.Context, c model.Campaign) (written bool, err error) {
+	code, err := s.endEarly.Run(ctx, s.rdb, []string{campaignKeys(c.ID).meta}, c.Epoch, c.EndAt.UnixMilli()).Int()
+	if err != nil {
+		return false, fmt.Errorf("end %s early: %w", c.ID, err)
 	}
 	return code == 1, nil
 }

@@ -22,7 +22,7 @@ func ledgerOrder(ids *labels, label, orderID, user string, units int64, status m
 // order that is no longer active change nothing.
 func TestRebuild(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		c := newCampaign(10, 3)
+		c := newCampaign(t, 10, 3)
 		mustLoad(t, s, c)
 		ids := newLabels(c.ID)
 		// The old epoch's state: a success whose order never reached
@@ -58,8 +58,8 @@ func TestRebuild(t *testing.T) {
 			}
 		}
 		mustNoResult(t, s, ids.rid("stale"))
-		if rid, ok, err := s.IdempotentRequest(t.Context(), c.ID, "erin", "k"); err != nil || ok {
-			t.Errorf("Idempotency-Key of the old epoch: got %q, %v, %v; want none", rid, ok, err)
+		if a, ok, err := s.IdempotentRequest(t.Context(), model.AdmitRequest{CampaignID: c.ID, UserID: "erin", Quantity: 2, IdempotencyKey: "k"}); err != nil || ok {
+			t.Errorf("Idempotency-Key of the old epoch: got %+v, %v, %v; want none", a, ok, err)
 		}
 		released, err := s.rdb.HGetAll(t.Context(), campaignKeys(c.ID).released).Result()
 		if wantReleased := map[string]string{"o3": "1", "o4": "2", "o5": "1"}; err != nil || !maps.Equal(released, wantReleased) {
@@ -103,7 +103,7 @@ func TestRebuild(t *testing.T) {
 // and set the sold-out flag; expired orders' units are back.
 func TestRebuildSoldOut(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		c := newCampaign(3, 3)
+		c := newCampaign(t, 3, 3)
 		ids := newLabels(c.ID)
 		mustRebuild(t, s, c, []model.Order{
 			ledgerOrder(ids, "r1", "o1", "alice", 2, model.OrderPaid),
@@ -133,7 +133,7 @@ func TestRebuildSoldOut(t *testing.T) {
 // campaign loaded before epochs existed counts as epoch 0.
 func TestRebuildRefused(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		c := newCampaign(5, 2)
+		c := newCampaign(t, 5, 2)
 		c.Epoch = 3
 		ids := newLabels(c.ID)
 		mustRebuild(t, s, c, []model.Order{ledgerOrder(ids, "r1", "o1", "alice", 1, model.OrderPaid)})
@@ -175,7 +175,7 @@ func TestRebuildRefused(t *testing.T) {
 // resumed the same batch is decided.
 func TestDeductHolds(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		c := newCampaign(5, 1)
+		c := newCampaign(t, 5, 1)
 		ids := newLabels(c.ID)
 		batch := []model.Deduction{
 			{RequestID: ids.rid("r1"), UserID: "alice", Quantity: 1, OrderID: "o1"},
@@ -241,7 +241,7 @@ func TestDeductHolds(t *testing.T) {
 // last load.
 func TestProjection(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		c := newCampaign(7, 2)
+		c := newCampaign(t, 7, 2)
 		if p, err := s.Projection(t.Context(), c.ID); err != nil || p != (model.Projection{}) {
 			t.Fatalf("Projection before a load: got %+v, %v; want zero", p, err)
 		}
@@ -259,7 +259,7 @@ func TestProjection(t *testing.T) {
 // then, once, so every final result has its admission and none is queued.
 func TestDecidedWithoutMarker(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		c := newCampaign(5, 5)
+		c := newCampaign(t, 5, 5)
 		mustLoad(t, s, c)
 		ids := newLabels(c.ID)
 		mustAdmit(t, s, model.AdmitRequest{RequestID: ids.rid("marked"), CampaignID: c.ID, UserID: "u1", Quantity: 1})

@@ -97,7 +97,7 @@ func TestParseDeductReplyFlag(t *testing.T) {
 }
 
 func TestParseAdmitReply(t *testing.T) {
-	batch := []model.AdmitRequest{{RequestID: "c.1"}}
+	batch := []model.AdmitRequest{{RequestID: "c.1", CampaignID: "c"}}
 	tests := []struct {
 		name    string
 		reply   []any
@@ -105,7 +105,9 @@ func TestParseAdmitReply(t *testing.T) {
 		wantErr string // "" = success
 	}{
 		{name: "new", reply: []any{int64(0), "c.1"}, want: model.AdmitReply{Code: model.Admitted, RequestID: "c.1"}},
-		{name: "existing", reply: []any{int64(1), "c.0"}, want: model.AdmitReply{Code: model.AdmitExisting, RequestID: "c.0"}},
+		{name: "existing", reply: []any{int64(1), []any{"c.0", "success|2|o1||u1"}}, want: model.AdmitReply{Code: model.AdmitExisting, RequestID: "c.0",
+			Result: model.Result{RequestID: "c.0", CampaignID: "c", UserID: "u1", Status: model.StatusSuccess, Quantity: 2, OrderID: "o1"}}},
+		{name: "key reused", reply: []any{int64(-5), ""}, want: model.AdmitReply{Code: model.AdmitKeyReused}},
 		{name: "not loaded", reply: []any{int64(-1), ""}, want: model.AdmitReply{Code: model.AdmitNotLoaded}},
 		{name: "user rate limited", reply: []any{int64(-2), "0.25"}, want: model.AdmitReply{Code: model.AdmitUserRateLimited, RetryAfter: 250 * time.Millisecond}},
 		{name: "campaign rate limited", reply: []any{int64(-3), "2"}, want: model.AdmitReply{Code: model.AdmitCampaignRateLimited, RetryAfter: 2 * time.Second}},
@@ -115,11 +117,15 @@ func TestParseAdmitReply(t *testing.T) {
 		{name: "code is a string", reply: []any{"0", "c.1"}, wantErr: "malformed"},
 		{name: "request id is nil", reply: []any{int64(0), nil}, wantErr: "malformed"},
 		{name: "new names another request", reply: []any{int64(0), "c.2"}, wantErr: `names "c.2"`},
-		{name: "existing without id", reply: []any{int64(1), ""}, wantErr: "without id"},
+		{name: "existing as a string", reply: []any{int64(1), "c.0"}, wantErr: "existing request malformed"},
+		{name: "existing without result", reply: []any{int64(1), []any{"c.0"}}, wantErr: "existing request malformed"},
+		{name: "existing without id", reply: []any{int64(1), []any{"", "queued|1|||u1"}}, wantErr: "without id"},
+		{name: "existing result malformed", reply: []any{int64(1), []any{"c.0", "queued"}}, wantErr: "malformed"},
 		{name: "retry after not a number", reply: []any{int64(-2), "soon"}, wantErr: "retry after"},
 		{name: "retry after negative", reply: []any{int64(-3), "-1"}, wantErr: "retry after"},
 		{name: "retry after infinite", reply: []any{int64(-4), "inf"}, wantErr: "retry after"},
 		{name: "unknown code", reply: []any{int64(2), "c.1"}, wantErr: "unknown code"},
+		{name: "unknown code with a pair", reply: []any{int64(2), []any{"c.0", "queued|1|||u1"}}, wantErr: "malformed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -207,7 +213,7 @@ func TestEncodeStoredRoundTrip(t *testing.T) {
 
 func TestResult(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		c := newCampaign(1, 1)
+		c := newCampaign(t, 1, 1)
 		mustLoad(t, s, c)
 		hex32 := strings.Repeat("ab", 16)
 		tests := []struct {

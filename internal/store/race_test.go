@@ -27,7 +27,7 @@ func TestDeductRace(t *testing.T) {
 	)
 	s := New(testenv.Redis(t))
 	ctx := t.Context()
-	c := newCampaign(stock, 1)
+	c := newCampaign(t, stock, 1)
 	mustLoad(t, s, c)
 
 	seed := uint64(time.Now().UnixNano())

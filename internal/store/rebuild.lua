@@ -8,12 +8,17 @@
 -- again here.
 --
 -- KEYS[1] meta, KEYS[2] stock, KEYS[3] soldout, KEYS[4] counters,
--- KEYS[5] users, KEYS[6] results, KEYS[7] idem, KEYS[8] released
+-- KEYS[5] users, KEYS[6] results, KEYS[7] idem, KEYS[8] released,
+-- KEYS[9] user rate limits, KEYS[10] client IP rate limits
+-- KEYS[11] unknown (the requests sweep.lua may reject: their queued markers
+-- go here, so they go too)
 -- ARGV[1] epoch, ARGV[2] stock, ARGV[3] limit, ARGV[4] start_ms,
 -- ARGV[5] end_ms, ARGV[6] paused ("1" or "0"),
 -- ARGV[7] remaining: stock - units of active orders (>= 0),
 -- ARGV[8] sold: units of active orders,
--- ARGV[9] u, then u pairs: user id, units of their active orders,
+-- ARGV[9] expire_at: when every key of the campaign expires (unix seconds),
+-- ARGV[10] ended_early ("1" or "0"),
+-- ARGV[11] u, then u pairs: user id, units of their active orders,
 -- then r, then r pairs: request id, its stored success result (one for
 --   every order, active or not, so a polled result stays what it was),
 -- then pairs to the end: order id, units of an order no longer active
@@ -24,7 +29,12 @@
 --
 -- Everything else of the old state goes: results without an order (a
 -- success among them was never stored, and its request is decided again),
--- Idempotency-Keys, buyers' units, counters. Rate-limit state stays.
+-- Idempotency-Keys, buyers' units, counters, the requests whose publish
+-- outcome was unknown. Rate-limit state stays.
+--
+-- Every key gets expire_at, kept in meta for the scripts that create keys
+-- later (admit, deduct, reject, release): Redis forgets a sale on its own
+-- once it is long over, and a load gives it a new lifetime.
 
 local current = redis.call('HMGET', KEYS[1], 'stock', 'epoch')
 if current[1] and tonumber(current[2] or '0') >= tonumber(ARGV[1]) then
@@ -37,15 +47,15 @@ local function hset_pairs(key, from, to)
   end
 end
 
-redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[11])
 redis.call('HSET', KEYS[1], 'stock', ARGV[2], 'limit', ARGV[3], 'start_ms', ARGV[4], 'end_ms', ARGV[5],
-  'epoch', ARGV[1], 'paused', ARGV[6])
+  'epoch', ARGV[1], 'paused', ARGV[6], 'expire_at', ARGV[9], 'ended_early', ARGV[10])
 redis.call('SET', KEYS[2], ARGV[7])
 if tonumber(ARGV[7]) == 0 then
   redis.call('SET', KEYS[3], '1')
 end
 
-local at = 9
+local at = 11
 local users = tonumber(ARGV[at])
 hset_pairs(KEYS[5], at + 1, at + 2 * users)
 at = at + 2 * users + 1
@@ -56,4 +66,7 @@ hset_pairs(KEYS[8], at, #ARGV)
 
 -- Every restored result counts as admitted and decided, so none is queued.
 redis.call('HSET', KEYS[4], 'sold', ARGV[8], 'admitted', results, 'fin:success', results)
+for i = 1, #KEYS do
+  redis.call('EXPIREAT', KEYS[i], ARGV[9])
+end
 return 1

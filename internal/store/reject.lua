@@ -4,11 +4,15 @@
 --
 -- KEYS[1] results   hash request id -> "status|qty|order_id|reason|user"
 -- KEYS[2] counters  hash: admitted, fin:<status>
+-- KEYS[3] meta      hash: expire_at (rebuild.lua), the lifetime of what this call creates
+-- KEYS[4] unknown   sorted set (unknown.lua): the worker has seen the
+--                   request, so sweep.lua must leave it alone
 -- ARGV[1] request id
 -- ARGV[2] rejected result value
 --
 -- Reply: the stored value after the call (the earlier final one, or ARGV[2])
 
+redis.call('ZREM', KEYS[4], ARGV[1])
 local stored = redis.call('HGET', KEYS[1], ARGV[1])
 if stored and string.sub(stored, 1, 7) ~= 'queued|' then
   return stored
@@ -20,4 +24,10 @@ if not stored then
   redis.call('HINCRBY', KEYS[2], 'admitted', 1)
 end
 redis.call('HINCRBY', KEYS[2], 'fin:rejected', 1)
+-- The results hash may be new: it expires with the campaign's other keys
+-- (counters, like meta, exists from the load on).
+local expire_at = redis.call('HGET', KEYS[3], 'expire_at')
+if expire_at then
+  redis.call('EXPIREAT', KEYS[1], expire_at)
+end
 return ARGV[2]

@@ -37,7 +37,7 @@ func TestReject(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, s *Store) {
-				c := newCampaign(5, 1)
+				c := newCampaign(t, 5, 1)
 				mustLoad(t, s, c)
 				d := model.Deduction{RequestID: newRequestID(c.ID), UserID: "u1", Quantity: 1, OrderID: "o1"}
 				tc.prior(t, s, c, d)
@@ -63,7 +63,7 @@ func TestReject(t *testing.T) {
 
 func TestDeductRejectsBadQuantity(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		c := newCampaign(5, 10)
+		c := newCampaign(t, 5, 10)
 		mustLoad(t, s, c)
 		reply := mustDeduct(t, s, c.ID, []model.Deduction{
 			{RequestID: newRequestID(c.ID), UserID: "u1", Quantity: 0, OrderID: "o1"},

@@ -8,7 +8,7 @@
 -- KEYS[2] users     hash user id -> units bought
 -- KEYS[3] soldout   flag, set while nothing remains
 -- KEYS[4] counters  hash: sold
--- KEYS[5] meta      hash: stock, limit, start_ms, end_ms
+-- KEYS[5] meta      hash: stock, limit, start_ms, end_ms, expire_at (rebuild.lua)
 -- KEYS[6] released  hash order id -> units released
 -- ARGV[1] order id, ARGV[2] user id, ARGV[3] units (>= 1)
 --
@@ -20,13 +20,18 @@
 -- adds only up to it. The buyer's units and the sold counter never fall
 -- below zero.
 
-local stock = redis.call('HGET', KEYS[5], 'stock')
+local meta = redis.call('HMGET', KEYS[5], 'stock', 'expire_at')
+local stock = meta[1]
 local remaining = redis.call('GET', KEYS[1])
 if not stock or not remaining then
   return -1
 end
 if redis.call('HSETNX', KEYS[6], ARGV[1], ARGV[3]) == 0 then
   return 0
+end
+-- The released hash may be new: it expires with the campaign's other keys.
+if meta[2] then
+  redis.call('EXPIREAT', KEYS[6], meta[2])
 end
 local units = tonumber(ARGV[3])
 local back = math.min(units, tonumber(stock) - tonumber(remaining))

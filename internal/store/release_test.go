@@ -43,7 +43,7 @@ func campaignState(t *testing.T, s *Store, campaignID string) map[string]string 
 // sell deducts one order of units for user and returns its order id.
 func sell(t *testing.T, s *Store, campaignID, user string, units int64) string {
 	t.Helper()
-	oid := testenv.UniqueName("o")
+	oid := testenv.Name(t, "o")
 	r := mustDeduct(t, s, campaignID, []model.Deduction{{RequestID: newRequestID(campaignID), UserID: user, Quantity: units, OrderID: oid}})
 	if r.Results[0].Status != model.StatusSuccess {
 		t.Fatalf("sell %d to %s: got %s, want success", units, user, r.Results[0].Status)
@@ -65,7 +65,7 @@ func mustRelease(t *testing.T, s *Store, campaignID, orderID, userID string, uni
 func TestRelease(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		t.Run("released", func(t *testing.T) {
-			c := newCampaign(3, 3)
+			c := newCampaign(t, 3, 3)
 			mustLoad(t, s, c)
 			o1 := sell(t, s, c.ID, "alice", 2)
 			sell(t, s, c.ID, "alice", 1)
@@ -94,7 +94,7 @@ func TestRelease(t *testing.T) {
 			}
 		})
 		t.Run("last units of a buyer", func(t *testing.T) {
-			c := newCampaign(5, 2)
+			c := newCampaign(t, 5, 2)
 			mustLoad(t, s, c)
 			o := sell(t, s, c.ID, "bob", 2)
 			mustRelease(t, s, c.ID, o, "bob", 2)
@@ -106,7 +106,7 @@ func TestRelease(t *testing.T) {
 			// An order Redis never deducted (decided under an earlier
 			// load): remaining stops at the stock, the buyer's units and
 			// the sold counter at zero.
-			c := newCampaign(4, 2)
+			c := newCampaign(t, 4, 2)
 			mustLoad(t, s, c)
 			o := sell(t, s, c.ID, "carol", 1)
 			if !mustRelease(t, s, c.ID, "o-before-reload", "dave", 3) {
@@ -122,7 +122,7 @@ func TestRelease(t *testing.T) {
 			}
 		})
 		t.Run("not loaded", func(t *testing.T) {
-			c := newCampaign(4, 2)
+			c := newCampaign(t, 4, 2)
 			for range 2 {
 				ok, err := s.Release(t.Context(), c.ID, "o1", "erin", 1)
 				if ok || !errors.Is(err, model.ErrNotLoaded) {
@@ -134,7 +134,7 @@ func TestRelease(t *testing.T) {
 			}
 		})
 		t.Run("no units", func(t *testing.T) {
-			c := newCampaign(4, 2)
+			c := newCampaign(t, 4, 2)
 			mustLoad(t, s, c)
 			before := campaignState(t, s, c.ID)
 			var inv *model.InvalidError
@@ -180,7 +180,7 @@ func TestReleaseRace(t *testing.T) {
 	)
 	s := New(testenv.Redis(t))
 	ctx := t.Context()
-	c := newCampaign(stock, 10)
+	c := newCampaign(t, stock, 10)
 	mustLoad(t, s, c)
 
 	seed := uint64(time.Now().UnixNano())
@@ -195,7 +195,7 @@ func TestReleaseRace(t *testing.T) {
 	for left := int64(stock); left > 0; {
 		units := min(int64(1+rng.IntN(3)), left)
 		user := fmt.Sprintf("u%02d", rng.IntN(40))
-		r := mustDeduct(t, s, c.ID, []model.Deduction{{RequestID: newRequestID(c.ID), UserID: user, Quantity: units, OrderID: testenv.UniqueName("o")}})
+		r := mustDeduct(t, s, c.ID, []model.Deduction{{RequestID: newRequestID(c.ID), UserID: user, Quantity: units, OrderID: testenv.Name(t, "o")}})
 		if r.Results[0].Status != model.StatusSuccess {
 			continue // this user reached the limit
 		}

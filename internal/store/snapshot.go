@@ -21,6 +21,11 @@ func (s *Store) Snapshot(ctx context.Context, campaignID string) (model.Snapshot
 		return model.Snapshot{}, fmt.Errorf("snapshot %s: %w", campaignID, err)
 	}
 	if meta[0] == nil {
+		// Leftovers of a campaign not loaded (rate-limit state) may still
+		// have counted admissions: Remove checks against this count.
+		if snap.Admitted, err = s.rdb.HGet(ctx, k.counters, "admitted").Int64(); err != nil && !errors.Is(err, redis.Nil) {
+			return model.Snapshot{}, fmt.Errorf("snapshot %s: admitted: %w", campaignID, err)
+		}
 		return snap, nil
 	}
 	snap.Loaded = true
@@ -38,8 +43,17 @@ func (s *Store) Snapshot(ctx context.Context, campaignID string) (model.Snapshot
 	if snap.Remaining, err = s.rdb.Get(ctx, k.stock).Int64(); err != nil && !errors.Is(err, redis.Nil) {
 		return model.Snapshot{}, fmt.Errorf("snapshot %s: remaining: %w", campaignID, err)
 	}
-	if snap.Sold, err = s.rdb.HGet(ctx, k.counters, "sold").Int64(); err != nil && !errors.Is(err, redis.Nil) {
-		return model.Snapshot{}, fmt.Errorf("snapshot %s: sold: %w", campaignID, err)
+	counters, err := s.rdb.HMGet(ctx, k.counters, "sold", "admitted").Result()
+	if err != nil {
+		return model.Snapshot{}, fmt.Errorf("snapshot %s: counters: %w", campaignID, err)
+	}
+	for i, n := range []*int64{&snap.Sold, &snap.Admitted} {
+		if counters[i] == nil {
+			continue
+		}
+		if *n, err = parseInt(counters[i]); err != nil {
+			return model.Snapshot{}, fmt.Errorf("snapshot %s: counter %d: %w", campaignID, i, err)
+		}
 	}
 	n, err := s.rdb.Exists(ctx, k.soldout).Result()
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -37,6 +38,14 @@ var (
 	rejectSource string
 	//go:embed release.lua
 	releaseSource string
+	//go:embed unknown.lua
+	unknownSource string
+	//go:embed sweep.lua
+	sweepSource string
+	//go:embed endearly.lua
+	endEarlySource string
+	//go:embed remove.lua
+	removeSource string
 )
 
 // Store runs flashsale's Redis operations on a client, ring or cluster.
@@ -49,11 +58,32 @@ type Store struct {
 	reject   *redis.Script
 	admit    *redis.Script
 	release  *redis.Script
+	unknown  *redis.Script
+	sweep    *redis.Script
+	endEarly *redis.Script
+	remove   *redis.Script
+
+	// retention is how long a campaign's keys outlive its sale (expireAt).
+	retention time.Duration
+}
+
+// DefaultKeyRetention is how long a campaign's keys outlive its sale (its
+// end and the payment window after it) unless WithKeyRetention says
+// otherwise: a week to read results, reconcile and investigate.
+const DefaultKeyRetention = 7 * 24 * time.Hour
+
+// An Option configures a Store.
+type Option func(*Store)
+
+// WithKeyRetention sets how long a campaign's keys outlive its sale (see
+// Rebuild); d must be positive.
+func WithKeyRetention(d time.Duration) Option {
+	return func(s *Store) { s.retention = d }
 }
 
 // New returns a Store on rdb.
-func New(rdb redis.UniversalClient) *Store {
-	return &Store{
+func New(rdb redis.UniversalClient, opts ...Option) *Store {
+	s := &Store{
 		rdb:      rdb,
 		deduct:   redis.NewScript(deductSource),
 		withdraw: redis.NewScript(withdrawSource),
@@ -62,13 +92,22 @@ func New(rdb redis.UniversalClient) *Store {
 		reject:   redis.NewScript(rejectSource),
 		admit:    redis.NewScript(admitSource),
 		release:  redis.NewScript(releaseSource),
+		unknown:  redis.NewScript(unknownSource),
+		sweep:    redis.NewScript(sweepSource),
+		endEarly: redis.NewScript(endEarlySource),
+		remove:   redis.NewScript(removeSource),
 	}
+	s.retention = DefaultKeyRetention
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // keys of one campaign; all share the hash tag {id}.
 type keys struct {
 	meta, stock, soldout, counters, users, results, idem string
-	released                                             string
+	released, unknown                                    string
 	campaignLimit, userLimits, ipLimits                  string
 }
 
@@ -84,11 +123,37 @@ func campaignKeys(id string) keys {
 		idem:     p + "idem",
 		// Order ids whose units went back on sale (see release.lua).
 		released: p + "released",
+		// Requests whose publish outcome was unknown (see unknown.go).
+		unknown: p + "unknown",
 		// Rate-limit state (see admit.lua).
 		campaignLimit: p + "rl:all",
 		userLimits:    p + "rl:users",
 		ipLimits:      p + "rl:ips",
 	}
+}
+
+// unavailable marks an error that says Redis cannot answer now as
+// model.ErrUnavailable (503, worth a retry): no reply at all (refused,
+// reset, timed out, the caller's deadline) or a server that is loading,
+// failing over or read-only. Any other reply error (a wrong type, a script
+// bug) stays an internal error.
+func unavailable(err error) error {
+	var reply redis.Error
+	if errors.As(err, &reply) && !transientReply(reply.Error()) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", model.ErrUnavailable, err)
+}
+
+// transientReply reports whether a Redis error reply says the server
+// cannot serve the command for now.
+func transientReply(msg string) bool {
+	for _, prefix := range []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY"} {
+		if strings.HasPrefix(msg, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // Ping checks that Redis answers.
@@ -100,9 +165,11 @@ func (s *Store) Ping(ctx context.Context) error {
 }
 
 // Deduct decides a batch of one campaign's requests in one atomic script
-// call, under the epoch the reply names. It decides nothing and changes
-// nothing when the campaign is not loaded (model.ErrNotLoaded) or paused
-// (model.ErrPaused): the caller holds the batch until it is back.
+// call, under the epoch the reply names. It decides nothing when the
+// campaign is not loaded (model.ErrNotLoaded) or paused (model.ErrPaused):
+// the caller holds the batch until it is back. Either way, unless the
+// campaign is not loaded, the batch's requests are no longer ones the sweep
+// of unknown publishes may reject (SweepUnknown): a worker has seen them.
 func (s *Store) Deduct(ctx context.Context, campaignID string, batch []model.Deduction) (model.DeductReply, error) {
 	if len(batch) == 0 {
 		return model.DeductReply{}, nil
@@ -114,7 +181,7 @@ func (s *Store) Deduct(ctx context.Context, campaignID string, batch []model.Ded
 		args = append(args, d.RequestID, d.UserID, d.Quantity, d.OrderID)
 	}
 	reply, err := s.deduct.Run(ctx, s.rdb,
-		[]string{k.stock, k.users, k.results, k.soldout, k.counters, k.meta}, args...).Slice()
+		[]string{k.stock, k.users, k.results, k.soldout, k.counters, k.meta, k.unknown}, args...).Slice()
 	if err != nil {
 		return model.DeductReply{}, fmt.Errorf("deduct %s (%d requests): %w", campaignID, len(batch), err)
 	}
@@ -172,7 +239,8 @@ func parseDeductReply(campaignID string, batch []model.Deduction, reply []any) (
 
 // encodeStored is the compact form kept in the results hash; the Lua scripts
 // read and write the same "status|qty|order_id|reason|user" layout. The user id
-// goes last because it is the only field that may grow.
+// goes last, read as the rest after the fourth '|', because it is the only
+// field that may hold '|' (any JWT subject, model.CheckUserID) or grow.
 func encodeStored(r model.Result) string {
 	return string(r.Status) + "|" + strconv.FormatInt(r.Quantity, 10) + "|" + r.OrderID + "|" + r.Reason + "|" + r.UserID
 }
@@ -228,7 +296,7 @@ func (s *Store) Stats(ctx context.Context, campaignID string) (model.Stats, erro
 	flag := pipe.Exists(ctx, k.soldout)
 	counters := pipe.HGetAll(ctx, k.counters)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return model.Stats{}, fmt.Errorf("stats %s: %w", campaignID, err)
+		return model.Stats{}, fmt.Errorf("stats %s: %w", campaignID, unavailable(err))
 	}
 	st := model.Stats{FinishedByStatus: map[model.Status]int64{}}
 	for _, s := range model.FinalStatuses {
@@ -264,26 +332,42 @@ func (s *Store) Stats(ctx context.Context, campaignID string) (model.Stats, erro
 }
 
 // Reject gives a request a final rejected result with reason, unless it
-// already has a final result, and returns the result that stands.
+// already has a final result, and returns the result that stands. The
+// request is no longer one the sweep of unknown publishes may reject.
 func (s *Store) Reject(ctx context.Context, d model.Deduction, campaignID, reason string) (model.Result, error) {
 	k := campaignKeys(campaignID)
 	v := encodeStored(model.Result{Status: model.StatusRejected, Quantity: d.Quantity, Reason: reason, UserID: d.UserID})
-	stored, err := s.reject.Run(ctx, s.rdb, []string{k.results, k.counters}, d.RequestID, v).Text()
+	stored, err := s.reject.Run(ctx, s.rdb, []string{k.results, k.counters, k.meta, k.unknown}, d.RequestID, v).Text()
 	if err != nil {
 		return model.Result{}, fmt.Errorf("reject %s: %w", d.RequestID, err)
 	}
 	return decodeStored(d.RequestID, campaignID, stored)
 }
 
-// IdempotentRequest returns the request id a shopper's Idempotency-Key
-// already names in a campaign, if any.
-func (s *Store) IdempotentRequest(ctx context.Context, campaignID, userID, key string) (string, bool, error) {
-	rid, err := s.rdb.HGet(ctx, campaignKeys(campaignID).idem, idemField(userID, key)).Result()
+// IdempotentRequest answers a's Idempotency-Key as Admit would, without
+// admitting anything: ok is false when the key names no request; otherwise
+// the reply is AdmitExisting with the earlier request's result as it
+// stands, or AdmitKeyReused when a's body differs from that request's.
+// A key that names a request costs a second round trip, one that names
+// nothing one.
+func (s *Store) IdempotentRequest(ctx context.Context, a model.AdmitRequest) (model.AdmitReply, bool, error) {
+	v, err := s.rdb.HGet(ctx, campaignKeys(a.CampaignID).idem, idemField(a.UserID, a.IdempotencyKey)).Result()
 	if errors.Is(err, redis.Nil) {
-		return "", false, nil
+		return model.AdmitReply{}, false, nil
 	}
 	if err != nil {
-		return "", false, fmt.Errorf("idempotency key of %s in %s: %w: %v", userID, campaignID, model.ErrUnavailable, err)
+		return model.AdmitReply{}, false, fmt.Errorf("idempotency key of %s in %s: %w: %v", a.UserID, a.CampaignID, model.ErrUnavailable, err)
 	}
-	return rid, true, nil
+	rid, fp, hasFP := parseIdemValue(v)
+	r, err := s.Result(ctx, rid)
+	if errors.Is(err, model.ErrNotFound) {
+		return model.AdmitReply{}, false, nil // names nothing, as admit.lua treats it
+	}
+	if err != nil {
+		return model.AdmitReply{}, false, fmt.Errorf("idempotency key of %s in %s: %w", a.UserID, a.CampaignID, err)
+	}
+	if hasFP && fp != fingerprint(a) {
+		return model.AdmitReply{Code: model.AdmitKeyReused}, true, nil
+	}
+	return model.AdmitReply{Code: model.AdmitExisting, RequestID: rid, Result: r}, true, nil
 }

@@ -15,7 +15,7 @@ import (
 func benchStore(b *testing.B) (*Store, model.Campaign) {
 	b.Helper()
 	s := New(testenv.Redis(b))
-	c := model.Campaign{ID: testenv.UniqueName("bench"), Name: "bench", Stock: model.MaxStock, PerUserLimit: model.MaxQuantity,
+	c := model.Campaign{ID: testenv.Name(b, "bench"), Name: "bench", Stock: model.MaxStock, PerUserLimit: model.MaxQuantity,
 		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}
 	if _, err := s.Rebuild(b.Context(), c, nil); err != nil {
 		b.Fatalf("load: %v", err)

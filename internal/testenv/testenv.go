@@ -3,6 +3,12 @@
 // FLASHSALE_TEST_MYSQL_DSN. When one is unset or unreachable a test is skipped
 // with the reason on a laptop, and fails under CI=true: a CI run must never
 // pass by skipping its integration tests.
+//
+// Tests clean up what they create: MySQLDSN drops its database, and every
+// Redis key a test writes carries a name from Name (or Topic), whose keys
+// are deleted when the test ends. Main, a package's TestMain, proves it:
+// after the tests it fails the package if the test Redis still holds a key
+// carrying any name this process handed out.
 package testenv
 
 import (
@@ -12,23 +18,29 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
 )
 
-// Env variables read by this package.
+// Env variables read by this package. They all start with FLASHSALE_TEST_,
+// which the config leaves alone (config.TestEnvPrefix): any other FLASHSALE_
+// variable must name a config key, and child processes of the tests inherit
+// these.
 const (
 	RedisAddrEnv = "FLASHSALE_TEST_REDIS_ADDR"
 	MySQLDSNEnv  = "FLASHSALE_TEST_MYSQL_DSN"
-	// SoakEnv scales the fault tests: FLASHSALE_SOAK=10 runs each sale ten
-	// times as long, with ten times the faults. Unset or 1: the short CI
+	// SoakEnv scales the fault tests: FLASHSALE_TEST_SOAK=10 runs each sale
+	// ten times as long, with ten times the faults. Unset or 1: the short CI
 	// versions.
-	SoakEnv = "FLASHSALE_SOAK"
+	SoakEnv = "FLASHSALE_TEST_SOAK"
 )
 
 // Soak returns the fault tests' scale factor (at least 1).
@@ -53,11 +65,144 @@ func unavailable(t testing.TB, format string, args ...any) {
 	t.Skip(msg)
 }
 
-// UniqueName returns prefix plus random hex, for keys and database names.
+// issued is every name UniqueName handed out in this process, for Main's
+// check. It is package state because it must span the package's tests.
+var issued struct {
+	sync.Mutex
+	names []string
+}
+
+// UniqueName returns prefix plus random hex, for database names and other
+// names that reach no Redis key; a name a Redis key will carry comes from
+// Name, which deletes the keys. Main fails the package if any name from
+// either is still in a key after the tests.
 func UniqueName(prefix string) string {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
-	return prefix + hex.EncodeToString(b)
+	name := prefix + hex.EncodeToString(b)
+	issued.Lock()
+	issued.names = append(issued.names, name)
+	issued.Unlock()
+	return name
+}
+
+// Name returns a UniqueName for a campaign id, a topic or anything else that
+// ends up in Redis keys, and at t's cleanup deletes every key of the test
+// Redis whose name contains it, in any case (a test may upper-case an id to
+// make another one). Call it before starting what writes the
+// keys (a system, a child process): cleanups run last-registered first, so
+// the keys go after the writers have stopped.
+func Name(t testing.TB, prefix string) string {
+	t.Helper()
+	name := UniqueName(prefix)
+	t.Cleanup(func() {
+		addr := os.Getenv(RedisAddrEnv)
+		if addr == "" {
+			return // nothing was written: the test was skipped or failed on it
+		}
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if c.Ping(ctx).Err() != nil {
+			return // unreachable: the test was skipped (or failed) for it
+		}
+		keys, err := scan(ctx, c, "*"+globFold(name)+"*")
+		if err == nil {
+			err = del(ctx, c, keys)
+		}
+		if err != nil {
+			t.Errorf("delete the Redis keys of %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+// scan returns the keys matching the glob pattern.
+func scan(ctx context.Context, c *redis.Client, pattern string) ([]string, error) {
+	var keys []string
+	iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	return keys, iter.Err()
+}
+
+// del deletes keys one by one: on a cluster they live in different slots.
+func del(ctx context.Context, c *redis.Client, keys []string) error {
+	for _, k := range keys {
+		if err := c.Del(ctx, k).Err(); err != nil {
+			return fmt.Errorf("del %s: %w", k, err)
+		}
+	}
+	return nil
+}
+
+// globFold is a SCAN MATCH pattern for s in any case: letters become a
+// class of both cases, the characters MATCH treats as a pattern are quoted.
+func globFold(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch lower, upper := unicode.ToLower(r), unicode.ToUpper(r); {
+		case lower != upper:
+			b.WriteString("[" + string(lower) + string(upper) + "]")
+		case strings.ContainsRune(`\*?[]^`, r):
+			b.WriteString(`\` + string(r))
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// Main runs a package's tests (call it from TestMain) and then checks that
+// they left no Redis key behind: a key carrying a name from UniqueName or
+// Name means a test wrote under a name nothing deletes. Such keys are listed,
+// deleted, and the package fails. Without a test Redis there is nothing to
+// check.
+func Main(m *testing.M) {
+	code := m.Run()
+	if err := checkLeftKeys(); err != nil {
+		fmt.Fprintln(os.Stderr, "testenv:", err)
+		code = max(code, 1)
+	}
+	os.Exit(code)
+}
+
+// checkLeftKeys is Main's check.
+func checkLeftKeys() error {
+	addr := os.Getenv(RedisAddrEnv)
+	issued.Lock()
+	names := slices.Clone(issued.names)
+	issued.Unlock()
+	if addr == "" || len(names) == 0 {
+		return nil
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	all, err := scan(ctx, c, "*")
+	if err != nil {
+		return fmt.Errorf("scan the test Redis for keys left behind: %w", err)
+	}
+	for i, n := range names {
+		names[i] = strings.ToLower(n)
+	}
+	var left []string
+	for _, k := range all {
+		lower := strings.ToLower(k)
+		if slices.ContainsFunc(names, func(n string) bool { return strings.Contains(lower, n) }) {
+			left = append(left, k)
+		}
+	}
+	if len(left) == 0 {
+		return nil
+	}
+	slices.Sort(left)
+	_ = del(ctx, c, left)
+	return fmt.Errorf("the tests left %d Redis keys behind (now deleted); name what writes them with testenv.Name: %s",
+		len(left), strings.Join(left[:min(len(left), 20)], " "))
 }
 
 // Redis returns a client for the test Redis. Tests share the server, so each
@@ -130,9 +275,10 @@ func MySQLDSN(t testing.TB) string {
 	return cfg.FormatDSN()
 }
 
-// Topic returns a unique queue topic name for one test.
+// Topic returns a unique queue topic name for one test, a Name: its keys
+// are deleted when the test ends.
 func Topic(t testing.TB) string {
-	return UniqueName("t_" + strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())[:min(20, len(t.Name()))] + "_")
+	return Name(t, "t_"+strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())[:min(20, len(t.Name()))]+"_")
 }
 
 // Eventually polls cond until it reports done, failing the test after

@@ -13,6 +13,10 @@
 // encoding/json, so every input decodes exactly as encoding/json decodes it
 // and every output is byte for byte what json.Marshal writes.
 //
+// CheckKeys closes what encoding/json leaves open in those fallbacks and in
+// every strict decoder of a request: repeated keys and keys that match a
+// field only when case is ignored.
+//
 // wire depends on the standard library only and does not import model (model
 // imports it).
 package wire

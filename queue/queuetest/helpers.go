@@ -2,8 +2,6 @@ package queuetest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
@@ -14,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/queue"
 )
 
@@ -38,9 +37,9 @@ func newTopic(t *testing.T) string {
 		}
 		return '_'
 	}, name)
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return "qt_" + name[:min(len(name), 24)] + "_" + hex.EncodeToString(b)
+	// A UniqueName, so that a driver's keys left in the test Redis fail
+	// the package (testenv.Main); the driver's test harness deletes them.
+	return testenv.UniqueName("qt_" + name[:min(len(name), 24)] + "_")
 }
 
 // newMsg returns the message with sequence number seq for key. IDs are unique

@@ -76,12 +76,20 @@ func (c *Consumer) ConsumePipelined(ctx context.Context, topic string, h queue.P
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
+	// Subscribed before the announcement, so the answers to it (partitions
+	// shed for this run) are heard.
+	sub := r.q.rdb.Subscribe(gctx, handoverChannel(topic))
+	g.Go(func() error { return r.watchHandovers(gctx, sub) })
+	r.announce(gctx)
 	g.Go(func() error { return r.keepMembership(gctx) })
 	g.Go(func() error { return r.moveLoop(gctx) })
 	for p := range r.opts.Partitions {
 		g.Go(func() error { return r.partitionLoop(gctx, p) })
 	}
-	if err := g.Wait(); err != nil {
+	err := g.Wait()
+	// Deregistered and every lease freed: the others take over now.
+	r.announce(context.WithoutCancel(ctx))
+	if err != nil {
 		return fmt.Errorf("consume %s: %w", topic, err)
 	}
 	return nil
@@ -99,6 +107,35 @@ type run struct {
 
 	members atomic.Int64 // live consumers of the topic, from the last heartbeat
 	held    atomic.Int64 // partitions this run holds or is acquiring
+	// wake ends the partition loops' idle waits after a handover;
+	// unreserved those of the loops refused a reservation, when a
+	// reservation is given back after a failed attempt.
+	wake, unreserved wakeup
+}
+
+// wakeup wakes every goroutine waiting on it at once.
+type wakeup struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// wait returns a channel closed at the next broadcast.
+func (w *wakeup) wait() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch == nil {
+		w.ch = make(chan struct{})
+	}
+	return w.ch
+}
+
+func (w *wakeup) broadcast() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch != nil {
+		close(w.ch)
+		w.ch = nil
+	}
 }
 
 // errShed ends holding a partition given up to balance the load.
@@ -145,19 +182,37 @@ func (r *run) retryDelay() time.Duration {
 	return d - d/5 + rand.N(2*d/5+1)
 }
 
+// idle waits d, or until woken or unreserved (nil: not waited on) is
+// closed: channels the caller took from r.wake and r.unreserved before it
+// looked at the partition, so no signal in between is missed.
+func idle(ctx context.Context, d time.Duration, woken, unreserved <-chan struct{}) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-woken:
+	case <-unreserved:
+	case <-t.C:
+	}
+}
+
 // partitionLoop competes for partition p's lease and reads it while held,
 // until ctx is done.
 func (r *run) partitionLoop(ctx context.Context, p int) error {
 	log := r.log.With("partition", p)
 	failures := 0
 	for ctx.Err() == nil {
+		woken, unreserved := r.wake.wait(), r.unreserved.wait()
 		if !r.reserve() {
-			sleep(ctx, r.retryDelay())
+			// The share may be taken by attempts on partitions still
+			// held elsewhere: look again when one of them gives up.
+			idle(ctx, r.retryDelay(), woken, unreserved)
 			continue
 		}
 		l, err := acquireLease(ctx, r.q.rdb, r.q.scripts, r.topic, p, r.owner, r.opts.LeaseTTL)
 		if err != nil || l == nil {
 			r.held.Add(-1)
+			r.unreserved.broadcast()
 			if err != nil {
 				if isFatal(err) {
 					return err
@@ -170,10 +225,12 @@ func (r *run) partitionLoop(ctx context.Context, p int) error {
 				continue
 			}
 			failures = 0
-			sleep(ctx, r.retryDelay())
+			idle(ctx, r.retryDelay(), woken, nil)
 			continue
 		}
 		failures = 0
+		log.Info("partition lease acquired", "lease", l.value)
+		r.observe(p, queue.PartitionAcquired)
 		err = r.hold(ctx, p, l, log)
 		if !errors.Is(err, errShed) {
 			r.held.Add(-1)
@@ -206,7 +263,7 @@ func (r *run) hold(ctx context.Context, p int, l *lease, log *slog.Logger) error
 	defer func() {
 		stopRenew()
 		wg.Wait()
-		r.leave(ctx, stream, l, log)
+		r.leave(ctx, p, stream, l, log)
 	}()
 
 	pl := &pipeline{}
@@ -330,8 +387,10 @@ func (r *run) keepLease(ctx context.Context, l *lease, log *slog.Logger) {
 
 // leave gives up the partition: it deletes this run's consumer from the group
 // when it owns no pending entries (so restarts do not pile up consumers) and
-// releases the lease. It runs after ctx may have been cancelled.
-func (r *run) leave(ctx context.Context, stream string, l *lease, log *slog.Logger) {
+// releases the lease, then reports whether it freed the lease or had lost it.
+// It runs after ctx may have been cancelled.
+func (r *run) leave(ctx context.Context, p int, stream string, l *lease, log *slog.Logger) {
+	running := ctx.Err() == nil
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 	defer cancel()
 	// Only while the lease is held: nobody else can then hand entries to
@@ -348,8 +407,67 @@ func (r *run) leave(ctx context.Context, stream string, l *lease, log *slog.Logg
 			log.Warn("remove consumer from group", "err", err)
 		}
 	}
-	if _, err := releaseLease(ctx, r.q.rdb, r.q.scripts, l); err != nil && !isFatal(err) {
+	released, err := releaseLease(ctx, r.q.rdb, r.q.scripts, l)
+	if err != nil && !isFatal(err) {
 		log.Warn("release lease", "err", err)
+	}
+	held := time.Since(l.acquired).Round(time.Millisecond)
+	if !released {
+		// Expired (a stall, a Redis outage) or taken: another consumer may
+		// have redelivered what this one was handling.
+		log.Warn("partition lease lost", "lease", l.value, "held_for", held)
+		r.observe(p, queue.PartitionLost)
+		return
+	}
+	log.Info("partition lease released", "lease", l.value, "held_for", held)
+	r.observe(p, queue.PartitionReleased)
+	if running {
+		// Shed for balance: the consumer it was shed for takes it now. A
+		// stopping run announces once, when all its leases are free.
+		r.announce(ctx)
+	}
+}
+
+// observe reports a lease event of partition p to the Observer, if any.
+func (r *run) observe(p int, event string) {
+	if r.opts.Observer != nil {
+		r.opts.Observer.PartitionEvent(r.topic, p, event)
+	}
+}
+
+// announce tells the topic's other consumers that the membership changed or
+// partitions are free (handoverChannel).
+func (r *run) announce(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	if err := r.q.rdb.Publish(ctx, handoverChannel(r.topic), r.owner).Err(); err != nil && !isFatal(err) && ctx.Err() == nil {
+		r.log.Warn("announce handover", "err", err)
+	}
+}
+
+// watchHandovers counts the members again and wakes the idle partition
+// loops whenever another consumer of the topic announces a change. Until
+// it does, the loops find out on their own, within a heartbeat and a lease
+// attempt.
+func (r *run) watchHandovers(ctx context.Context, sub *redis.PubSub) error {
+	defer sub.Close()
+	msgs := sub.Channel()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m, ok := <-msgs:
+			if !ok {
+				return nil
+			}
+			if m.Payload == r.owner {
+				continue
+			}
+		}
+		if err := r.heartbeat(ctx); err != nil && ctx.Err() == nil && !isFatal(err) {
+			r.log.Warn("heartbeat after a handover", "err", err)
+		}
+		r.wake.broadcast()
 	}
 }
 

@@ -93,6 +93,8 @@ func TestLeaseLost(t *testing.T) {
 			opts.Partitions = 1
 			lostLogged := make(chan struct{})
 			opts.Logger = slog.New(&watchHandler{Handler: opts.Logger.Handler(), substr: "lease lost", seen: sync.OnceFunc(func() { close(lostLogged) })})
+			var leases events
+			opts.Observer = &leases
 			q := New(rdb, opts)
 			topic := testenv.Topic(t)
 			lk := leaseKey(topic, 0)
@@ -152,6 +154,10 @@ func TestLeaseLost(t *testing.T) {
 			}
 			if msgs, _ := c.snapshot(); msgs[0].ID != "m1" || msgs[0].Attempt != 1 {
 				t.Errorf("got message %s attempt %d, want m1 attempt 1 (never delivered while fenced out)", msgs[0].ID, msgs[0].Attempt)
+			}
+			// Taken, lost to the other tenure, taken again: each counted.
+			if a, l := leases.count(queue.PartitionAcquired), leases.count(queue.PartitionLost); a != 2 || l != 1 {
+				t.Errorf("lease events: got %d acquired and %d lost (%v), want 2 and 1", a, l, leases.log)
 			}
 		})
 	}

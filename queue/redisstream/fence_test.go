@@ -31,7 +31,7 @@ const (
 func newPartition(t *testing.T, rdb *redis.Client, n int, holder string) *partition {
 	t.Helper()
 	ctx := context.Background()
-	topic := testenv.UniqueName("fence_")
+	topic := testenv.Name(t, "fence_")
 	p := &partition{rdb: rdb, stream: streamKey(topic, 0)}
 	lk := leaseKey(topic, 0)
 	t.Cleanup(func() { rdb.Del(context.Background(), p.stream, lk) })

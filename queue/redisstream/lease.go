@@ -54,9 +54,10 @@ var errLeaseLost = errors.New("partition lease lost")
 // the latest, counted from before the command that set it was sent, so the
 // holder stops believing in its lease no later than Redis forgets it.
 type lease struct {
-	key   string
-	value string // "<owner>#<token>", this tenure's
-	ttl   time.Duration
+	key      string
+	value    string // "<owner>#<token>", this tenure's
+	ttl      time.Duration
+	acquired time.Time
 
 	mu       sync.Mutex
 	deadline time.Time
@@ -102,7 +103,7 @@ func acquireLease(ctx context.Context, rdb redis.UniversalClient, s leaseScripts
 	if !ok {
 		return nil, fmt.Errorf("acquire lease %s: unexpected reply %v (%T)", key, v, v)
 	}
-	return &lease{key: key, value: value, ttl: ttl, deadline: start.Add(ttl)}, nil
+	return &lease{key: key, value: value, ttl: ttl, acquired: start, deadline: start.Add(ttl)}, nil
 }
 
 // renewLease extends l by its TTL. It reports false if l is no longer held.

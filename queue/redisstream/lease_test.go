@@ -27,7 +27,7 @@ func TestLeaseScripts(t *testing.T) {
 			const ttl = 5 * time.Second
 
 			t.Run("acquire", func(t *testing.T) {
-				topic := testenv.UniqueName("lease_")
+				topic := testenv.Name(t, "lease_")
 				key := leaseKey(topic, 0)
 				t.Cleanup(func() { rdb.Del(context.Background(), key, fenceKey(topic, 0)) })
 				var values []string
@@ -76,7 +76,7 @@ func TestLeaseScripts(t *testing.T) {
 			}
 			for _, tc := range tests {
 				t.Run(tc.name, func(t *testing.T) {
-					key := leaseKey(testenv.UniqueName("lease_"), 0)
+					key := leaseKey(testenv.Name(t, "lease_"), 0)
 					t.Cleanup(func() { rdb.Del(context.Background(), key) })
 					if tc.holder != "" {
 						if err := rdb.Set(ctx, key, tc.holder, ttl).Err(); err != nil {
@@ -118,7 +118,7 @@ func TestLeaseRace(t *testing.T) {
 			rdb := srv.dial(t)(t)
 			s := newLeaseScripts()
 			ctx := context.Background()
-			topic := testenv.UniqueName("race_")
+			topic := testenv.Name(t, "race_")
 			key, stream := leaseKey(topic, 0), streamKey(topic, 0)
 			t.Cleanup(func() { rdb.Del(context.Background(), key, fenceKey(topic, 0), stream) })
 			if err := rdb.XGroupCreateMkStream(ctx, stream, DefaultGroup, "0").Err(); err != nil {

@@ -15,7 +15,12 @@
 // consumer left unacknowledged come back before anything newer; then it reads
 // new entries with XREADGROUP. Consumers of a topic register in
 // fsq:{<topic>}:members and hold at most their fair share of partitions, so
-// adding worker processes spreads the partitions over them.
+// adding worker processes spreads the partitions over them. A consumer that
+// joins, or frees partitions (a stop, a share shed for balance), announces
+// it on fsq:{<topic>}:handover, and the others count the members again and
+// try the free partitions at once: a rolling restart hands its partitions
+// over without waiting for a lease to expire, which only a consumer that
+// died (and so freed nothing) leaves to the TTL.
 //
 // The lease is fenced. Its value names the holder and a token that is new
 // for every tenure, taken from the counter fsq:{<topic>:<p>}:fence, and every
@@ -122,8 +127,12 @@ type Options struct {
 	// delayed messages into their streams: about how late after its due
 	// time a delayed message may arrive. Default 200ms.
 	MoveInterval time.Duration
-	// Logger receives handler and Redis errors. Nil discards.
+	// Logger receives handler and Redis errors, and every lease taken,
+	// released or lost. Nil discards.
 	Logger *slog.Logger
+	// Observer, when set, is told of every partition lease the Queue's
+	// consumers take, release or lose (metrics).
+	Observer queue.PartitionObserver
 }
 
 func (o Options) withDefaults() Options {
@@ -170,6 +179,7 @@ var (
 	_ queue.Publisher        = (*Queue)(nil)
 	_ queue.DelayPublisher   = (*Queue)(nil)
 	_ queue.Pinger           = (*Queue)(nil)
+	_ queue.BacklogReader    = (*Queue)(nil)
 	_ queue.Consumer         = (*Consumer)(nil)
 	_ queue.PipelineConsumer = (*Consumer)(nil)
 )
@@ -286,6 +296,13 @@ func fenceKey(topic string, p int) string {
 // each registration expires (Unix ms).
 func membersKey(topic string) string {
 	return "fsq:{" + topic + "}:members"
+}
+
+// handoverChannel is where a topic's consumers announce that they joined,
+// or freed partitions, so the others rebalance at once rather than at their
+// next heartbeat or lease attempt.
+func handoverChannel(topic string) string {
+	return "fsq:{" + topic + "}:handover"
 }
 
 // validTopic rejects names that would break the keys' hash tags.

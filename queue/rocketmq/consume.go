@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"regexp"
 	"strings"
 	"sync"
@@ -97,6 +98,8 @@ func (c *Consumer) Consume(ctx context.Context, topic string, h queue.Handler) e
 		hctx:      hctx,
 		log:       c.q.log.With("topic", topic, "consumer", c.name),
 		inflight:  make(map[primitive.MessageQueue]int),
+		acked:     make(map[primitive.MessageQueue]int64),
+		dead:      make(map[primitive.MessageQueue]map[int64]bool),
 		releasing: make(map[primitive.MessageQueue]chan struct{}),
 		owned:     make(map[string]map[primitive.MessageQueue]bool),
 		stopped:   make(chan struct{}),
@@ -128,6 +131,8 @@ type run struct {
 	cond      *sync.Cond // signalled when a handler returns
 	stopping  bool
 	inflight  map[primitive.MessageQueue]int             // handler calls running, by queue
+	acked     map[primitive.MessageQueue]int64           // offset after the last batch acknowledged, by queue held
+	dead      map[primitive.MessageQueue]map[int64]bool  // offsets dead-lettered but not yet committed past
 	releasing map[primitive.MessageQueue]chan struct{}   // queues being given up; closed when done
 	owned     map[string]map[primitive.MessageQueue]bool // by topic: the last allocation
 	pc        pushConsumer                               // set before the client starts
@@ -179,7 +184,10 @@ func (r *run) newPushConsumer(name string) (pushConsumer, error) {
 		consumer.WithConsumerOrder(true),
 		consumer.WithConsumeMessageBatchMaxSize(o.BatchSize),
 		consumer.WithPullBatchSize(int32(o.BatchSize)),
-		consumer.WithMaxReconsumeTimes(int32(o.MaxReconsumeTimes)),
+		// The library never dead-letters (-1: no maximum in orderly mode):
+		// its send-back ignores the broker's answer and commits past a
+		// message the broker refused. consume does it instead.
+		consumer.WithMaxReconsumeTimes(-1),
 		consumer.WithSuspendCurrentQueueTimeMillis(o.SuspendTime),
 		consumer.WithRebalanceLockInterval(o.LockInterval),
 		consumer.WithStrategy(r.allocate),
@@ -216,20 +224,126 @@ func (r *run) consume(ctx context.Context, msgs ...*primitive.MessageExt) (consu
 	}
 	defer r.end(mq)
 
-	batch := make([]queue.Message, len(msgs))
-	for i, m := range msgs {
-		id := m.GetKeys()
-		if id == "" {
-			id = m.MsgId // published by something other than this driver
+	// A failed batch comes back whole, dead-lettered messages included:
+	// they are in the dead-letter topic already.
+	live := r.notDeadLettered(mq, msgs)
+	if len(live) > 0 {
+		batch := make([]queue.Message, len(live))
+		for i, m := range live {
+			id := m.GetKeys()
+			if id == "" {
+				id = m.MsgId // published by something other than this driver
+			}
+			batch[i] = queue.Message{ID: id, Key: m.GetShardingKey(), Body: m.Body, Attempt: int(m.ReconsumeTimes) + 1}
 		}
-		batch[i] = queue.Message{ID: id, Key: m.GetShardingKey(), Body: m.Body, Attempt: int(m.ReconsumeTimes) + 1}
+		if err := r.h(r.hctx, batch); err != nil {
+			r.log.Warn("handler failed",
+				"queue", mq.QueueId, "messages", len(batch), "attempt", batch[0].Attempt, "err", err)
+			if !r.deadLetter(mq, live) {
+				return consumer.SuspendCurrentQueueAMoment, nil
+			}
+		}
 	}
-	if err := r.h(r.hctx, batch); err != nil {
-		r.log.Warn("handler failed; batch will be redelivered",
-			"queue", mq.QueueId, "messages", len(batch), "attempt", batch[0].Attempt, "err", err)
-		return consumer.SuspendCurrentQueueAMoment, nil
-	}
+	r.acknowledged(mq, msgs)
 	return consumer.ConsumeSuccess, nil
+}
+
+// deadLetter sends the messages of a failed batch that are past
+// MaxReconsumeTimes to the group's dead-letter topic. It reports whether
+// the whole batch is there now: then the queue moves past it; otherwise the
+// batch comes back, and a message the broker refused to take is tried again
+// the next time, never committed past (as the library's own send-back
+// does).
+func (r *run) deadLetter(mq primitive.MessageQueue, msgs []*primitive.MessageExt) bool {
+	all := true
+	for _, m := range msgs {
+		if int(m.ReconsumeTimes) <= r.opts.MaxReconsumeTimes {
+			all = false
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), r.opts.ProbeTimeout)
+		err := r.q.probe.deadLetter(ctx, r.opts.ConsumerGroup, mq, m, r.opts.MaxReconsumeTimes)
+		cancel()
+		if err != nil {
+			r.log.Warn("dead-letter a message past max_reconsume_times; it stays in its queue and is tried again",
+				"queue", mq.QueueId, "offset", m.QueueOffset, "request_id", m.GetKeys(), "err", err)
+			all = false
+			continue
+		}
+		r.log.Error("message dead-lettered after max_reconsume_times failed deliveries",
+			"queue", mq.QueueId, "offset", m.QueueOffset, "request_id", m.GetKeys(), "deliveries", m.ReconsumeTimes+1)
+		r.mu.Lock()
+		if r.dead[mq] == nil {
+			r.dead[mq] = make(map[int64]bool)
+		}
+		r.dead[mq][m.QueueOffset] = true
+		r.mu.Unlock()
+	}
+	return all
+}
+
+// notDeadLettered returns the messages of msgs not yet dead-lettered.
+func (r *run) notDeadLettered(mq primitive.MessageQueue, msgs []*primitive.MessageExt) []*primitive.MessageExt {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	dead := r.dead[mq]
+	if len(dead) == 0 {
+		return msgs
+	}
+	live := make([]*primitive.MessageExt, 0, len(msgs))
+	for _, m := range msgs {
+		if !dead[m.QueueOffset] {
+			live = append(live, m)
+		}
+	}
+	return live
+}
+
+// acknowledged records that the library commits past msgs: their queue's
+// offset for the next owner, and dead-letter marks no longer needed.
+func (r *run) acknowledged(mq primitive.MessageQueue, msgs []*primitive.MessageExt) {
+	next := int64(-1)
+	for _, m := range msgs {
+		next = max(next, m.QueueOffset+1)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.acked[mq] = max(r.acked[mq], next)
+	for off := range r.dead[mq] {
+		if off < next {
+			delete(r.dead[mq], off)
+		}
+	}
+	if len(r.dead[mq]) == 0 {
+		delete(r.dead, mq)
+	}
+}
+
+// persist writes the offsets of acknowledged batches to the broker: the
+// library's (PersistConsumerOffset), then the driver's own record of them
+// for every queue held. v2.1.2's persist of one queue deletes the other
+// queues' offsets from its memory (a rebalance's drop, and the
+// PULL_OFFSET_MOVED path of a queue whose old messages were trimmed, which
+// the driver cannot see), so the library alone may hand a queue over, or
+// stop, without the offsets of batches it acknowledged. A commit never
+// lowers an offset already on the broker.
+func (r *run) persist(pc pushConsumer) {
+	if err := pc.PersistConsumerOffset(); err != nil {
+		r.log.Warn("persist offsets", "err", err)
+	}
+	r.mu.Lock()
+	acked := maps.Clone(r.acked)
+	r.mu.Unlock()
+	// One deadline for all: a broker that is down must not hold a shutdown
+	// or a rebalance for a timeout per queue.
+	ctx, cancel := context.WithTimeout(context.Background(), r.opts.ProbeTimeout)
+	defer cancel()
+	for mq, off := range acked {
+		if err := r.q.probe.commitOffset(ctx, r.opts.ConsumerGroup, mq, off); err != nil {
+			r.log.Warn("commit the offset of acknowledged batches; they may be delivered again",
+				"queue", mq.QueueId, "offset", off, "err", err)
+		}
+	}
 }
 
 // begin admits a handler call for mq, or waits until the reason not to is
@@ -357,9 +471,14 @@ func (r *run) allocate(group, clientID string, mqAll []*primitive.MessageQueue, 
 		// queue deletes every other queue's offset from memory: the second
 		// queue dropped would otherwise go to its next owner without its
 		// offset, and acknowledged messages would be delivered again.
-		if err := pc.PersistConsumerOffset(); err != nil {
-			r.log.Warn("persist offsets before giving queues up", "err", err)
+		r.persist(pc)
+		r.mu.Lock()
+		for _, mq := range dropped {
+			// The next owner's commits may pass it; never write it again.
+			delete(r.acked, mq)
+			delete(r.dead, mq)
 		}
+		r.mu.Unlock()
 		r.releases.Add(1)
 		go func() {
 			defer r.releases.Done()
@@ -476,9 +595,7 @@ func (r *run) stop(pc pushConsumer) {
 	if waited {
 		time.Sleep(offsetSettle)
 	}
-	if err := pc.PersistConsumerOffset(); err != nil {
-		r.log.Warn("persist offsets before shutdown", "err", err)
-	}
+	r.persist(pc)
 	if err := pc.Shutdown(); err != nil {
 		r.log.Warn("shut consumer down", "err", err)
 	}

@@ -122,6 +122,43 @@ func TestPublishLayout(t *testing.T) {
 	}
 }
 
+// TestPublishDelayedLayout: PublishDelayed rounds the delay up to a level,
+// and the broker keeps the message in that level's queue of
+// SCHEDULE_TOPIC_XXXX with its topic and key's queue in REAL_TOPIC and
+// REAL_QID, then stores it there, without DELAY, when due.
+func TestPublishDelayedLayout(t *testing.T) {
+	t.Parallel()
+	levels := []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 300 * time.Millisecond}
+	srv, err := rmqtest.Start(rmqtest.Options{DelayLevels: levels})
+	if err != nil {
+		t.Fatalf("start double: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	opts := testOptions(srv.Addr())
+	opts.DelayLevels = levels
+	q := mustNew(t, opts)
+	const topic = "delayed"
+	srv.CreateTopic(topic, 8)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := q.PublishDelayed(ctx, topic, 250*time.Millisecond, queue.Message{ID: "r1", Key: "campaign-a", Body: []byte("x")}); err != nil {
+		t.Fatalf("PublishDelayed: %v", err)
+	}
+	realQueue := wantQueue("campaign-a", 8)
+	sched := srv.Messages(rmqtest.ScheduleTopic, 2) // level 3, the first of at least 250ms
+	if len(sched) != 1 || sched[0].Keys() != "r1" || sched[0].Properties[remoting.PropDelayLevel] != "3" ||
+		sched[0].Properties[remoting.PropRealTopic] != topic || sched[0].Properties[remoting.PropRealQueueID] != fmt.Sprint(realQueue) {
+		t.Fatalf("schedule queue of level 3: got %+v, want r1 with DELAY 3, REAL_TOPIC %s, REAL_QID %d", sched, topic, realQueue)
+	}
+	testenv.Eventually(t, 5*time.Second, "the delivery", func() (bool, string) {
+		n := len(srv.Messages(topic, realQueue))
+		return n == 1, fmt.Sprintf("got %d in queue %d", n, realQueue)
+	})
+	if m := srv.Messages(topic, realQueue)[0]; m.Keys() != "r1" || m.Properties[remoting.PropDelayLevel] != "" {
+		t.Errorf("delivered: got %+v, want r1 without DELAY", m)
+	}
+}
+
 func wantQueue(key string, n int) int {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(key))
@@ -240,8 +277,8 @@ func TestPing(t *testing.T) {
 }
 
 // TestPoisonMessageGoesToDLQ: a batch refused more than MaxReconsumeTimes
-// times leaves the queue for the group's dead-letter topic (the library
-// sends it back to its store host), and the messages behind it flow again.
+// times leaves the queue for the group's dead-letter topic (the driver sends
+// it back to its broker), and the messages behind it flow again.
 // The worker never lets it come to this (it gives up first, see
 // worker.Options.MaxAttempts); this is the driver's last resort.
 func TestPoisonMessageGoesToDLQ(t *testing.T) {
@@ -274,14 +311,204 @@ func TestPoisonMessageGoesToDLQ(t *testing.T) {
 	}
 }
 
+// nameServers are the two kinds of name server whose route bodies the
+// driver's own requests (Ping, the lock handover) must parse: 4.9.4's, which
+// answers them in standard JSON, and older ones, which answer in fastjson's
+// dialect whatever they are asked.
+var nameServers = []struct {
+	name   string
+	legacy bool
+}{
+	{"4.9.4 name server", false},
+	{"name server before 4.9.4", true},
+}
+
+// TestPingRouteDialects: Ping reads a topic's route from either kind of
+// name server.
+func TestPingRouteDialects(t *testing.T) {
+	for _, ns := range nameServers {
+		t.Run(ns.name, func(t *testing.T) {
+			t.Parallel()
+			srv, err := rmqtest.Start(rmqtest.Options{LegacyRoutes: ns.legacy})
+			if err != nil {
+				t.Fatalf("start double: %v", err)
+			}
+			t.Cleanup(func() { _ = srv.Close() })
+			q := mustNew(t, testOptions(srv.Addr()))
+			srv.CreateTopic("used", 2)
+			publish(t, q, "used", queue.Message{ID: "r", Key: "k"})
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := q.Ping(ctx); err != nil {
+				t.Errorf("Ping: got %v, want nil", err)
+			}
+		})
+	}
+}
+
+// TestPoisonMessageSendBackRefused: a broker can refuse the send-back of a
+// message past MaxReconsumeTimes (SYSTEM_ERROR, NO_PERMISSION,
+// SUBSCRIPTION_GROUP_NOT_EXIST). v2.1.2 checks transport errors only and
+// commits past such a message, which then is neither handled nor
+// dead-lettered. The driver keeps it in its queue instead: it comes back,
+// the messages behind it wait, and it reaches the dead-letter topic once
+// the broker takes it.
+func TestPoisonMessageSendBackRefused(t *testing.T) {
+	t.Parallel()
+	for _, code := range []int16{remoting.SystemError, remoting.NoPermission, remoting.SubscriptionGroupNotFind} {
+		t.Run(fmt.Sprint("code ", code), func(t *testing.T) {
+			t.Parallel()
+			srv := startDouble(t)
+			opts := testOptions(srv.Addr())
+			opts.MaxReconsumeTimes = 1
+			opts.BatchSize = 1
+			q := mustNew(t, opts)
+			topic := testenv.Topic(t)
+			srv.CreateTopic(topic, 1)
+			srv.InjectFault(remoting.ConsumerSendMsgBack, rmqtest.Fault{Code: code, Remark: "refused"})
+			rec := startRecording(t, q.Consumer("c"), topic, func(m queue.Message) bool { return m.ID == "poison" })
+			publish(t, q, topic, queue.Message{ID: "poison", Key: "k"}, queue.Message{ID: "next", Key: "k"})
+
+			// The library would have sent it back after delivery
+			// MaxReconsumeTimes+2; wait for two more refusals.
+			refusals := func() int { return srv.Requests(remoting.ConsumerSendMsgBack) }
+			testenv.Eventually(t, 20*time.Second, "the broker to refuse the send-back twice", func() (bool, string) {
+				return refusals() >= 2 || len(rec.deliveries("next")) > 0,
+					fmt.Sprintf("%d refusals, poison delivered %d times", refusals(), len(rec.deliveries("poison")))
+			})
+			if n := len(rec.deliveries("next")); n > 0 {
+				t.Fatalf("the message behind the poison one was delivered (%d times) while the broker refused the poison one's send-back, "+
+					"with %d in the DLQ: the poison message was committed past", n, len(srv.DLQ(opts.ConsumerGroup)))
+			}
+			if n, want := len(rec.deliveries("poison")), opts.MaxReconsumeTimes+3; n < want {
+				t.Errorf("poison message: got %d deliveries, want at least %d while refused", n, want)
+			}
+
+			srv.ClearFaults()
+			testenv.Eventually(t, 20*time.Second, "the message behind the poison one", func() (bool, string) {
+				return len(rec.deliveries("next")) > 0, fmt.Sprintf("poison delivered %d times", len(rec.deliveries("poison")))
+			})
+			dlq := srv.DLQ(opts.ConsumerGroup)
+			if len(dlq) != 1 || dlq[0].Keys() != "poison" {
+				t.Errorf("DLQ: got %d messages (%v), want the poison one once", len(dlq), dlq)
+			}
+		})
+	}
+}
+
+// TestTrimmedQueueKeepsOtherOffsets: a new group starts on a queue whose old
+// messages were trimmed. The broker answers QUERY_NOT_FOUND for its offset,
+// the library pulls from 0 and is moved up (PULL_OFFSET_MOVED), and v2.1.2
+// then persists that one queue, which deletes every other queue's offset
+// from its memory: from then on it no longer reports them. Here the broker
+// crashes afterwards, losing the offsets it had not flushed. Nothing may be
+// lost (the trimmed queue's remaining messages are consumed), and the
+// batches acknowledged on the other queue may not come back: not when the
+// library takes its queues up again after the crash, nor after the
+// consumer stops (its offsets must be on the broker).
+func TestTrimmedQueueKeepsOtherOffsets(t *testing.T) {
+	t.Parallel()
+	srv, err := rmqtest.Start(rmqtest.Options{LockTTL: testLockTTL, OffsetFlushInterval: time.Hour})
+	if err != nil {
+		t.Fatalf("start double: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	opts := testOptions(srv.Addr())
+	q := mustNew(t, opts)
+	topic := testenv.Topic(t)
+	srv.CreateTopic(topic, 2)
+	keyOf := func(queueID int) string { // a key of each queue
+		for i := 0; ; i++ {
+			if k := fmt.Sprintf("k%d", i); wantQueue(k, 2) == queueID {
+				return k
+			}
+		}
+	}
+	const n, trimmed = 6, 4
+	var old, kept []queue.Message
+	for i := range n {
+		old = append(old, queue.Message{ID: fmt.Sprint("old-", i), Key: keyOf(0)})
+		kept = append(kept, queue.Message{ID: fmt.Sprint("kept-", i), Key: keyOf(1)})
+	}
+	publish(t, q, topic, old...)
+	publish(t, q, topic, kept...)
+	srv.Trim(topic, 0, trimmed)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	rec := &consumeRecorder{byID: make(map[string][]queue.Message)}
+	done := make(chan error, 1)
+	go func() { done <- q.Consumer("c").Consume(ctx, topic, rec.handle) }()
+	defer cancel()
+	delivered := func(msgs []queue.Message) int {
+		got := 0
+		for _, m := range msgs {
+			if len(rec.deliveries(m.ID)) > 0 {
+				got++
+			}
+		}
+		return got
+	}
+	testenv.Eventually(t, 20*time.Second, "the untrimmed queue's messages", func() (bool, string) {
+		return delivered(kept) == n, fmt.Sprintf("got %d of %d", delivered(kept), n)
+	})
+	// The library persists the trimmed queue alone 10 s after
+	// PULL_OFFSET_MOVED; that persist drops the other queue's offset.
+	testenv.Eventually(t, 30*time.Second, "the library to persist the trimmed queue's new start", func() (bool, string) {
+		off, ok := srv.CommittedOffset(opts.ConsumerGroup, topic, 0)
+		return ok && off >= trimmed, fmt.Sprintf("queue 0's offset: %d (%v)", off, ok)
+	})
+	if err := srv.Crash(0); err != nil {
+		t.Fatalf("crash: %v", err)
+	}
+	// The library takes the trimmed queue up again at a rebalance (every
+	// 20 s), and after the crash the group re-registers at one.
+	testenv.Eventually(t, 60*time.Second, "the trimmed queue's remaining messages", func() (bool, string) {
+		return delivered(old[trimmed:]) == n-trimmed, fmt.Sprintf("got %d of %d", delivered(old[trimmed:]), n-trimmed)
+	})
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Consume: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("Consume did not return within 20s of cancel")
+	}
+	for _, m := range old[:trimmed] {
+		if d := len(rec.deliveries(m.ID)); d != 0 {
+			t.Errorf("trimmed message %s: delivered %d times, want never", m.ID, d)
+		}
+	}
+	for _, m := range kept {
+		if d := len(rec.deliveries(m.ID)); d != 1 {
+			t.Errorf("message %s: delivered %d times, want once: it was acknowledged before the crash", m.ID, d)
+		}
+	}
+	for queueID := range 2 {
+		if off, ok := srv.CommittedOffset(opts.ConsumerGroup, topic, queueID); !ok || off != n {
+			t.Errorf("queue %d after the consumer stopped: got committed offset %d (%v), want %d: every message was acknowledged",
+				queueID, off, ok, n)
+		}
+	}
+}
+
 // TestRebalanceHandover: when a second consumer joins, the first gives half
 // the queues up and unlocks them, so the second consumes them within
 // seconds — not after the old locks expire (60 s here, as on a broker) and
 // its next 20 s rebalance — and no message the first acknowledged reaches
-// the second.
+// the second. The handover's lock and unlock calls find the broker through
+// a route of their own, from either kind of name server.
 func TestRebalanceHandover(t *testing.T) {
-	t.Parallel()
-	srv, err := rmqtest.Start(rmqtest.Options{})
+	for _, ns := range nameServers {
+		t.Run(ns.name, func(t *testing.T) {
+			t.Parallel()
+			testRebalanceHandover(t, rmqtest.Options{LegacyRoutes: ns.legacy})
+		})
+	}
+}
+
+func testRebalanceHandover(t *testing.T, opts rmqtest.Options) {
+	srv, err := rmqtest.Start(opts)
 	if err != nil {
 		t.Fatalf("start double: %v", err)
 	}

@@ -2,9 +2,12 @@ package rocketmq
 
 import (
 	"bytes"
-	"context"
+	"encoding/hex"
 	"fmt"
+	"hash/crc32"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -123,7 +126,10 @@ func TestLibraryLogger(t *testing.T) {
 	}
 }
 
-func TestResolveNameServers(t *testing.T) {
+// TestLibraryNameServers: host names reach the library in the form it
+// dials by name (so they are looked up again on every new connection), IP
+// literals as they are.
+func TestLibraryNameServers(t *testing.T) {
 	tests := []struct {
 		name    string
 		in      []string
@@ -131,16 +137,57 @@ func TestResolveNameServers(t *testing.T) {
 		wantErr bool
 	}{
 		{"ip kept", []string{"10.0.0.1:9876"}, []string{"10.0.0.1:9876"}, false},
-		{"host name resolved", []string{"localhost:9876"}, []string{"127.0.0.1:9876"}, false},
+		{"host name kept for the library to look up", []string{"rocketmq-namesrv:9876"}, []string{"http://rocketmq-namesrv:9876"}, false},
+		{"several", []string{"10.0.0.1:9876", "ns2:9876"}, []string{"10.0.0.1:9876", "http://ns2:9876"}, false},
 		{"no port", []string{"10.0.0.1"}, nil, true},
 		{"none", nil, nil, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := resolveNameServers(context.Background(), tc.in)
+			got, err := libraryNameServers(tc.in)
 			if (err != nil) != tc.wantErr || !slices.Equal(got, tc.want) {
 				t.Errorf("got %v, %v; want %v, error %v", got, err, tc.want, tc.wantErr)
 			}
+			for i, ns := range got {
+				if err := primitive.NamesrvAddr([]string{ns}).Check(); err != nil {
+					t.Errorf("the library refuses %q: %v", ns, err)
+				}
+				if d := dialAddr(ns); d != tc.in[i] {
+					t.Errorf("dialAddr(%q): got %q, want %q", ns, d, tc.in[i])
+				}
+			}
 		})
+	}
+}
+
+// TestLibraryDecodesGoldenRecord: the library the driver consumes through
+// reads every field of a record written by RocketMQ 4.9.4 itself
+// (testdata/README.md), properties without a trailing separator included,
+// and derives the broker's message id from it as 4.9.4 does.
+func TestLibraryDecodesGoldenRecord(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "message-record-4.9.4.hex"))
+	if err != nil {
+		t.Fatalf("read vector: %v", err)
+	}
+	golden, err := hex.DecodeString(strings.TrimSpace(string(raw)))
+	if err != nil {
+		t.Fatalf("vector: %v", err)
+	}
+	msgID, err := os.ReadFile(filepath.Join("testdata", "offset-msgid-4.9.4.txt"))
+	if err != nil {
+		t.Fatalf("read vector: %v", err)
+	}
+	msgs := primitive.DecodeMessage(golden)
+	if len(msgs) != 1 {
+		t.Fatalf("got %d messages, want 1", len(msgs))
+	}
+	m := msgs[0]
+	got := fmt.Sprintf("topic=%s queue=%d flag=%d queueOffset=%d commitLogOffset=%d sysFlag=%d born=%d@%s stored=%d@%s reconsume=%d prepared=%d body=%s keys=%v crc=%d offsetMsgId=%s",
+		m.Topic, m.Queue.QueueId, m.Flag, m.QueueOffset, m.CommitLogOffset, m.SysFlag, m.BornTimestamp, m.BornHost,
+		m.StoreTimestamp, m.StoreHost, m.ReconsumeTimes, m.PreparedTransactionOffset, m.Body, m.GetProperties(), m.BodyCRC, m.OffsetMsgId)
+	want := fmt.Sprintf("topic=flashsale-purchases queue=3 flag=0 queueOffset=42 commitLogOffset=123456 sysFlag=0 born=1700000000000@10.0.0.7:51234 stored=1700000000123@172.18.0.3:10911 reconsume=0 prepared=0 body={\"request_id\":\"r1\"} keys=map[KEYS:r1] crc=%d offsetMsgId=%s",
+		int32(crc32.ChecksumIEEE([]byte(`{"request_id":"r1"}`))&0x7FFFFFFF), strings.Fields(string(msgID))[2])
+	if got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -16,9 +17,10 @@ import (
 
 // prober sends the few requests the library does not expose — route and
 // offset queries for Ping, queue locks and unlocks for the rebalance
-// handover — over connections of its own (internal/remoting).
+// handover, offset commits and dead-lettering whose answers are checked —
+// over connections of its own (internal/remoting).
 type prober struct {
-	nameServers []string
+	nameServers []string // as the library takes them (libraryNameServers)
 	timeout     time.Duration
 
 	mu      sync.Mutex
@@ -64,6 +66,12 @@ func (p *prober) call(ctx context.Context, addr string, req *remoting.Command) (
 		return nil, errors.New("probe closed")
 	}
 	c := p.conns[addr]
+	if c != nil && closed(c) {
+		// The peer closed it (a restart, a move): dial again, looking the
+		// name up afresh, rather than fail this call.
+		delete(p.conns, addr)
+		c = nil
+	}
 	p.mu.Unlock()
 	if c == nil {
 		var err error
@@ -97,6 +105,16 @@ func (p *prober) call(ctx context.Context, addr string, req *remoting.Command) (
 	return resp, nil
 }
 
+// closed reports whether c's connection has ended.
+func closed(c *remoting.Client) bool {
+	select {
+	case <-c.Done():
+		return true
+	default:
+		return false
+	}
+}
+
 // route is the part of a topic's route the prober uses.
 type route struct {
 	brokers map[string]string // broker name -> master address
@@ -106,11 +124,15 @@ type route struct {
 // errNoTopic is the name server's TOPIC_NOT_EXIST.
 var errNoTopic = errors.New("topic does not exist")
 
-// route asks the name servers, in turn, for topic's route.
+// route asks the name servers, in turn, for topic's route. It asks for
+// standard JSON, but name servers before 4.9.4 answer in fastjson's dialect
+// anyway, so the answer is parsed in either (docs/ROCKETMQ.md, "Route
+// bodies").
 func (p *prober) route(ctx context.Context, topic string) (route, error) {
 	var errs []error
 	for _, ns := range p.nameServers {
-		resp, err := p.call(ctx, ns, remoting.NewRequest(remoting.GetRouteInfoByTopic, map[string]string{"topic": topic}, nil))
+		ns = dialAddr(ns) // dialed by name, so a name server that moved is found again
+		resp, err := p.call(ctx, ns, remoting.RouteRequest(topic))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("name server %s: %w", ns, err))
 			continue
@@ -122,16 +144,8 @@ func (p *prober) route(ctx context.Context, topic string) (route, error) {
 		default:
 			return route{}, fmt.Errorf("route of %s: code %d: %s", topic, resp.Code, resp.Remark)
 		}
-		var body struct {
-			QueueDatas []struct {
-				ReadQueueNums int `json:"readQueueNums"`
-			} `json:"queueDatas"`
-			BrokerDatas []struct {
-				BrokerName  string            `json:"brokerName"`
-				BrokerAddrs map[string]string `json:"brokerAddrs"`
-			} `json:"brokerDatas"`
-		}
-		if err := json.Unmarshal(resp.Body, &body); err != nil {
+		body, err := remoting.ParseRoute(resp.Body)
+		if err != nil {
 			return route{}, fmt.Errorf("route of %s: %w", topic, err)
 		}
 		r := route{brokers: make(map[string]string)}
@@ -139,7 +153,7 @@ func (p *prober) route(ctx context.Context, topic string) (route, error) {
 			r.queues += q.ReadQueueNums
 		}
 		for _, b := range body.BrokerDatas {
-			if a := b.BrokerAddrs["0"]; a != "" {
+			if a := b.BrokerAddrs[remoting.MasterID]; a != "" {
 				r.brokers[b.BrokerName] = a
 			}
 		}
@@ -271,6 +285,61 @@ func (p *prober) unlock(ctx context.Context, group, clientID string, mqs []primi
 	}
 	if resp.Code != remoting.Success {
 		return fmt.Errorf("unlock: code %d: %s", resp.Code, resp.Remark)
+	}
+	return nil
+}
+
+// commitOffset raises group's committed offset of mq to off, and leaves a
+// higher one alone: the library may have moved the queue past it (a trimmed
+// queue), or another consumer committed further.
+func (p *prober) commitOffset(ctx context.Context, group string, mq primitive.MessageQueue, off int64) error {
+	addr, err := p.brokerAddr(ctx, mq.BrokerName, mq.Topic)
+	if err != nil {
+		return err
+	}
+	ext := map[string]string{"consumerGroup": group, "topic": mq.Topic, "queueId": remoting.Itoa(mq.QueueId)}
+	resp, err := p.call(ctx, addr, remoting.NewRequest(remoting.QueryConsumerOffset, ext, nil))
+	if err != nil {
+		return err
+	}
+	switch resp.Code {
+	case remoting.Success:
+		if cur, err := strconv.ParseInt(resp.Ext("offset"), 10, 64); err == nil && cur >= off {
+			return nil
+		}
+	case remoting.QueryNotFound: // nothing committed
+	default:
+		return fmt.Errorf("query offset: code %d: %s", resp.Code, resp.Remark)
+	}
+	ext["commitOffset"] = remoting.Itoa(off)
+	if resp, err = p.call(ctx, addr, remoting.NewRequest(remoting.UpdateConsumerOffset, ext, nil)); err != nil {
+		return err
+	}
+	if resp.Code != remoting.Success {
+		return fmt.Errorf("update offset: code %d: %s", resp.Code, resp.Remark)
+	}
+	return nil
+}
+
+// deadLetter sends msg, consumed from mq, to group's dead-letter topic
+// (CONSUMER_SEND_MSG_BACK with delay level -1) and reports the broker's
+// refusal as an error, which the library's own send-back ignores.
+func (p *prober) deadLetter(ctx context.Context, group string, mq primitive.MessageQueue, msg *primitive.MessageExt, maxReconsume int) error {
+	addr, err := p.brokerAddr(ctx, mq.BrokerName, mq.Topic)
+	if err != nil {
+		return err
+	}
+	ext := map[string]string{
+		"group": group, "offset": remoting.Itoa(msg.CommitLogOffset), "delayLevel": "-1",
+		"originMsgId": msg.MsgId, "originTopic": msg.Topic, "unitMode": "false",
+		"maxReconsumeTimes": remoting.Itoa(maxReconsume),
+	}
+	resp, err := p.call(ctx, addr, remoting.NewRequest(remoting.ConsumerSendMsgBack, ext, nil))
+	if err != nil {
+		return err
+	}
+	if resp.Code != remoting.Success {
+		return fmt.Errorf("send back: code %d: %s", resp.Code, resp.Remark)
 	}
 	return nil
 }

@@ -22,8 +22,13 @@
 // keeps ReconsumeTimes in memory in orderly mode: a batch taken over from a
 // consumer that died starts again at Attempt 1, because the broker never
 // learnt about the failed attempts. After Options.MaxReconsumeTimes the
-// library moves a message to the group's dead-letter topic; keep it above the
-// worker's max attempts, so the worker records a final result first.
+// driver moves a message to the group's dead-letter topic; keep it above the
+// worker's max attempts, so the worker records a final result first. The
+// driver does it rather than the library, whose send-back ignores the
+// broker's answer: a message the broker refuses to take (SYSTEM_ERROR,
+// NO_PERMISSION, SUBSCRIPTION_GROUP_NOT_EXIST) would be committed past,
+// neither handled nor dead-lettered. The driver keeps it in its queue and
+// tries again at its next delivery.
 //
 // Rebalancing: v2.1.2 neither unlocks a queue it gives up on a rebalance nor
 // waits for the batch in flight on it (the Java client does both), and
@@ -34,7 +39,11 @@
 // queue up stops handing out its batches, waits for the one in flight,
 // persists every offset and unlocks the queue; the one that takes it over
 // waits briefly for the lock before the library tries it. A consumer that
-// died keeps its queues until their locks expire.
+// died keeps its queues until their locks expire. The library also persists
+// one queue alone when the broker moves it up past trimmed messages
+// (PULL_OFFSET_MOVED), which the driver cannot see: so the driver keeps its
+// own record of each queue's acknowledged offset and commits it (never
+// lowering one) whenever it hands queues over or stops.
 //
 // Shutdown: Consume stops pulling (Suspend), lets the handlers in flight
 // finish, persists offsets and only then shuts the client down; the library's
@@ -93,9 +102,9 @@ const MaxBatchSize = 1024
 
 // Options configures a Queue. Zero fields take the defaults.
 type Options struct {
-	// NameServers are the name servers' host:port addresses. Host names are
-	// resolved when the Queue is created: the library accepts IP addresses
-	// only.
+	// NameServers are the name servers' host:port addresses. A host name is
+	// looked up again on every new connection, so a name server that comes
+	// back on a new IP (a recreated container) is found again.
 	NameServers []string
 	// ProducerGroup names the producers. Default "flashsale-gateway".
 	ProducerGroup string
@@ -119,8 +128,9 @@ type Options struct {
 	SendAttempts int
 	// MaxReconsumeTimes bounds redeliveries after handler errors: a message
 	// whose delivery number MaxReconsumeTimes+2 fails again goes to the
-	// group's dead-letter topic (%DLQ%<group>), and the queue moves on.
-	// Default 16.
+	// group's dead-letter topic (%DLQ%<group>), and the queue moves on; if
+	// the broker refuses to take it, it stays and is tried again. Default
+	// 1000.
 	MaxReconsumeTimes int
 	// SuspendTime is the wait before a failed batch is redelivered. Default 1s.
 	SuspendTime time.Duration
@@ -228,14 +238,14 @@ var (
 	_ queue.Consumer       = (*Consumer)(nil)
 )
 
-// New returns a Queue. It resolves the name servers and starts the producer,
-// which connects on the first send; use Ping to check the broker.
-func New(ctx context.Context, opts Options) (*Queue, error) {
+// New returns a Queue. It starts the producer, which looks up and dials
+// nothing before the first send; use Ping to check the broker.
+func New(_ context.Context, opts Options) (*Queue, error) {
 	opts = opts.withDefaults()
 	if opts.BatchSize > MaxBatchSize {
 		return nil, fmt.Errorf("rocketmq: batch size %d is above the library's limit %d", opts.BatchSize, MaxBatchSize)
 	}
-	addrs, err := resolveNameServers(ctx, opts.NameServers)
+	addrs, err := libraryNameServers(opts.NameServers)
 	if err != nil {
 		return nil, err
 	}
@@ -279,30 +289,38 @@ func instanceName(prefix, role string) string {
 	return unsafeChars.ReplaceAllString(prefix+"-"+role, "_") + "-" + hex.EncodeToString(b[:])
 }
 
-// resolveNameServers turns host:port into ip:port: the library refuses
-// anything but IP addresses (compose service names included).
-func resolveNameServers(ctx context.Context, addrs []string) ([]string, error) {
+// nameServerScheme marks a name server given by host name, in the form the
+// library takes for one.
+const nameServerScheme = "http://"
+
+// libraryNameServers returns the name servers as the library takes them: IP
+// literals as they are, host names as "http://host:port". The library
+// refuses a bare host name (primitive/base.go, verifyIP) but takes that form,
+// strips the scheme and dials host:port by name (internal/namesrv.go,
+// getNameServerAddress), so the name is looked up on every new connection:
+// once the connection to a name server that moved breaks (at once when its
+// process stops, or after the library's 120 s read timeout), the next route
+// lookup finds it at its new IP.
+func libraryNameServers(addrs []string) ([]string, error) {
 	if len(addrs) == 0 {
 		return nil, errors.New("rocketmq: no name server address")
 	}
 	out := make([]string, 0, len(addrs))
 	for _, a := range addrs {
-		host, port, err := net.SplitHostPort(a)
+		host, _, err := net.SplitHostPort(a)
 		if err != nil {
 			return nil, fmt.Errorf("rocketmq: name server %q: %w", a, err)
 		}
-		if net.ParseIP(host) != nil {
-			out = append(out, a)
-			continue
+		if net.ParseIP(host) == nil {
+			a = nameServerScheme + a
 		}
-		ips, err := net.DefaultResolver.LookupIP(ctx, "ip4", host)
-		if err != nil || len(ips) == 0 {
-			return nil, fmt.Errorf("rocketmq: resolve name server %q: %w", a, err)
-		}
-		out = append(out, net.JoinHostPort(ips[0].String(), port))
+		out = append(out, a)
 	}
 	return out, nil
 }
+
+// dialAddr is the host:port of a name server as libraryNameServers gave it.
+func dialAddr(nameServer string) string { return strings.TrimPrefix(nameServer, nameServerScheme) }
 
 // topicPattern is what a broker accepts as a topic name.
 var topicPattern = regexp.MustCompile(`^[%|a-zA-Z0-9_-]{1,127}$`)

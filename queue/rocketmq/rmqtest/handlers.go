@@ -61,6 +61,9 @@ func extInt(req *remoting.Command, key string) (int64, error) {
 
 // route answers GET_ROUTEINFO_BY_TOPIC. The broker address is the one the
 // client dialed, so a client that came in through a Listener stays on it.
+// The body's JSON dialect depends on the request, as on a 4.9.4 name server
+// (see remoting.WantsStandardJSON), or is always fastjson's with
+// Options.LegacyRoutes.
 func (s *Server) route(c *conn, req *remoting.Command) *remoting.Command {
 	name := req.Ext("topic")
 	s.mu.Lock()
@@ -73,16 +76,13 @@ func (s *Server) route(c *conn, req *remoting.Command) *remoting.Command {
 	if t == nil {
 		return remoting.NewResponse(req, remoting.TopicNotExist, "No topic route info in name server for the topic: "+name)
 	}
-	body, err := json.Marshal(map[string]any{
-		"orderTopicConf": "",
-		"queueDatas": []map[string]any{{
-			"brokerName": s.opts.BrokerName, "readQueueNums": n, "writeQueueNums": n, "perm": perm, "topicSynFlag": 0,
+	r := remoting.TopicRoute{
+		BrokerDatas: []remoting.BrokerData{{
+			BrokerAddrs: map[int64]string{remoting.MasterID: c.local.String()}, BrokerName: s.opts.BrokerName, Cluster: s.opts.Cluster,
 		}},
-		"brokerDatas": []map[string]any{{
-			"cluster": s.opts.Cluster, "brokerName": s.opts.BrokerName, "brokerAddrs": map[string]string{"0": c.local.String()},
-		}},
-		"filterServerTable": map[string]any{},
-	})
+		QueueDatas: []remoting.QueueData{{BrokerName: s.opts.BrokerName, Perm: perm, ReadQueueNums: n, WriteQueueNums: n}},
+	}
+	body, err := r.Encode(!s.opts.LegacyRoutes && remoting.WantsStandardJSON(req))
 	if err != nil {
 		return bad(req, "encode route: %v", err)
 	}
@@ -95,8 +95,11 @@ func (s *Server) route(c *conn, req *remoting.Command) *remoting.Command {
 type heartbeatData struct {
 	ClientID  string `json:"clientID"`
 	Consumers []struct {
-		GroupName    string `json:"groupName"`
-		MessageModel string `json:"messageModel"`
+		GroupName     string `json:"groupName"`
+		MessageModel  string `json:"messageModel"`
+		Subscriptions []struct {
+			Topic string `json:"topic"`
+		} `json:"subscriptionDataSet"`
 	} `json:"consumerDataSet"`
 }
 
@@ -111,7 +114,11 @@ func (s *Server) heartbeat(c *conn, req *remoting.Command) *remoting.Command {
 	s.mu.Lock()
 	var changed []string
 	for _, cd := range hb.Consumers {
-		if s.st.register(cd.GroupName, hb.ClientID, c, now) {
+		topics := make(map[string]bool, len(cd.Subscriptions))
+		for _, sub := range cd.Subscriptions {
+			topics[sub.Topic] = true
+		}
+		if s.st.register(cd.GroupName, hb.ClientID, c, topics, now) {
 			changed = append(changed, cd.GroupName)
 		}
 		if _, ok := s.st.topics[retryPrefix+cd.GroupName]; !ok && !strings.EqualFold(cd.MessageModel, "BROADCASTING") {
@@ -218,7 +225,7 @@ func tcpAddr(a net.Addr) *net.TCPAddr {
 }
 
 // send answers SEND_MESSAGE. A message with a DELAY property waits in the
-// schedule and enters its queue when due, as on a broker.
+// schedule topic and enters its queue when due, as on a broker (schedule.go).
 func (s *Server) send(c *conn, req *remoting.Command) *remoting.Command {
 	h, err := parseSend(req, false)
 	if err != nil {
@@ -233,20 +240,13 @@ func (s *Server) send(c *conn, req *remoting.Command) *remoting.Command {
 	if h.queueID < 0 || h.queueID >= n {
 		return bad(req, "request queueId[%d] is illegal, topic %s has %d queues", h.queueID, h.topic, n)
 	}
-	rec := s.newRecord(c, h, req.Body, h.properties, h.flag)
+	stored := s.putLocked(s.newRecord(c, h, req.Body, h.properties, h.flag))
 	resp := remoting.NewResponse(req, remoting.Success, "")
-	if level, _ := strconv.Atoi(h.properties[remoting.PropDelayLevel]); level > 0 {
-		level = min(level, len(s.opts.DelayLevels))
-		seq := s.st.schedule(time.Now().Add(s.opts.DelayLevels[level-1]), rec)
-		s.signalScheduler()
-		resp.ExtFields["msgId"] = remoting.OffsetMsgID(c.local, -1-seq)
-		resp.ExtFields["queueId"] = remoting.Itoa(level - 1)
-		resp.ExtFields["queueOffset"] = remoting.Itoa(seq)
-		return resp
-	}
-	stored := s.st.append(rec)
 	resp.ExtFields["msgId"] = remoting.OffsetMsgID(c.local, stored.CommitLogOffset)
-	resp.ExtFields["queueId"] = remoting.Itoa(stored.QueueID)
+	// The queue asked for, even when a delayed message went to the schedule
+	// topic, whose offset queueOffset is then: SendMessageProcessor answers
+	// so.
+	resp.ExtFields["queueId"] = remoting.Itoa(h.queueID)
 	resp.ExtFields["queueOffset"] = remoting.Itoa(stored.QueueOffset)
 	return resp
 }
@@ -292,9 +292,22 @@ func (s *Server) sendBatch(c *conn, req *remoting.Command) *remoting.Command {
 	return resp
 }
 
-// maxPullBytes bounds one pull response, like a broker's
-// maxTransferBytesOnMessageInMemory.
-const maxPullBytes = 4 << 20
+// A pull answers at most maxPullMessages records and, past the first,
+// maxPullBytes of them, whatever the client asks: a broker's
+// maxTransferCountOnMessageInMemory and maxTransferBytesOnMessageInMemory
+// (MessageStoreConfig), which apply to messages still in memory (a broker
+// reading from disk is stricter still: 8 messages, 64 KiB).
+const (
+	maxPullMessages = 32
+	maxPullBytes    = 256 << 10
+)
+
+// Pull sysFlag bits (PullSysFlag).
+const (
+	pullCommitOffset = 1 << 0
+	pullSuspend      = 1 << 1
+	pullSubscription = 1 << 2
+)
 
 // pull answers PULL_MESSAGE. With nothing to return and the suspend flag
 // set, it holds the request until a message arrives or the client's
@@ -314,10 +327,6 @@ func (s *Server) pull(c *conn, req *remoting.Command) *remoting.Command {
 		}
 		*f.dst = v
 	}
-	const (
-		flagCommitOffset = 1
-		flagSuspend      = 2
-	)
 	key := queueKey{group: group, topic: name, queue: int(qid)}
 
 	s.mu.Lock()
@@ -330,50 +339,70 @@ func (s *Server) pull(c *conn, req *remoting.Command) *remoting.Command {
 		s.mu.Unlock()
 		return bad(req, "pull: queueId %d out of range for %s", qid, name)
 	}
+	// A pull that does not carry its subscription is served from the
+	// group's, which a broker learns from heartbeats only: after a restart,
+	// until the group's next heartbeat, there is none.
+	if sysFlag&pullSubscription == 0 {
+		if len(s.st.groups[group]) == 0 {
+			s.mu.Unlock()
+			return remoting.NewResponse(req, remoting.SubscriptionNotExist, "the consumer's group info not exist")
+		}
+		if !s.st.subscribed(group, name) {
+			s.mu.Unlock()
+			return remoting.NewResponse(req, remoting.SubscriptionNotExist, "the consumer's subscription not exist")
+		}
+	}
 	// A broker commits the offset a pull carries.
-	if sysFlag&flagCommitOffset != 0 && commitOffset >= 0 && group != "" {
+	if sysFlag&pullCommitOffset != 0 && commitOffset >= 0 && group != "" {
 		s.st.offsets[key] = commitOffset
 	}
 	q := t.queues[qid]
 	s.mu.Unlock()
 
+	limit := min(max(maxMsgs, 1), maxPullMessages)
 	deadline := time.Now().Add(time.Duration(suspendMillis) * time.Millisecond)
 	for {
 		s.mu.Lock()
-		maxOffset := int64(len(q.msgs))
-		var recs []remoting.Record
-		size := 0
-		for o := offset; o >= 0 && o < maxOffset && int64(len(recs)) < max(maxMsgs, 1); o++ {
-			r := *q.msgs[o]
-			size += len(r.Body) + 200
-			if len(recs) > 0 && size > maxPullBytes {
+		minOffset, maxOffset := q.min, q.maxOffset()
+		var body []byte
+		var n int64
+		for o := offset; o >= minOffset && o < maxOffset && n < limit; o++ {
+			rec, err := remoting.EncodeRecords(nil, *q.at(o))
+			if err != nil {
+				s.mu.Unlock()
+				return bad(req, "pull: %v", err)
+			}
+			if n > 0 && len(body)+len(rec) > maxPullBytes {
 				break
 			}
-			recs = append(recs, r)
+			body = append(body, rec...)
+			n++
 		}
 		arrived := q.arrived
 		s.mu.Unlock()
 
 		resp := remoting.NewResponse(req, remoting.Success, "")
-		resp.ExtFields["minOffset"] = "0"
+		resp.ExtFields["minOffset"] = remoting.Itoa(minOffset)
 		resp.ExtFields["maxOffset"] = remoting.Itoa(maxOffset)
 		resp.ExtFields["suggestWhichBrokerId"] = "0"
 		switch {
+		case offset >= 0 && offset < minOffset:
+			// Trimmed (OFFSET_TOO_SMALL): start again at the oldest message
+			// kept.
+			resp.Code = remoting.PullOffsetMoved
+			resp.ExtFields["nextBeginOffset"] = remoting.Itoa(minOffset)
+			return resp
 		case offset < 0 || offset > maxOffset:
 			resp.Code = remoting.PullOffsetMoved
 			resp.ExtFields["nextBeginOffset"] = remoting.Itoa(min(max(offset, 0), maxOffset))
 			return resp
-		case len(recs) > 0:
-			body, err := remoting.EncodeRecords(nil, recs...)
-			if err != nil {
-				return bad(req, "pull: %v", err)
-			}
+		case n > 0:
 			resp.Body = body
-			resp.ExtFields["nextBeginOffset"] = remoting.Itoa(offset + int64(len(recs)))
+			resp.ExtFields["nextBeginOffset"] = remoting.Itoa(offset + n)
 			return resp
 		}
 		wait := time.Until(deadline)
-		if sysFlag&flagSuspend == 0 || wait <= 0 || !c.waitFor(arrived, wait) {
+		if sysFlag&pullSuspend == 0 || wait <= 0 || !c.waitFor(arrived, wait) {
 			resp.Code = remoting.PullNotFound
 			resp.ExtFields["nextBeginOffset"] = remoting.Itoa(offset)
 			return resp
@@ -389,10 +418,17 @@ func (s *Server) queryOffset(req *remoting.Command) *remoting.Command {
 	key := queueKey{group: req.Ext("consumerGroup"), topic: req.Ext("topic"), queue: int(qid)}
 	s.mu.Lock()
 	off, ok := s.st.offsets[key]
+	var minOffset int64
+	if t := s.st.topics[key.topic]; t != nil && key.queue >= 0 && key.queue < len(t.queues) {
+		minOffset = t.queues[key.queue].min
+	}
 	s.mu.Unlock()
 	if !ok {
-		// Nothing committed: a queue that was never trimmed is read from 0,
-		// as a broker answers for its min offset 0 (the double never trims).
+		if minOffset > 0 {
+			// Nothing committed and the queue no longer starts at 0: a
+			// broker leaves the client to decide where to start.
+			return remoting.NewResponse(req, remoting.QueryNotFound, "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
+		}
 		off = 0
 	}
 	resp := remoting.NewResponse(req, remoting.Success, "")
@@ -429,22 +465,22 @@ func (s *Server) offsetBound(req *remoting.Command) *remoting.Command {
 	if t == nil || qid < 0 || int(qid) >= len(t.queues) {
 		return remoting.NewResponse(req, remoting.TopicNotExist, "no such queue")
 	}
-	msgs := t.queues[qid].msgs
+	q := t.queues[qid]
 	var off int64
 	switch req.Code {
 	case remoting.GetMaxOffset:
-		off = int64(len(msgs))
+		off = q.maxOffset()
 	case remoting.GetMinOffset:
-		off = 0
+		off = q.min
 	case remoting.SearchOffsetByTimestamp:
 		ts, err := extInt(req, "timestamp")
 		if err != nil {
 			return bad(req, "search offset: %v", err)
 		}
-		off = int64(len(msgs))
-		for i, m := range msgs {
+		off = q.maxOffset()
+		for _, m := range q.msgs {
 			if m.StoreTimestamp >= ts {
-				off = int64(i)
+				off = m.QueueOffset
 				break
 			}
 		}
@@ -570,8 +606,7 @@ func (s *Server) sendBack(req *remoting.Command) *remoting.Command {
 	rec.Topic = retryPrefix + group
 	rec.Properties[remoting.PropDelayLevel] = remoting.Itoa(level)
 	s.st.createTopic(rec.Topic, 1, permReadWrite)
-	s.st.schedule(time.Now().Add(s.opts.DelayLevels[level-1]), rec)
-	s.signalScheduler()
+	s.putLocked(rec)
 	return remoting.NewResponse(req, remoting.Success, "")
 }
 
@@ -591,41 +626,4 @@ func (s *Server) createTopicRequest(req *remoting.Command) *remoting.Command {
 	s.st.createTopic(name, int(n), int(perm))
 	s.mu.Unlock()
 	return remoting.NewResponse(req, remoting.Success, "")
-}
-
-// signalScheduler wakes the delay scheduler; call with s.mu held.
-func (s *Server) signalScheduler() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
-
-// scheduleDelayed moves delayed messages into their queues when due, with
-// DELAY removed, as a broker's schedule service does.
-func (s *Server) scheduleDelayed(stop, wake chan struct{}) {
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	for {
-		s.mu.Lock()
-		due, next := s.st.takeDue(time.Now())
-		for _, rec := range due {
-			delete(rec.Properties, remoting.PropDelayLevel)
-			if t := s.st.topics[rec.Topic]; t != nil && int(rec.QueueID) < len(t.queues) {
-				s.st.append(rec)
-			}
-		}
-		s.mu.Unlock()
-		wait := time.Hour
-		if !next.IsZero() {
-			wait = max(time.Until(next), time.Millisecond)
-		}
-		timer.Reset(wait)
-		select {
-		case <-stop:
-			return
-		case <-wake:
-		case <-timer.C:
-		}
-	}
 }

@@ -49,7 +49,8 @@ func (s *Server) Queues(topic string) int {
 	return 0
 }
 
-// Messages returns the messages stored in one queue, in offset order.
+// Messages returns the messages stored in one queue (those not trimmed), in
+// offset order.
 func (s *Server) Messages(topic string, queueID int) []Message {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -80,11 +81,20 @@ func (s *Server) DLQ(group string) []Message { return s.Messages(dlqPrefix+group
 // and already due.
 func (s *Server) Retries(group string) []Message { return s.Messages(retryPrefix+group, 0) }
 
-// Scheduled returns how many delayed messages are not yet due.
+// Scheduled returns how many delayed messages wait in the schedule topic
+// (SCHEDULE_TOPIC_XXXX) for delivery.
 func (s *Server) Scheduled() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.st.delayed)
+	t := s.st.topics[ScheduleTopic]
+	if t == nil {
+		return 0
+	}
+	n := 0
+	for qid, q := range t.queues {
+		n += int(q.maxOffset() - max(s.st.delayOffsets[qid+1], q.min))
+	}
+	return n
 }
 
 // CommittedOffset returns the offset group committed for a queue.
@@ -93,6 +103,28 @@ func (s *Server) CommittedOffset(group, topic string, queueID int) (int64, bool)
 	defer s.mu.Unlock()
 	off, ok := s.st.offsets[queueKey{group: group, topic: topic, queue: queueID}]
 	return off, ok
+}
+
+// FlushedOffset returns a queue's offset for group as last flushed to disk:
+// what a Crash goes back to.
+func (s *Server) FlushedOffset(group, topic string, queueID int) (int64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	off, ok := s.st.flushed[queueKey{group: group, topic: topic, queue: queueID}]
+	return off, ok
+}
+
+// Trim deletes a queue's messages below offset upto, as a broker deletes
+// commit log files past their retention (fileReservedTime): the queue's min
+// offset becomes upto (at most its max offset). Consumers behind it are
+// moved up (PULL_OFFSET_MOVED), and a group that committed nothing for the
+// queue gets QUERY_NOT_FOUND for its offset.
+func (s *Server) Trim(topic string, queueID int, upto int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := s.st.topics[topic]; t != nil && queueID >= 0 && queueID < len(t.queues) {
+		s.st.trim(t.queues[queueID], upto)
+	}
 }
 
 // Consumers returns the client ids registered in a consumer group, sorted.

@@ -8,9 +8,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -113,10 +117,12 @@ func (c *client) send(t *testing.T, topic string, queueID int, body string, prop
 	return c.call(t, remoting.SendMessage, sendExt(topic, queueID, props), []byte(body))
 }
 
+// pullExt is a pull's header. It carries its subscription (sysFlag bit 2),
+// so the pull is served without a heartbeat first.
 func pullExt(group, topic string, queueID int, offset int64, suspend time.Duration) map[string]string {
-	flag := "0"
+	flag := "4"
 	if suspend > 0 {
-		flag = "2"
+		flag = "6"
 	}
 	return map[string]string{
 		"consumerGroup": group, "topic": topic, "queueId": strconv.Itoa(queueID),
@@ -138,20 +144,34 @@ func (c *client) pull(t *testing.T, group, topic string, queueID int, offset int
 
 func heartbeat(t *testing.T, c *client, clientID string, groups ...string) {
 	t.Helper()
-	type consumerData struct {
-		GroupName    string `json:"groupName"`
-		ConsumeType  string `json:"consumeType"`
-		MessageModel string `json:"messageModel"`
+	for _, g := range groups {
+		subscribe(t, c, clientID, g)
 	}
-	hb := struct {
+}
+
+// subscribe sends a heartbeat of clientID as a member of group subscribed
+// to topics, as the library's heartbeats list them.
+func subscribe(t *testing.T, c *client, clientID, group string, topics ...string) {
+	t.Helper()
+	type subscription struct {
+		Topic     string `json:"topic"`
+		SubString string `json:"subString"`
+	}
+	type consumerData struct {
+		GroupName     string         `json:"groupName"`
+		ConsumeType   string         `json:"consumeType"`
+		MessageModel  string         `json:"messageModel"`
+		Subscriptions []subscription `json:"subscriptionDataSet"`
+	}
+	cd := consumerData{GroupName: group, ConsumeType: "CONSUME_PASSIVELY", MessageModel: "CLUSTERING", Subscriptions: []subscription{}}
+	for _, topic := range topics {
+		cd.Subscriptions = append(cd.Subscriptions, subscription{Topic: topic, SubString: "*"})
+	}
+	body, _ := json.Marshal(struct {
 		ClientID  string         `json:"clientID"`
 		Producers []any          `json:"producerDataSet"`
 		Consumers []consumerData `json:"consumerDataSet"`
-	}{ClientID: clientID, Producers: []any{}}
-	for _, g := range groups {
-		hb.Consumers = append(hb.Consumers, consumerData{GroupName: g, ConsumeType: "CONSUME_PASSIVELY", MessageModel: "CLUSTERING"})
-	}
-	body, _ := json.Marshal(hb)
+	}{ClientID: clientID, Producers: []any{}, Consumers: []consumerData{cd}})
 	c.mustOK(t, remoting.HeartBeat, nil, body)
 }
 
@@ -205,6 +225,53 @@ func TestRoute(t *testing.T) {
 			}
 			if len(r.BrokerDatas) != 1 || r.BrokerDatas[0].BrokerAddrs["0"] != srv.Addr() {
 				t.Errorf("got broker data %+v, want master 0 at %s", r.BrokerDatas, srv.Addr())
+			}
+		})
+	}
+}
+
+// TestRouteDialects: the name server answers a route query in the dialect
+// a 4.9.4 name server would, byte for byte the committed example route with
+// the double's address: fastjson's (unquoted brokerAddrs keys) to a request
+// below version 401 without acceptStandardJsonOnly=true, standard JSON
+// otherwise; with LegacyRoutes, as older name servers, fastjson's always.
+func TestRouteDialects(t *testing.T) {
+	tests := []struct {
+		name     string
+		legacy   bool
+		version  int16
+		header   string
+		wantFile string
+	}{
+		{name: "library v2.1.2", version: 317, wantFile: "route-fastjson-4.9.4.json"},
+		{name: "4.9.1", version: 395, wantFile: "route-fastjson-4.9.4.json"},
+		{name: "4.9.1 asking for standard JSON", version: 395, header: "true", wantFile: "route-standard-4.9.4.json"},
+		{name: "4.9.4", version: 401, wantFile: "route-standard-4.9.4.json"},
+		{name: "4.9.4 to a legacy name server", legacy: true, version: 401, header: "true", wantFile: "route-fastjson-4.9.4.json"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := mustStart(t, rmqtest.Options{LegacyRoutes: tc.legacy})
+			srv.CreateTopic("flashsale-purchases", 16)
+			c := dial(t, srv.Addr())
+			req := remoting.NewRequest(remoting.GetRouteInfoByTopic, map[string]string{"topic": "flashsale-purchases"}, nil)
+			req.Version = tc.version
+			if tc.header != "" {
+				req.ExtFields[remoting.ExtStandardJSON] = tc.header
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+			defer cancel()
+			resp, err := c.Call(ctx, req)
+			if err != nil || resp.Code != remoting.Success {
+				t.Fatalf("route: got %v, %v; want success", resp, err)
+			}
+			vector, err := os.ReadFile(filepath.Join("..", "testdata", tc.wantFile))
+			if err != nil {
+				t.Fatalf("read vector: %v", err)
+			}
+			want := strings.ReplaceAll(strings.TrimSpace(string(vector)), "172.18.0.3:10911", srv.Addr())
+			if string(resp.Body) != want {
+				t.Errorf("got  %s\nwant %s", resp.Body, want)
 			}
 		})
 	}
@@ -378,7 +445,7 @@ func TestPullAndOffsets(t *testing.T) {
 	}
 	// A pull carrying a commit offset (sysFlag bit 0) commits it.
 	ext := pullExt("g", "t", 0, 2, 0)
-	ext["sysFlag"], ext["commitOffset"] = "1", "2"
+	ext["sysFlag"], ext["commitOffset"] = "5", "2"
 	c.mustOK(t, remoting.PullMessage, ext, nil)
 	if off, ok := srv.CommittedOffset("g", "t", 0); !ok || off != 2 {
 		t.Errorf("offset after a committing pull: got %d (%v), want 2", off, ok)
@@ -389,6 +456,210 @@ func TestPullAndOffsets(t *testing.T) {
 	}
 	if resp := c.mustOK(t, remoting.GetMaxOffset, map[string]string{"topic": "t", "queueId": "0"}, nil); resp.Ext("offset") != "5" {
 		t.Errorf("max offset: got %q, want 5", resp.Ext("offset"))
+	}
+}
+
+// TestPullLimits: a pull answers at most 32 messages and, past the first
+// message, 256 KiB of records, whatever the client asks for (the library
+// asks for the driver's batch size, up to 1024).
+func TestPullLimits(t *testing.T) {
+	srv := mustStart(t, rmqtest.Options{})
+	srv.CreateTopic("small", 1)
+	srv.CreateTopic("large", 1)
+	c := dial(t, srv.Addr())
+	for i := range 40 {
+		c.send(t, "small", 0, fmt.Sprint("m", i), nil)
+	}
+	big := func(kib int) string { return string(make([]byte, kib<<10)) }
+	for _, kib := range []int{100, 100, 100, 300, 1} {
+		c.send(t, "large", 0, big(kib), nil)
+	}
+	tests := []struct {
+		name   string
+		topic  string
+		offset int64
+		ask    string
+		want   int
+	}{
+		{name: "count capped at 32", topic: "small", offset: 0, ask: "256", want: 32},
+		{name: "the rest", topic: "small", offset: 32, ask: "256", want: 8},
+		{name: "fewer asked", topic: "small", offset: 0, ask: "5", want: 5},
+		{name: "bytes capped at 256 KiB", topic: "large", offset: 0, ask: "32", want: 2},
+		{name: "a first message over the cap goes alone", topic: "large", offset: 3, ask: "32", want: 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ext := pullExt("g", tc.topic, 0, tc.offset, 0)
+			ext["maxMsgNums"] = tc.ask
+			resp := c.mustOK(t, remoting.PullMessage, ext, nil)
+			recs, err := remoting.DecodeRecords(resp.Body)
+			if err != nil {
+				t.Fatalf("decode: %v", err)
+			}
+			next := strconv.FormatInt(tc.offset+int64(tc.want), 10)
+			if len(recs) != tc.want || resp.Ext("nextBeginOffset") != next {
+				t.Errorf("got %d records, next %s; want %d, next %s", len(recs), resp.Ext("nextBeginOffset"), tc.want, next)
+			}
+			if len(recs) > 1 && len(resp.Body) > 256<<10 {
+				t.Errorf("got %d bytes in %d records, want at most 256 KiB", len(resp.Body), len(recs))
+			}
+		})
+	}
+}
+
+// TestSubscriptionNotExist: a pull that does not carry its subscription
+// (what the library sends) is refused with SUBSCRIPTION_NOT_EXIST until a
+// heartbeat registers the group with the topic, and again after a restart
+// until the group's next heartbeat.
+func TestSubscriptionNotExist(t *testing.T) {
+	srv := mustStart(t, rmqtest.Options{})
+	srv.CreateTopic("t", 1)
+	srv.CreateTopic("u", 1)
+	c := dial(t, srv.Addr())
+	c.send(t, "t", 0, "m", nil)
+	pull := func(c *client, topic string) int16 {
+		ext := pullExt("g", topic, 0, 0, 0)
+		ext["sysFlag"] = "0"
+		return c.call(t, remoting.PullMessage, ext, nil).Code
+	}
+	if code := pull(c, "t"); code != remoting.SubscriptionNotExist {
+		t.Errorf("before any heartbeat: got code %d, want %d", code, remoting.SubscriptionNotExist)
+	}
+	subscribe(t, c, "A", "g", "t")
+	if code := pull(c, "t"); code != remoting.Success {
+		t.Errorf("after the group's heartbeat: got code %d, want %d", code, remoting.Success)
+	}
+	if code := pull(c, "u"); code != remoting.SubscriptionNotExist {
+		t.Errorf("a topic the group does not subscribe to: got code %d, want %d", code, remoting.SubscriptionNotExist)
+	}
+	if err := srv.Restart(true, 0); err != nil {
+		t.Fatalf("Restart: %v", err)
+	}
+	c = dial(t, srv.Addr())
+	if code := pull(c, "t"); code != remoting.SubscriptionNotExist {
+		t.Errorf("after a restart: got code %d, want %d until the next heartbeat", code, remoting.SubscriptionNotExist)
+	}
+	subscribe(t, c, "A", "g", "t")
+	if code := pull(c, "t"); code != remoting.Success {
+		t.Errorf("after the next heartbeat: got code %d, want %d", code, remoting.Success)
+	}
+}
+
+// TestOffsetFlushAndCrash: committed offsets reach "disk" every
+// OffsetFlushInterval and at a clean restart; a crash keeps the messages
+// and goes back to the offsets last flushed.
+func TestOffsetFlushAndCrash(t *testing.T) {
+	commit := func(c *client, off int) {
+		c.mustOK(t, remoting.UpdateConsumerOffset, map[string]string{"consumerGroup": "g", "topic": "t", "queueId": "0", "commitOffset": strconv.Itoa(off)}, nil)
+	}
+	query := func(c *client) string {
+		return c.mustOK(t, remoting.QueryConsumerOffset, map[string]string{"consumerGroup": "g", "topic": "t", "queueId": "0"}, nil).Ext("offset")
+	}
+
+	t.Run("never flushed", func(t *testing.T) {
+		srv := mustStart(t, rmqtest.Options{OffsetFlushInterval: time.Hour})
+		srv.CreateTopic("t", 1)
+		c := dial(t, srv.Addr())
+		for range 3 {
+			c.send(t, "t", 0, "m", nil)
+		}
+		commit(c, 3)
+		if err := srv.Crash(0); err != nil {
+			t.Fatalf("Crash: %v", err)
+		}
+		c = dial(t, srv.Addr())
+		if _, ok := srv.CommittedOffset("g", "t", 0); ok || query(c) != "0" {
+			t.Errorf("after a crash before any flush: got offset %s, want none (0)", query(c))
+		}
+		if n := len(srv.Messages("t", 0)); n != 3 {
+			t.Errorf("messages after a crash: got %d, want 3", n)
+		}
+	})
+	t.Run("clean restart flushes", func(t *testing.T) {
+		srv := mustStart(t, rmqtest.Options{OffsetFlushInterval: time.Hour})
+		srv.CreateTopic("t", 1)
+		c := dial(t, srv.Addr())
+		commit(c, 2)
+		if err := srv.Restart(true, 0); err != nil {
+			t.Fatalf("Restart: %v", err)
+		}
+		c = dial(t, srv.Addr())
+		commit(c, 5)
+		if err := srv.Crash(0); err != nil {
+			t.Fatalf("Crash: %v", err)
+		}
+		if got := query(dial(t, srv.Addr())); got != "2" {
+			t.Errorf("crash after a clean restart: got offset %s, want 2 (flushed at the restart)", got)
+		}
+	})
+	t.Run("flushed on the timer", func(t *testing.T) {
+		srv := mustStart(t, rmqtest.Options{OffsetFlushInterval: 20 * time.Millisecond})
+		srv.CreateTopic("t", 1)
+		c := dial(t, srv.Addr())
+		commit(c, 4)
+		waitFor(t, "the flush", func() bool { off, ok := srv.FlushedOffset("g", "t", 0); return ok && off == 4 })
+		if err := srv.Crash(0); err != nil {
+			t.Fatalf("Crash: %v", err)
+		}
+		if got := query(dial(t, srv.Addr())); got != "4" {
+			t.Errorf("crash after a flush: got offset %s, want 4", got)
+		}
+	})
+}
+
+// TestTrim: a trimmed queue keeps its offsets, reports its new min offset,
+// moves a pull from below it up (PULL_OFFSET_MOVED to the min), answers
+// QUERY_NOT_FOUND to a group that committed nothing, and cannot send a
+// trimmed message back.
+func TestTrim(t *testing.T) {
+	srv := mustStart(t, rmqtest.Options{})
+	srv.CreateTopic("t", 1)
+	c := dial(t, srv.Addr())
+	sent := time.Now().UnixMilli()
+	for i := range 5 {
+		c.send(t, "t", 0, fmt.Sprint("m", i), nil)
+	}
+	_, first := c.pull(t, "g", "t", 0, 0, 0)
+	srv.Trim("t", 0, 3)
+
+	if msgs := srv.Messages("t", 0); len(msgs) != 2 || msgs[0].QueueOffset != 3 {
+		t.Errorf("messages after the trim: got %d starting at %v, want 2 starting at 3", len(msgs), msgs)
+	}
+	q := map[string]string{"topic": "t", "queueId": "0"}
+	for _, tc := range []struct {
+		code int16
+		want string
+	}{{remoting.GetMinOffset, "3"}, {remoting.GetMaxOffset, "5"}} {
+		if got := c.mustOK(t, tc.code, q, nil).Ext("offset"); got != tc.want {
+			t.Errorf("request %d: got offset %s, want %s", tc.code, got, tc.want)
+		}
+	}
+	search := map[string]string{"topic": "t", "queueId": "0", "timestamp": strconv.FormatInt(sent-1000, 10)}
+	if got := c.mustOK(t, remoting.SearchOffsetByTimestamp, search, nil).Ext("offset"); got != "3" {
+		t.Errorf("search from before the first message: got %s, want 3", got)
+	}
+	query := map[string]string{"consumerGroup": "new", "topic": "t", "queueId": "0"}
+	if resp := c.call(t, remoting.QueryConsumerOffset, query, nil); resp.Code != remoting.QueryNotFound {
+		t.Errorf("offset of a group that committed nothing: got code %d, want %d", resp.Code, remoting.QueryNotFound)
+	}
+	resp, recs := c.pull(t, "new", "t", 0, 0, 0)
+	if resp.Code != remoting.PullOffsetMoved || resp.Ext("nextBeginOffset") != "3" || resp.Ext("minOffset") != "3" || len(recs) != 0 {
+		t.Errorf("pull from a trimmed offset: got code %d next %s min %s with %d records, want %d next 3 min 3",
+			resp.Code, resp.Ext("nextBeginOffset"), resp.Ext("minOffset"), len(recs), remoting.PullOffsetMoved)
+	}
+	if resp, recs := c.pull(t, "new", "t", 0, 3, 0); resp.Code != remoting.Success || len(recs) != 2 || string(recs[0].Body) != "m3" {
+		t.Errorf("pull from the min offset: got code %d with %d records, want m3 and m4", resp.Code, len(recs))
+	}
+	c.mustOK(t, remoting.UpdateConsumerOffset, map[string]string{"consumerGroup": "new", "topic": "t", "queueId": "0", "commitOffset": "4"}, nil)
+	if got := c.mustOK(t, remoting.QueryConsumerOffset, query, nil).Ext("offset"); got != "4" {
+		t.Errorf("offset once committed: got %s, want 4", got)
+	}
+	back := c.call(t, remoting.ConsumerSendMsgBack, map[string]string{
+		"group": "g", "offset": strconv.FormatInt(first[0].CommitLogOffset, 10), "delayLevel": "-1",
+		"originMsgId": "X", "originTopic": "t", "unitMode": "false", "maxReconsumeTimes": "16",
+	}, nil)
+	if back.Code != remoting.SystemError || len(srv.DLQ("g")) != 0 {
+		t.Errorf("send-back of a trimmed message: got code %d, %d in the DLQ; want %d, none", back.Code, len(srv.DLQ("g")), remoting.SystemError)
 	}
 }
 
@@ -505,23 +776,123 @@ func TestLocks(t *testing.T) {
 	}
 }
 
+// TestDelayedMessage: a message with DELAY level L is stored at once in
+// SCHEDULE_TOPIC_XXXX, queue L-1, with its topic and queue in REAL_TOPIC and
+// REAL_QID (the send result names the queue asked for and the schedule
+// queue's offset), and when due it is stored again in its real queue as a
+// new message, without DELAY, as a 4.9.4 broker does.
 func TestDelayedMessage(t *testing.T) {
 	srv := mustStart(t, rmqtest.Options{DelayLevels: shortDelays()})
-	srv.CreateTopic("t", 1)
+	srv.CreateTopic("t", 2)
 	c := dial(t, srv.Addr())
 	sent := time.Now()
-	c.send(t, "t", 0, "later", map[string]string{remoting.PropDelayLevel: "4"}) // 200ms
-	c.send(t, "t", 0, "now", nil)
-	if msgs := srv.Messages("t", 0); len(msgs) != 1 || string(msgs[0].Body) != "now" || srv.Scheduled() != 1 {
-		t.Fatalf("right after sending: got %d stored, %d scheduled, want only the undelayed one stored", len(msgs), srv.Scheduled())
+	resp := c.send(t, "t", 1, "later", map[string]string{remoting.PropDelayLevel: "4", remoting.PropKeys: "r1"}) // 200ms
+	c.send(t, "t", 1, "now", nil)
+
+	sched := srv.Messages(rmqtest.ScheduleTopic, 3)
+	if len(sched) != 1 {
+		t.Fatalf("schedule queue of level 4: got %d messages, want 1", len(sched))
 	}
-	waitFor(t, "the delayed message", func() bool { return len(srv.Messages("t", 0)) == 2 })
+	wantProps := map[string]string{remoting.PropDelayLevel: "4", remoting.PropKeys: "r1", remoting.PropRealTopic: "t", remoting.PropRealQueueID: "1"}
+	if s := sched[0]; string(s.Body) != "later" || s.QueueOffset != 0 || !maps.Equal(s.Properties, wantProps) {
+		t.Errorf("scheduled: got %+v, want body later at offset 0 with properties %v", s, wantProps)
+	}
+	if resp.Ext("queueId") != "1" || resp.Ext("queueOffset") != "0" {
+		t.Errorf("send result: got queueId %s, queueOffset %s; want the queue asked for (1) and the schedule queue's offset (0)", resp.Ext("queueId"), resp.Ext("queueOffset"))
+	}
+	if msgs := srv.Messages("t", 1); len(msgs) != 1 || string(msgs[0].Body) != "now" || srv.Scheduled() != 1 {
+		t.Fatalf("right after sending: got %d stored in t, %d scheduled; want only the undelayed one in t", len(msgs), srv.Scheduled())
+	}
+
+	waitFor(t, "the delayed message", func() bool { return len(srv.Messages("t", 1)) == 2 })
 	if since := time.Since(sent); since < 200*time.Millisecond {
 		t.Errorf("delayed message stored after %v, want >= 200ms", since)
 	}
-	m := srv.Messages("t", 0)[1]
-	if string(m.Body) != "later" || m.Properties[remoting.PropDelayLevel] != "" || m.QueueOffset != 1 {
-		t.Errorf("delivered delayed message: got %+v, want body later at offset 1 without DELAY", m)
+	m := srv.Messages("t", 1)[1]
+	delete(wantProps, remoting.PropDelayLevel)
+	if string(m.Body) != "later" || m.QueueOffset != 1 || !maps.Equal(m.Properties, wantProps) || m.Stored.Before(sched[0].Stored.Add(200*time.Millisecond)) {
+		t.Errorf("delivered: got %+v, want body later at offset 1, stored 200ms after it was scheduled, with properties %v", m, wantProps)
+	}
+	if n := srv.Scheduled(); n != 0 || len(srv.Messages(rmqtest.ScheduleTopic, 3)) != 1 {
+		t.Errorf("after delivery: got %d waiting, want 0, and the schedule queue keeping its message", n)
+	}
+}
+
+// TestDelayLevels: levels above the largest are clamped to it, and each
+// level's queue delivers in the order its messages were stored, each once.
+func TestDelayLevels(t *testing.T) {
+	srv := mustStart(t, rmqtest.Options{DelayLevels: shortDelays()})
+	srv.CreateTopic("t", 4)
+	c := dial(t, srv.Addr())
+	for i := range 4 {
+		c.send(t, "t", 3-i, fmt.Sprint("m", i), map[string]string{remoting.PropDelayLevel: "2"})
+	}
+	c.send(t, "t", 0, "clamped", map[string]string{remoting.PropDelayLevel: "99"})
+	if got := srv.Messages(rmqtest.ScheduleTopic, 17); len(got) != 1 || got[0].Properties[remoting.PropDelayLevel] != "18" {
+		t.Errorf("level 99: got %v in the queue of level 18, want the message with DELAY 18", got)
+	}
+	waitFor(t, "every delayed message", func() bool { return len(srv.AllMessages("t")) == 5 })
+	delivered := map[int64]string{} // commit log offset -> body
+	for q := range 4 {
+		_, recs := c.pull(t, "inspect", "t", q, 0, 0)
+		for _, r := range recs {
+			if string(r.Body) != "clamped" {
+				delivered[r.CommitLogOffset] = string(r.Body)
+			}
+		}
+	}
+	var order []string
+	for _, off := range slices.Sorted(maps.Keys(delivered)) {
+		order = append(order, delivered[off])
+	}
+	if !slices.Equal(order, []string{"m0", "m1", "m2", "m3"}) {
+		t.Errorf("level 2: got %v stored in this order, want m0..m3 once each, in the order they were sent", order)
+	}
+}
+
+// TestDelayedAcrossRestart: the schedule's progress survives a restart on
+// the broker's disk (delayOffset.json): what was delivered before it is not
+// delivered again, what was still waiting is delivered after it, once; a
+// broker whose disk was lost has neither.
+func TestDelayedAcrossRestart(t *testing.T) {
+	tests := []struct {
+		name      string
+		keepState bool
+		want      []string // in t afterwards
+	}{
+		{"state kept", true, []string{"early", "late"}},
+		{"state lost", false, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			levels := shortDelays()
+			levels[17] = 700 * time.Millisecond
+			srv := mustStart(t, rmqtest.Options{DelayLevels: levels})
+			srv.CreateTopic("t", 1)
+			c := dial(t, srv.Addr())
+			c.send(t, "t", 0, "early", map[string]string{remoting.PropDelayLevel: "1"}) // 50ms
+			c.send(t, "t", 0, "late", map[string]string{remoting.PropDelayLevel: "18"}) // 700ms
+			waitFor(t, "the early message", func() bool { return len(srv.Messages("t", 0)) == 1 })
+			if srv.Scheduled() != 1 {
+				t.Fatalf("before the restart: got %d waiting, want the late one", srv.Scheduled())
+			}
+			if err := srv.Restart(tc.keepState, 0); err != nil {
+				t.Fatalf("Restart: %v", err)
+			}
+			if !tc.keepState {
+				srv.CreateTopic("t", 1)
+			}
+			// Delivery moves a message and its level's offset at once, so
+			// with nothing waiting, every delivery there will be is done.
+			waitFor(t, "the schedule to drain", func() bool { return srv.Scheduled() == 0 })
+			var got []string
+			for _, m := range srv.Messages("t", 0) {
+				got = append(got, string(m.Body))
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("delivered: got %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
 
@@ -708,6 +1079,29 @@ func TestListener(t *testing.T) {
 	}
 	waitFor(t, "the cut-off client to leave its group", func() bool { return slices.Equal(srv.Consumers("g"), []string{"alive"}) })
 	viaMain.mustOK(t, remoting.GetMaxOffset, map[string]string{"topic": "t", "queueId": "0"}, nil)
+}
+
+// TestListenAt: a listener on an address of the test's choosing (another
+// loopback IP, the port of an earlier listener) is named as the broker to
+// the clients that come in through it.
+func TestListenAt(t *testing.T) {
+	srv := mustStart(t, rmqtest.Options{})
+	srv.CreateTopic("t", 1)
+	first, err := srv.ListenAt("127.0.0.2:0")
+	if err != nil {
+		t.Fatalf("ListenAt: %v", err)
+	}
+	_, port, _ := net.SplitHostPort(first.Addr())
+	moved, err := srv.ListenAt(net.JoinHostPort("127.0.0.3", port))
+	if err != nil {
+		t.Fatalf("ListenAt the same port on another address: %v", err)
+	}
+	for _, l := range []*rmqtest.Listener{first, moved} {
+		resp := dial(t, l.Addr()).mustOK(t, remoting.GetRouteInfoByTopic, map[string]string{"topic": "t"}, nil)
+		if !strings.Contains(string(resp.Body), `"`+l.Addr()+`"`) {
+			t.Errorf("route through %s: got %s, want the broker there", l.Addr(), resp.Body)
+		}
+	}
 }
 
 // TestGarbage checks that a bad frame closes the connection without

@@ -11,18 +11,29 @@
 // consumer lists with NOTIFY_CONSUMER_IDS_CHANGED pushed on membership
 // changes, queue locks for orderly consumption (they expire after
 // Options.LockTTL), send-back to %RETRY%<group> and %DLQ%<group>, topic
-// creation and delay levels. It keeps everything in memory.
+// creation and delay levels (kept, as a broker keeps them, in the schedule
+// topic SCHEDULE_TOPIC_XXXX until due). It keeps everything in memory.
 //
-// Tests inspect its state (Messages, CommittedOffset, DLQ, Consumers,
-// LockOwner) and inject faults: DropConnections, InjectFault (answer a request
-// code with an error, or swallow its response), SetLatency, Restart with
-// state kept or lost, ExpireLocks, and Listen, an extra port whose Close
-// cuts off every client that came in through it — what a killed process
-// looks like to a broker.
+// It keeps a broker's limits where the client sees them: a pull answers at
+// most 32 messages and 256 KiB; a pull that does not carry its subscription
+// is refused (SUBSCRIPTION_NOT_EXIST) for a group no heartbeat registered,
+// as after a restart; committed offsets reach "disk" every
+// Options.OffsetFlushInterval; a trimmed queue moves consumers up
+// (PULL_OFFSET_MOVED) and answers QUERY_NOT_FOUND to a group without an
+// offset.
+//
+// Tests inspect its state (Messages, CommittedOffset, FlushedOffset, DLQ,
+// Consumers, LockOwner) and inject faults: DropConnections, InjectFault
+// (answer a request code with an error, or swallow its response),
+// SetLatency, Restart with state kept or lost, Crash (offsets back to their
+// last flush), Trim, ExpireLocks, and Listen (or ListenAt, on an address of the
+// test's choosing), an extra port whose Close cuts off every client that
+// came in through it — what a killed process looks
+// like to a broker.
 //
 // The double aims at the behaviour the driver depends on, not at a broker:
-// one broker, one name server, no disk, no trimming, no tags or filters, no
-// transactions, no replicas.
+// one broker, one name server, no disk (a crash is simulated), no tags or
+// filters, no transactions, no replicas.
 //
 // All state is guarded by one mutex and the package has no package-level
 // state, so it is race-clean (its tests run under -race; they talk to it with
@@ -65,9 +76,19 @@ type Options struct {
 	// ClientTimeout is how long a client stays registered without a
 	// heartbeat (channelExpiredTimeout). Default 120s.
 	ClientTimeout time.Duration
+	// OffsetFlushInterval is how often committed consumer offsets are
+	// written to disk (flushConsumerOffsetInterval): Crash rolls them back
+	// to the last write. Default 5s.
+	OffsetFlushInterval time.Duration
 	// DelayLevels are the delays of levels 1..n (messageDelayLevel).
 	// Default: 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h.
 	DelayLevels []time.Duration
+	// LegacyRoutes makes the name server answer every route query in
+	// fastjson's dialect (brokerAddrs keys unquoted), as name servers before
+	// 4.9.4 do whatever the request asks for. By default it answers as 4.9.4
+	// does: fastjson's dialect to requests below version 401 (V4_9_4)
+	// without acceptStandardJsonOnly=true, standard JSON otherwise.
+	LegacyRoutes bool
 	// Logger receives protocol errors and a debug line per request. Nil
 	// discards.
 	Logger *slog.Logger
@@ -99,6 +120,9 @@ func (o Options) withDefaults() Options {
 	if o.ClientTimeout <= 0 {
 		o.ClientTimeout = 120 * time.Second
 	}
+	if o.OffsetFlushInterval <= 0 {
+		o.OffsetFlushInterval = 5 * time.Second
+	}
 	if len(o.DelayLevels) == 0 {
 		o.DelayLevels = DefaultDelayLevels()
 	}
@@ -122,7 +146,7 @@ type Server struct {
 	requests  map[int16]int
 	stopped   bool          // between a Restart's stop and start, and after Close
 	stop      chan struct{} // closed on stop; long polls and timers watch it
-	wake      chan struct{} // signals the delay scheduler
+	wake      chan struct{} // wakes the delivery of delayed messages
 
 	notifyOpaque atomic.Int32
 	wg           sync.WaitGroup // connection handlers, request handlers, background loops
@@ -134,7 +158,6 @@ func Start(opts Options) (*Server, error) {
 	s := &Server{
 		opts:     opts,
 		log:      opts.Logger,
-		st:       newState(),
 		conns:    make(map[*conn]struct{}),
 		faults:   make(map[int16]*Fault),
 		requests: make(map[int16]int),
@@ -145,11 +168,9 @@ func Start(opts Options) (*Server, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.st = s.newStateLocked()
 	s.startLocked()
 	s.addListenerLocked(ln)
-	if opts.AutoCreateTopics {
-		s.st.createTopic(defaultTopic, opts.DefaultQueues, permReadWrite)
-	}
 	return s, nil
 }
 
@@ -178,10 +199,38 @@ func (s *Server) Close() error {
 // Restart stops the server (listeners closed, connections dropped, held
 // pulls answered by nothing), waits downtime, and listens again on the same
 // ports. keepState false starts over empty, as a broker whose disk was lost;
-// true keeps messages, offsets and topics, as a broker restarted on its disk.
-// Locks and client registrations are lost either way: they live in a real
-// broker's memory.
+// true keeps messages, offsets, topics and how far each delay level was
+// delivered, as a broker shut down cleanly (which flushes its offsets) and
+// restarted on its disk. Locks and client registrations are lost either way:
+// they live in a real broker's memory.
 func (s *Server) Restart(keepState bool, downtime time.Duration) error {
+	return s.restart(downtime, func(st *state) *state {
+		if !keepState {
+			return s.newStateLocked()
+		}
+		st.flushOffsets()
+		st.forgetSessions()
+		return st
+	})
+}
+
+// Crash stops the server as a killed broker process stops, waits downtime
+// and starts it again on its disk: messages are kept (a broker writes them
+// to the page cache, which outlives the process), but committed consumer
+// offsets go back to their last flush (Options.OffsetFlushInterval), so the
+// batches acknowledged since are delivered again. Locks and client
+// registrations are lost, as on Restart.
+func (s *Server) Crash(downtime time.Duration) error {
+	return s.restart(downtime, func(st *state) *state {
+		st.crashOffsets()
+		st.forgetSessions()
+		return st
+	})
+}
+
+// restart stops the server, waits downtime, replaces the state with what
+// next makes of it and listens again on the same ports.
+func (s *Server) restart(downtime time.Duration, next func(*state) *state) error {
 	s.mu.Lock()
 	addrs := make([]string, len(s.listeners))
 	for i, l := range s.listeners {
@@ -197,14 +246,7 @@ func (s *Server) Restart(keepState bool, downtime time.Duration) error {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if keepState {
-		s.st.forgetSessions()
-	} else {
-		s.st = newState()
-		if s.opts.AutoCreateTopics {
-			s.st.createTopic(defaultTopic, s.opts.DefaultQueues, permReadWrite)
-		}
-	}
+	s.st = next(s.st)
 	s.listeners = nil
 	s.startLocked()
 	for i, a := range addrs {
@@ -224,15 +266,26 @@ func (s *Server) Restart(keepState bool, downtime time.Duration) error {
 	return nil
 }
 
+// newStateLocked returns an empty state, with the default topic when topics
+// are created on first send.
+func (s *Server) newStateLocked() *state {
+	st := newState()
+	if s.opts.AutoCreateTopics {
+		st.createTopic(defaultTopic, s.opts.DefaultQueues, permReadWrite)
+	}
+	return st
+}
+
 // startLocked starts the background loops.
 func (s *Server) startLocked() {
 	s.stopped = false
 	s.stop = make(chan struct{})
 	s.wake = make(chan struct{}, 1)
 	stop, wake := s.stop, s.wake
-	s.wg.Add(2)
-	go func() { defer s.wg.Done(); s.scheduleDelayed(stop, wake) }()
+	s.wg.Add(3)
+	go func() { defer s.wg.Done(); s.deliverDelayed(stop, wake) }()
 	go func() { defer s.wg.Done(); s.expireClients(stop) }()
+	go func() { defer s.wg.Done(); s.flushOffsets(stop) }()
 }
 
 // stopLocked closes listeners and connections and stops the loops.
@@ -261,15 +314,27 @@ type Listener struct {
 
 // Listen opens an extra port on the same host. Closing it cuts off the
 // clients that use it.
-func (s *Server) Listen() (*Listener, error) {
+func (s *Server) Listen() (*Listener, error) { return s.listen("") }
+
+// ListenAt opens an extra listener on addr. Another loopback address with
+// the port of an earlier listener is a name server and broker that moved to
+// a new IP, as a recreated container does.
+func (s *Server) ListenAt(addr string) (*Listener, error) { return s.listen(addr) }
+
+// listen opens an extra listener on addr, or on a free port of the main
+// listener's host if addr is empty.
+func (s *Server) listen(addr string) (*Listener, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
 		return nil, errors.New("rmqtest: server stopped")
 	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(s.listeners[0].addr.IP.String(), "0"))
+	if addr == "" {
+		addr = net.JoinHostPort(s.listeners[0].addr.IP.String(), "0")
+	}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("rmqtest: listen: %w", err)
+		return nil, fmt.Errorf("rmqtest: listen %s: %w", addr, err)
 	}
 	return s.addListenerLocked(ln), nil
 }
@@ -348,10 +413,19 @@ func (s *Server) DropConnections() int {
 // Fault changes how the double answers one request code.
 type Fault struct {
 	// Code is the response code to answer with, without handling the
-	// request (e.g. remoting.SystemBusy). Ignored when Swallow is set.
+	// request (e.g. remoting.SystemBusy), unless Stored is set. Ignored
+	// when Swallow is set.
 	Code int16
 	// Remark goes with Code.
 	Remark string
+	// Stored handles the request and then answers Code in place of its
+	// success, with the success's headers: a 4.9.4 broker that stored a
+	// send but timed out flushing it to disk or a replica answers
+	// FLUSH_DISK_TIMEOUT (10), SLAVE_NOT_AVAILABLE (11) or
+	// FLUSH_SLAVE_TIMEOUT (12) this way (SendMessageProcessor's
+	// handlePutMessageResult), and the client reports a send status that
+	// is not SEND_OK.
+	Stored bool
 	// Swallow handles the request but never answers it: the client cannot
 	// tell whether it took effect (a send whose response was lost).
 	Swallow bool
@@ -483,10 +557,13 @@ func (c *conn) handle(req *remoting.Command) {
 	f, faulty := c.s.takeFault(req.Code)
 	var resp *remoting.Command
 	switch {
-	case faulty && !f.Swallow:
+	case faulty && !f.Swallow && !f.Stored:
 		resp = remoting.NewResponse(req, f.Code, f.Remark)
 	default:
 		resp = c.s.dispatch(c, req)
+		if faulty && f.Stored && resp != nil && resp.Code == remoting.Success {
+			resp.Code, resp.Remark = f.Code, f.Remark
+		}
 	}
 	if faulty && f.Swallow {
 		return
@@ -579,6 +656,24 @@ func (s *Server) expireClients(stop chan struct{}) {
 			notify := s.groupConnsLocked(groups)
 			s.mu.Unlock()
 			s.notify(notify)
+		}
+	}
+}
+
+// flushOffsets writes the committed offsets to "disk" every
+// OffsetFlushInterval, as a broker's scheduled ConsumerOffsetManager.persist
+// does.
+func (s *Server) flushOffsets(stop chan struct{}) {
+	t := time.NewTicker(s.opts.OffsetFlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			s.mu.Lock()
+			s.st.flushOffsets()
+			s.mu.Unlock()
 		}
 	}
 }

@@ -22,11 +22,13 @@ type state struct {
 	topics    map[string]*topic
 	commitLog int64                      // next commit log offset; one per message
 	byCommit  map[int64]*remoting.Record // stored messages by commit log offset, for send-back
-	offsets   map[queueKey]int64         // committed consumer offsets
+	offsets   map[queueKey]int64         // committed consumer offsets, in memory
+	flushed   map[queueKey]int64         // offsets as last flushed to disk: a crash goes back to them
 	locks     map[queueKey]lockEntry
 	groups    map[string]map[string]*clientReg // consumer group -> client id -> registration
-	delayed   []delayedMsg                     // scheduled messages, sorted by due
-	scheduled int64                            // sequence of delayed messages, for send results
+	// delayOffsets is how far each delay level's queue of the schedule
+	// topic has been delivered (the broker's delayOffset.json).
+	delayOffsets map[int]int64
 }
 
 // queueKey names a queue, or a group's view of it when group is set.
@@ -43,6 +45,7 @@ type lockEntry struct {
 type clientReg struct {
 	conn     *conn
 	lastSeen time.Time
+	topics   map[string]bool // subscribed, as of its last heartbeat
 }
 
 type topic struct {
@@ -51,26 +54,31 @@ type topic struct {
 	queues []*queueLog
 }
 
-// queueLog is one queue: messages at offsets 0..len-1 and a channel that is
-// closed (and replaced) whenever a message is appended, which wakes held
-// pulls.
+// queueLog is one queue: messages at offsets min..min+len-1 (those below
+// min were trimmed) and a channel that is closed (and replaced) whenever a
+// message is appended, which wakes held pulls.
 type queueLog struct {
+	min     int64
 	msgs    []*remoting.Record
 	arrived chan struct{}
 }
 
-type delayedMsg struct {
-	due time.Time
-	rec remoting.Record
-}
+// maxOffset is the offset the next message gets.
+func (q *queueLog) maxOffset() int64 { return q.min + int64(len(q.msgs)) }
+
+// at returns the message at offset o, which must be in [min, maxOffset).
+func (q *queueLog) at(o int64) *remoting.Record { return q.msgs[o-q.min] }
 
 func newState() *state {
 	return &state{
 		topics:   make(map[string]*topic),
 		byCommit: make(map[int64]*remoting.Record),
 		offsets:  make(map[queueKey]int64),
+		flushed:  make(map[queueKey]int64),
 		locks:    make(map[queueKey]lockEntry),
 		groups:   make(map[string]map[string]*clientReg),
+
+		delayOffsets: make(map[int]int64),
 	}
 }
 
@@ -79,6 +87,32 @@ func newState() *state {
 func (st *state) forgetSessions() {
 	clear(st.locks)
 	clear(st.groups)
+}
+
+// flushOffsets writes the committed offsets to "disk", as a broker's
+// ConsumerOffsetManager.persist does on a timer and at a clean shutdown.
+func (st *state) flushOffsets() {
+	clear(st.flushed)
+	maps.Copy(st.flushed, st.offsets)
+}
+
+// crashOffsets rolls the committed offsets back to the last flush: what a
+// broker that died without its shutdown reads from disk at its next start.
+func (st *state) crashOffsets() {
+	clear(st.offsets)
+	maps.Copy(st.offsets, st.flushed)
+}
+
+// trim deletes the messages of a queue below offset upto (at most its max
+// offset), as a broker's expired commit log files take them away.
+func (st *state) trim(q *queueLog, upto int64) {
+	upto = min(upto, q.maxOffset())
+	for q.min < upto {
+		delete(st.byCommit, q.msgs[0].CommitLogOffset)
+		q.msgs[0] = nil
+		q.msgs = q.msgs[1:]
+		q.min++
+	}
 }
 
 // createTopic creates a topic or grows it to n queues.
@@ -99,7 +133,7 @@ func (st *state) createTopic(name string, n, perm int) *topic {
 // commit log offsets, and wakes held pulls.
 func (st *state) append(rec remoting.Record) remoting.Record {
 	q := st.topics[rec.Topic].queues[rec.QueueID]
-	rec.QueueOffset = int64(len(q.msgs))
+	rec.QueueOffset = q.maxOffset()
 	rec.CommitLogOffset = st.commitLog
 	st.commitLog++
 	r := rec
@@ -110,41 +144,9 @@ func (st *state) append(rec remoting.Record) remoting.Record {
 	return r
 }
 
-// schedule holds rec until due.
-func (st *state) schedule(due time.Time, rec remoting.Record) int64 {
-	i, _ := slices.BinarySearchFunc(st.delayed, due, func(d delayedMsg, t time.Time) int { return d.due.Compare(t) })
-	st.delayed = slices.Insert(st.delayed, i+countEqual(st.delayed[i:], due), delayedMsg{due: due, rec: rec})
-	st.scheduled++
-	return st.scheduled - 1
-}
-
-// countEqual counts the leading entries due at t, so equal times keep their
-// arrival order.
-func countEqual(ds []delayedMsg, t time.Time) int {
-	n := 0
-	for n < len(ds) && ds[n].due.Equal(t) {
-		n++
-	}
-	return n
-}
-
-// takeDue removes and returns the messages due at now, and the next due
-// time (zero if none).
-func (st *state) takeDue(now time.Time) ([]remoting.Record, time.Time) {
-	var out []remoting.Record
-	for len(st.delayed) > 0 && !st.delayed[0].due.After(now) {
-		out = append(out, st.delayed[0].rec)
-		st.delayed = st.delayed[1:]
-	}
-	if len(st.delayed) == 0 {
-		return out, time.Time{}
-	}
-	return out, st.delayed[0].due
-}
-
-// register records a consumer heartbeat; it reports whether the client is
-// new to the group.
-func (st *state) register(group, clientID string, c *conn, now time.Time) bool {
+// register records a consumer heartbeat and the topics it subscribes to;
+// it reports whether the client is new to the group.
+func (st *state) register(group, clientID string, c *conn, topics map[string]bool, now time.Time) bool {
 	m := st.groups[group]
 	if m == nil {
 		m = make(map[string]*clientReg)
@@ -152,11 +154,22 @@ func (st *state) register(group, clientID string, c *conn, now time.Time) bool {
 	}
 	reg, ok := m[clientID]
 	if ok && reg.conn == c {
-		reg.lastSeen = now
+		reg.lastSeen, reg.topics = now, topics
 		return false
 	}
-	m[clientID] = &clientReg{conn: c, lastSeen: now}
+	m[clientID] = &clientReg{conn: c, lastSeen: now, topics: topics}
 	return !ok
+}
+
+// subscribed reports whether a registered member of group subscribes to
+// topic: a broker knows a group's subscriptions only from heartbeats.
+func (st *state) subscribed(group, topic string) bool {
+	for _, reg := range st.groups[group] {
+		if reg.topics[topic] {
+			return true
+		}
+	}
+	return false
 }
 
 // unregister removes a client from a group; it reports whether it was there.

@@ -51,11 +51,13 @@ const (
 	RequestCodeNotSupported  int16 = 3
 	MessageIllegal           int16 = 13
 	ServiceNotAvailable      int16 = 14
+	NoPermission             int16 = 16
 	TopicNotExist            int16 = 17
 	PullNotFound             int16 = 19
 	PullRetryImmediately     int16 = 20
 	PullOffsetMoved          int16 = 21
 	QueryNotFound            int16 = 22
+	SubscriptionNotExist     int16 = 24
 	SubscriptionGroupNotFind int16 = 26
 )
 
@@ -89,18 +91,20 @@ func (c *Command) Ext(key string) string { return c.ExtFields[key] }
 // NewRequest returns a request with the given code, extension fields and body.
 // The opaque is set by whoever sends it.
 func NewRequest(code int16, ext map[string]string, body []byte) *Command {
-	return &Command{Code: code, Language: "GO", Version: version, ExtFields: ext, Body: body}
+	return &Command{Code: code, Language: "GO", Version: Version, ExtFields: ext, Body: body}
 }
 
 // NewResponse returns the response to req with the given code and remark.
 func NewResponse(req *Command, code int16, remark string) *Command {
-	return &Command{Code: code, Language: "JAVA", Version: version, Opaque: req.Opaque, Flag: flagResponse,
+	return &Command{Code: code, Language: "JAVA", Version: Version, Opaque: req.Opaque, Flag: flagResponse,
 		Remark: remark, ExtFields: map[string]string{}}
 }
 
-// version is what the double announces as its broker version (V4_9_4); the
-// library stores it and only compares it with V4_1_0.
-const version = 395
+// Version is the protocol version flashsale's requests and the double's
+// responses carry: MQVersion V4_9_4, ordinal 401. A name server answers a
+// route query from this version on in standard JSON (see RouteRequest); the
+// library stores a broker's version and only compares it with V4_1_0.
+const Version int16 = 401
 
 // ErrFrame reports a frame that cannot be decoded.
 var ErrFrame = errors.New("remoting: bad frame")

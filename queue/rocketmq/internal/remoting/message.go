@@ -33,20 +33,23 @@ const (
 )
 
 // EncodeProperties returns props in the wire format, keys sorted so the
-// output is stable.
+// output is stable. Like a broker (and unlike the Go library) it writes no
+// separator after the last pair.
 func EncodeProperties(props map[string]string) string {
 	var b strings.Builder
-	for _, k := range slices.Sorted(maps.Keys(props)) {
+	for i, k := range slices.Sorted(maps.Keys(props)) {
+		if i > 0 {
+			b.WriteByte(propertySep)
+		}
 		b.WriteString(k)
 		b.WriteByte(nameValueSep)
 		b.WriteString(props[k])
-		b.WriteByte(propertySep)
 	}
 	return b.String()
 }
 
-// DecodeProperties parses the wire format; malformed pairs are skipped, as
-// the library does.
+// DecodeProperties parses the wire format, with or without a separator
+// after the last pair; malformed pairs are skipped, as the library does.
 func DecodeProperties(s string) map[string]string {
 	props := make(map[string]string)
 	for item := range strings.SplitSeq(s, string(propertySep)) {
@@ -164,7 +167,9 @@ func DecodeRecords(b []byte) ([]Record, error) {
 		}
 		d.b = b[4:size]
 		var r Record
-		d.u32() // magic
+		if magic := d.u32(); magic != recordMagic && d.err == nil {
+			return nil, fmt.Errorf("remoting: record magic code %#x, want %#x", magic, recordMagic)
+		}
 		d.u32() // body CRC
 		r.QueueID = int32(d.u32())
 		r.Flag = int32(d.u32())

@@ -68,11 +68,16 @@ func TestReadRejectsBadFrames(t *testing.T) {
 func TestProperties(t *testing.T) {
 	props := map[string]string{"KEYS": "r1", "SHARDING_KEY": "camp", "EMPTY": ""}
 	enc := EncodeProperties(props)
-	if want := "EMPTY\x01\x02KEYS\x01r1\x02SHARDING_KEY\x01camp\x02"; enc != want {
-		t.Errorf("encode: got %q, want %q", enc, want)
+	if want := "EMPTY\x01\x02KEYS\x01r1\x02SHARDING_KEY\x01camp"; enc != want {
+		t.Errorf("encode: got %q, want %q (no separator after the last pair, as a broker writes)", enc, want)
 	}
-	if got := DecodeProperties(enc + "garbage"); !maps.Equal(got, props) {
-		t.Errorf("decode: got %v, want %v", got, props)
+	for _, in := range []string{enc, enc + "\x02", enc + "\x02garbage"} {
+		if got := DecodeProperties(in); !maps.Equal(got, props) {
+			t.Errorf("decode %q: got %v, want %v", in, got, props)
+		}
+	}
+	if got := EncodeProperties(nil); got != "" {
+		t.Errorf("encode nothing: got %q, want empty", got)
 	}
 }
 

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/flashsale/flashsale/internal/testenv"
+)
+
+// TestLoadtestSeparateRoles runs `flashsale loadtest` against the
+// production layout: a gateway, a notifier and a worker as separate
+// processes on real Redis and MySQL with the Redis-Streams queue.
+func TestLoadtestSeparateRoles(t *testing.T) {
+	cfg := realConfig(t, "redisstream")
+	bin := buildBinary(t)
+	// Every simulated shopper connects from this host (README, "Load test").
+	env := append(processEnv(cfg), "FLASHSALE_NOTIFIER_MAX_CONNS_PER_IP=100000")
+	gw := startRole(t, bin, "gateway", env)
+	ntf := startRole(t, bin, "notifier", env)
+	startRole(t, bin, "worker", env)
+	// A gateway whose per-IP limit (production.yaml's kind) refuses most of
+	// one host's shoppers.
+	tight := startRole(t, bin, "gateway", append(env, "FLASHSALE_GATEWAY_IP_RATE=5", "FLASHSALE_GATEWAY_IP_BURST=10"))
+	gwURL, ntfURL := "http://"+gw.addr, "http://"+ntf.addr
+	sale := func(campaign string) []string {
+		return []string{"--admin-token", testAdminToken, "--jwt-secret", testJWTSecret, "--campaign", campaign,
+			"--shoppers", "300", "--stock", "40", "--concurrency", "16", "--settle", "30s"}
+	}
+
+	t.Run("results from the notifier", func(t *testing.T) {
+		out, err := runLoadtestCmd(t, append(sale(testenv.Name(t, "ltroles-")), "--url", gwURL, "--results-url", ntfURL, "--json")...)
+		if err != nil {
+			t.Fatalf("loadtest: got error %v, want none; output:\n%s", err, out)
+		}
+		var rep report
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("report is not JSON: %v\n%s", err, out)
+		}
+		if !rep.OK || rep.Successes != 40 || rep.Server.OrdersInDB != 40 {
+			t.Errorf("got ok %v, %d successes, %d orders in DB; want ok, 40 and 40: %+v", rep.OK, rep.Successes, rep.Server.OrdersInDB, rep.Invariants)
+		}
+		if rep.ByChannel["ws"] == 0 || rep.Delivered != rep.Admitted {
+			t.Errorf("results: got %d delivered (%v) for %d admitted, want all, some over WebSocket", rep.Delivered, rep.ByChannel, rep.Admitted)
+		}
+	})
+
+	t.Run("results URL is the gateway", func(t *testing.T) {
+		campaign := testenv.Name(t, "ltwrong-")
+		out, err := runLoadtestCmd(t, append(sale(campaign), "--url", gwURL)...)
+		want := "--results-url " + gwURL + " does not serve GET /api/v1/purchases/"
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "must be a notifier") {
+			t.Fatalf("got error %v, want one containing %q and naming the notifier", err, want)
+		}
+		if out != "" {
+			t.Errorf("got output %q, want none", out)
+		}
+		c := gw.client(t, cfg)
+		if code := c.do("GET", "/api/v1/campaigns/"+campaign, "", nil, nil, nil); code != http.StatusNotFound {
+			t.Errorf("campaign after the refused run: got %d, want 404 (nothing created)", code)
+		}
+	})
+
+	t.Run("rate-limited run", func(t *testing.T) {
+		out, err := runLoadtestCmd(t, append(sale(testenv.Name(t, "lt429-")), "--url", "http://"+tight.addr, "--results-url", ntfURL)...)
+		if err == nil || !strings.Contains(err.Error(), "the run measured the rate limits, not the sale") {
+			t.Fatalf("got error %v, want one saying the run measured the rate limits; output:\n%s", err, out)
+		}
+		if !strings.HasPrefix(out, "!!! NOT A MEASUREMENT OF THE SALE") || strings.Count(out, "!!!") != 2 {
+			t.Errorf("report:\n%s\nwant it to open and close with the !!! warning", out)
+		}
+		t.Log(out)
+	})
+}
