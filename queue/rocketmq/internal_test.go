@@ -2,6 +2,7 @@ package rocketmq
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
 	"fmt"
 	"hash/crc32"
@@ -15,8 +16,10 @@ import (
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
+	"github.com/apache/rocketmq-client-go/v2/rlog"
 
 	"github.com/flashsale/flashsale/queue"
+	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
 )
 
 func TestDelayLevel(t *testing.T) {
@@ -189,5 +192,63 @@ func TestLibraryDecodesGoldenRecord(t *testing.T) {
 		int32(crc32.ChecksumIEEE([]byte(`{"request_id":"r1"}`))&0x7FFFFFFF), strings.Fields(string(msgID))[2])
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}
+
+// routeWindowLogger stands in for the library's logger and stalls on the
+// line the library (v2.1.2) logs after it has stored a new route's queues
+// and before it stores their broker's address: a publish in that window
+// finds a queue without an address and fails "route info not found" though
+// nothing is wrong. Under load the window is long enough to refuse most of
+// a sale's first purchases (seen in CI); the stall makes it certain here.
+type routeWindowLogger struct{ stall time.Duration }
+
+func (l routeWindowLogger) Info(msg string, _ map[string]any) {
+	if msg == "the topic route info changed" {
+		time.Sleep(l.stall)
+	}
+}
+func (routeWindowLogger) Debug(string, map[string]any)   {}
+func (routeWindowLogger) Warning(string, map[string]any) {}
+func (routeWindowLogger) Error(string, map[string]any)   {}
+func (routeWindowLogger) Fatal(string, map[string]any)   {}
+func (routeWindowLogger) Level(string)                   {}
+func (routeWindowLogger) OutputPath(string) error        { return nil }
+
+// TestFirstPublishesRace publishes from many goroutines at once on a
+// producer that has not looked its topic up yet: every publish must succeed.
+// Not parallel: the library's logger is process-wide.
+func TestFirstPublishesRace(t *testing.T) {
+	srv, err := rmqtest.Start(rmqtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	const topic, publishers = "first", 8
+	srv.CreateTopic(topic, 4)
+	installLibraryLogger(slog.Default(), slog.LevelError)
+	rlog.SetLogger(routeWindowLogger{stall: 100 * time.Millisecond})
+	defer rlog.SetLogger(libraryLogger{log: slog.Default(), level: slog.LevelError})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	q, err := New(ctx, Options{NameServers: []string{srv.Addr()}, ConsumerGroup: "first", ProducerInstance: "first"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	errs := make(chan error, publishers)
+	for i := range publishers {
+		go func() {
+			// Staggered, so that some arrive after the first has stored the
+			// queues and before it has stored the address.
+			time.Sleep(time.Duration(i) * 10 * time.Millisecond)
+			errs <- q.Publish(ctx, topic, queue.Message{ID: fmt.Sprint("r", i), Key: "k", Body: []byte("x")})
+		}()
+	}
+	for range publishers {
+		if err := <-errs; err != nil {
+			t.Errorf("a first publish: %v", err)
+		}
 	}
 }

@@ -455,6 +455,15 @@ func (q *Queue) send(ctx context.Context, topic string, msgs []*primitive.Messag
 	done := make(chan result, 1)
 	go func() {
 		res, err := q.prod.SendSync(ctx, msgs...)
+		for wait := routeRetryWait; err != nil && missingBrokerAddr(err) && wait <= routeRetryMax; wait *= 2 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+				res, err = q.prod.SendSync(ctx, msgs...)
+				continue
+			}
+			break
+		}
 		done <- result{res, err}
 	}()
 	select {
@@ -477,6 +486,17 @@ func (q *Queue) send(ctx context.Context, topic string, msgs []*primitive.Messag
 		}
 		return nil
 	}
+}
+
+// The library (v2.1.2) stores a new route's queues before their broker's
+// address, so a send between the two fails "topic=… route info not found"
+// with nothing stored; it is tried again after these waits (doubling).
+const routeRetryWait, routeRetryMax = 5 * time.Millisecond, 320 * time.Millisecond
+
+// missingBrokerAddr reports the error of that window (the library's other
+// message, "the topic=… route info not found", means no route at all).
+func missingBrokerAddr(err error) bool {
+	return strings.HasPrefix(err.Error(), "topic=") && strings.HasSuffix(err.Error(), " route info not found")
 }
 
 // refusedBeforeStore reports whether a SendSync error means nothing was
