@@ -1,12 +1,8 @@
 package notifier
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"reflect"
 	"strconv"
 	"sync"
 	"time"
@@ -15,110 +11,8 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/flashsale/flashsale/internal/httpapi"
-	"github.com/flashsale/flashsale/internal/wire"
 	"github.com/flashsale/flashsale/model"
 )
-
-// The WebSocket protocol, in JSON text frames:
-//
-//	client: {"type":"subscribe","request_ids":["<id>", ...]}
-//	server: {"type":"error","code":"not_found"|"too_many_subscriptions"|"rate_limited"|"unavailable","request_id":"<id>","message":"...","retry_after"?:<seconds>}
-//	        one per refused id, then
-//	        {"type":"subscribed","request_ids":[<subscribed ids, in request order>]}
-//	server: {"type":"result","result":{"request_id":...,"campaign_id":...,"status":...,"quantity":...,"order_id"?,"reason"?}}
-//	        once per subscription, when its request is final; the subscription ends
-//	server: {"type":"error","code":"invalid_request","message":"..."} for a bad frame;
-//	        the user's maxInvalidFrames-th bad frame (across its connections)
-//	        closes the connection (1008)
-
-// Error codes of the WebSocket protocol's error frames.
-const (
-	codeNotFound    = "not_found"
-	codeTooMany     = "too_many_subscriptions"
-	codeInvalid     = "invalid_request"
-	codeRateLimited = "rate_limited"
-	codeUnavailable = "unavailable"
-
-	msgNotFound = "no such purchase request"
-)
-
-// clientFrame is the only frame clients send.
-type clientFrame struct {
-	Type       string   `json:"type"`
-	RequestIDs []string `json:"request_ids"`
-}
-
-type subscribedFrame struct {
-	Type       string   `json:"type"`
-	RequestIDs []string `json:"request_ids"`
-}
-
-type errorFrame struct {
-	Type      string `json:"type"`
-	Code      string `json:"code"`
-	RequestID string `json:"request_id,omitempty"`
-	Message   string `json:"message,omitempty"`
-	// RetryAfter is in seconds, as the HTTP header, for rate_limited.
-	RetryAfter int `json:"retry_after,omitempty"`
-}
-
-type resultFrame struct {
-	Type   string     `json:"type"`
-	Result resultBody `json:"result"`
-}
-
-// encodeFrame marshals one of the frame types above, which cannot fail.
-func encodeFrame(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(fmt.Sprintf("notifier: encode %T: %v", v, err))
-	}
-	return b
-}
-
-func idError(code, requestID, message string) []byte {
-	return encodeFrame(errorFrame{Type: "error", Code: code, RequestID: requestID, Message: message})
-}
-
-// parseSubscribe returns the distinct request ids of a subscribe frame, in
-// order, or an error that is safe to show the client.
-func parseSubscribe(typ int, data []byte) ([]string, error) {
-	if typ != websocket.TextMessage {
-		return nil, errors.New("only text frames are accepted")
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	var f clientFrame
-	if err := dec.Decode(&f); err != nil {
-		return nil, errors.New(`frame must be a JSON object {"type":"subscribe","request_ids":[...]}`)
-	}
-	if dec.More() {
-		return nil, errors.New("trailing data after the JSON object")
-	}
-	// encoding/json takes {"Request_IDs":…} and repeated keys: refuse them
-	// as every JSON body is refused.
-	if err := wire.CheckKeys(data, reflect.TypeFor[clientFrame]()); err != nil {
-		return nil, fmt.Errorf("frame: %v", err)
-	}
-	if f.Type != "subscribe" {
-		return nil, errors.New(`type must be "subscribe"`)
-	}
-	if len(f.RequestIDs) == 0 {
-		return nil, errors.New("request_ids must not be empty")
-	}
-	seen := make(map[string]bool, len(f.RequestIDs))
-	ids := f.RequestIDs[:0]
-	for _, id := range f.RequestIDs {
-		if id == "" {
-			return nil, errors.New("request_ids must not contain empty strings")
-		}
-		if !seen[id] {
-			seen[id] = true
-			ids = append(ids, id)
-		}
-	}
-	return ids, nil
-}
 
 // outMsg is one queued text frame.
 type outMsg struct {
@@ -333,87 +227,6 @@ func (n *Notifier) readLoop(ctx context.Context, c *conn) {
 			continue
 		}
 		n.subscribe(ctx, c, ids)
-	}
-}
-
-// subscribe answers one subscribe frame. Each subscription is registered in
-// the hub before its stored result is read, so a result that lands between
-// the two is either seen by the read or published to the (pending)
-// subscription; the hub's states make sure it is sent once.
-func (n *Notifier) subscribe(ctx context.Context, c *conn, ids []string) {
-	refused := map[string][]byte{}
-	valid := make([]string, 0, len(ids))
-	for _, id := range ids {
-		if _, ok := model.CampaignOfRequest(id); ok {
-			valid = append(valid, id)
-		} else {
-			refused[id] = idError(codeNotFound, id, msgNotFound)
-		}
-	}
-	added, existing, over := n.hub.add(c, valid, n.opts.MaxSubscriptionsPerConn)
-	for _, id := range over {
-		refused[id] = idError(codeTooMany, id, fmt.Sprintf("at most %d subscriptions per connection", n.opts.MaxSubscriptionsPerConn))
-	}
-	// Each new subscription costs a Redis read: the user's budget decides
-	// how many are made; the rest are given up before any read.
-	if len(added) > 0 {
-		granted, wait := n.subscribes.take(c.userID, len(added), n.opts.now())
-		for _, s := range added[granted:] {
-			n.hub.cancel(s)
-			refused[s.requestID] = encodeFrame(errorFrame{Type: "error", Code: codeRateLimited, RequestID: s.requestID,
-				Message: "too many subscriptions per second; subscribe again later", RetryAfter: retryAfterSeconds(wait)})
-		}
-		added = added[:granted]
-	}
-	subscribed := map[string]bool{}
-	for _, id := range existing {
-		subscribed[id] = true
-	}
-	type checked struct {
-		s *subscription
-		r model.Result
-	}
-	var verified []checked
-	for _, s := range added {
-		if c.stopping() {
-			n.hub.cancel(s)
-			continue
-		}
-		rctx, cancel := context.WithTimeout(ctx, storeTimeout)
-		r, err := n.lookup(rctx, c.userID, s.requestID)
-		cancel()
-		switch {
-		case err == nil:
-			verified = append(verified, checked{s, r})
-			subscribed[s.requestID] = true
-		case errors.Is(err, model.ErrNotFound):
-			n.hub.cancel(s)
-			refused[s.requestID] = idError(codeNotFound, s.requestID, msgNotFound)
-		default:
-			n.hub.cancel(s)
-			refused[s.requestID] = idError(codeUnavailable, s.requestID, "could not read the result; subscribe again")
-			n.log.Error("read stored result", "request_id", s.requestID, "user_id", c.userID, "err", err)
-		}
-	}
-
-	// Refusals, then the acknowledgement, then results. The acknowledgement
-	// is queued before any subscription turns active, so no result of this
-	// frame can overtake it.
-	ack := subscribedFrame{Type: "subscribed", RequestIDs: []string{}}
-	for _, id := range ids {
-		if f, ok := refused[id]; ok {
-			n.push(c, outMsg{data: f}, n.opts.WriteTimeout)
-		} else if subscribed[id] {
-			ack.RequestIDs = append(ack.RequestIDs, id)
-		}
-	}
-	n.push(c, outMsg{data: encodeFrame(ack)}, n.opts.WriteTimeout)
-	now := time.Now()
-	for _, v := range verified {
-		if r, ok := n.hub.activate(v.s, v.r, now); ok {
-			data := encodeFrame(resultFrame{Type: "result", Result: toResultBody(r)})
-			n.push(c, outMsg{data: data, result: true}, n.opts.WriteTimeout)
-		}
 	}
 }
 
