@@ -9,9 +9,10 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/gorilla/websocket"
+
 	"github.com/flashsale/flashsale/internal/wire"
 	"github.com/flashsale/flashsale/model"
-	"github.com/gorilla/websocket"
 )
 
 // The WebSocket protocol, in JSON text frames:
