@@ -178,7 +178,7 @@ func (e env) newRequest(t *testing.T, userID string) string {
 	return id
 }
 
-func newRequestID(t *testing.T, campaign string) string {
+func newRequestID(t testing.TB, campaign string) string {
 	t.Helper()
 	b := make([]byte, 16)
 	if _, err := rand.Read(b); err != nil {
@@ -309,7 +309,7 @@ var envs = []struct {
 	{"redis", redisEnv},
 }
 
-func mustContext(t *testing.T) context.Context {
+func mustContext(t testing.TB) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	t.Cleanup(cancel)
@@ -324,12 +324,12 @@ type harness struct {
 	jwt *auth.JWT
 }
 
-func newHarness(t *testing.T, src ResultSource, opts Options) *harness {
+func newHarness(t testing.TB, src ResultSource, opts Options) *harness {
 	t.Helper()
 	return startHarness(t, src, opts, httptest.NewUnstartedServer(nil))
 }
 
-func startHarness(t *testing.T, src ResultSource, opts Options, srv *httptest.Server) *harness {
+func startHarness(t testing.TB, src ResultSource, opts Options, srv *httptest.Server) *harness {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	h := &harness{m: metrics.New(), jwt: auth.NewJWT([]byte("notifier-test-secret-0123456789abcdef"), 0)}
@@ -357,7 +357,7 @@ func startHarness(t *testing.T, src ResultSource, opts Options, srv *httptest.Se
 	return h
 }
 
-func (h *harness) token(t *testing.T, user string) string {
+func (h *harness) token(t testing.TB, user string) string {
 	t.Helper()
 	tok, err := h.jwt.Mint(user, time.Hour)
 	if err != nil {
@@ -367,7 +367,7 @@ func (h *harness) token(t *testing.T, user string) string {
 }
 
 // waitFor polls cond until it holds or d passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
