@@ -1,7 +1,6 @@
 package notifier
 
 import (
-	"slices"
 	"sync"
 	"time"
 
@@ -38,18 +37,32 @@ type subscription struct {
 // entry holds the subscriptions of one request id (a shopper may have two
 // tabs open).
 type entry struct {
-	subs map[*subscription]struct{}
+	requestID string
+	subs      map[*subscription]struct{}
+	// active counts the subscriptions in subActive; the entry is in the
+	// hub's check order while it is above zero.
+	active int
 	// checked is when the stored result was last read for these
 	// subscriptions; the re-check loop reads the oldest first.
 	checked time.Time
+	// prev and next link the hub's check order.
+	prev, next *entry
 }
 
 // hub indexes the process's subscriptions by request id.
 type hub struct {
 	mu   sync.Mutex
 	byID map[string]*entry
+	// oldest and newest end the entries with an active subscription, in
+	// the order of their checked times: due walks from the front and stops
+	// at the first entry not yet due, so a tick costs what is due, not what
+	// waits.
+	oldest, newest *entry
 	// subscriptions follows the number of subscriptions, when set.
 	subscriptions prometheus.Gauge
+	// dueVisits counts the entries due has looked at (tests check that a
+	// tick walks no further than what is due).
+	dueVisits int
 }
 
 func newHub() *hub { return &hub{byID: map[string]*entry{}} }
@@ -73,7 +86,7 @@ func (h *hub) add(c *conn, ids []string, limit int) (added []*subscription, exis
 		c.subs[id] = s
 		e := h.byID[id]
 		if e == nil {
-			e = &entry{subs: map[*subscription]struct{}{}}
+			e = &entry{requestID: id, subs: map[*subscription]struct{}{}}
 			h.byID[id] = e
 		}
 		e.subs[s] = struct{}{}
@@ -103,7 +116,9 @@ func (h *hub) activate(s *subscription, r model.Result, now time.Time) (model.Re
 		return *s.stash, true
 	}
 	s.state = subActive
-	h.byID[s.requestID].checked = now
+	e := h.byID[s.requestID]
+	e.active++
+	h.checkedLocked(e, now)
 	return model.Result{}, false
 }
 
@@ -176,6 +191,7 @@ func (h *hub) removeConn(c *conn) {
 }
 
 func (h *hub) removeLocked(s *subscription) {
+	wasActive := s.state == subActive
 	s.state = subDone
 	if h.subscriptions != nil {
 		h.subscriptions.Dec()
@@ -183,49 +199,82 @@ func (h *hub) removeLocked(s *subscription) {
 	if s.conn.subs[s.requestID] == s {
 		delete(s.conn.subs, s.requestID)
 	}
-	if e := h.byID[s.requestID]; e != nil {
-		delete(e.subs, s)
-		if len(e.subs) == 0 {
-			delete(h.byID, s.requestID)
+	e := h.byID[s.requestID]
+	if e == nil {
+		return
+	}
+	delete(e.subs, s)
+	if wasActive {
+		if e.active--; e.active == 0 {
+			h.unlinkLocked(e)
 		}
 	}
+	if len(e.subs) == 0 {
+		delete(h.byID, s.requestID)
+	}
+}
+
+// checkedLocked records that the stored result of e was read at now and
+// moves e to the back of the check order. A time older than the newest
+// entry's (two goroutines' clocks read out of order) takes the newest's,
+// so the order stays sorted.
+func (h *hub) checkedLocked(e *entry, now time.Time) {
+	h.unlinkLocked(e)
+	if h.newest != nil && now.Before(h.newest.checked) {
+		now = h.newest.checked
+	}
+	e.checked = now
+	e.prev = h.newest
+	if h.newest != nil {
+		h.newest.next = e
+	} else {
+		h.oldest = e
+	}
+	h.newest = e
+}
+
+func (h *hub) unlinkLocked(e *entry) {
+	if e.prev == nil && h.oldest != e {
+		return // not linked
+	}
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		h.oldest = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		h.newest = e.prev
+	}
+	e.prev, e.next = nil, nil
 }
 
 // due returns up to limit request ids with an active subscription whose
 // stored result was last read at or before cutoff, least recently read first.
 func (h *hub) due(cutoff time.Time, limit int) []string {
-	type candidate struct {
-		id      string
-		checked time.Time
-	}
-	var cs []candidate
 	h.mu.Lock()
-	for id, e := range h.byID {
+	defer h.mu.Unlock()
+	var ids []string
+	for e := h.oldest; e != nil && len(ids) < limit; e = e.next {
+		h.dueVisits++
 		if e.checked.After(cutoff) {
-			continue
+			break
 		}
-		for s := range e.subs {
-			if s.state == subActive {
-				cs = append(cs, candidate{id, e.checked})
-				break
-			}
-		}
-	}
-	h.mu.Unlock()
-	slices.SortFunc(cs, func(a, b candidate) int { return a.checked.Compare(b.checked) })
-	ids := make([]string, 0, min(limit, len(cs)))
-	for _, c := range cs[:min(limit, len(cs))] {
-		ids = append(ids, c.id)
+		ids = append(ids, e.requestID)
 	}
 	return ids
 }
 
-// touch records that the stored result of id was read at now.
-func (h *hub) touch(id string, now time.Time) {
+// touch records that the stored results of ids were read at now, for the
+// ids that still have an active subscription.
+func (h *hub) touch(ids []string, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if e := h.byID[id]; e != nil {
-		e.checked = now
+	for _, id := range ids {
+		if e := h.byID[id]; e != nil && e.active > 0 {
+			h.checkedLocked(e, now)
+		}
 	}
 }
 

@@ -34,6 +34,10 @@ type ResultSource interface {
 	// Result returns the stored result of a request, or an error wrapping
 	// model.ErrNotFound.
 	Result(ctx context.Context, requestID string) (model.Result, error)
+	// Results returns the stored results of requestIDs, in their order, in
+	// one round trip; an unknown or malformed id has the zero Result (empty
+	// Status) at its place. An error means no result was read.
+	Results(ctx context.Context, requestIDs []string) ([]model.Result, error)
 	// SubscribeResults calls fn for every published result until ctx ends,
 	// calling ready once the subscription is confirmed.
 	SubscribeResults(ctx context.Context, ready func(), fn func(model.Result)) error

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -53,13 +54,15 @@ type fakeSource struct {
 	pubMu sync.Mutex // serializes fn like the store's single subscription goroutine
 	fn    func(model.Result)
 
-	reads atomic.Int64 // Result calls
+	reads atomic.Int64 // request ids read, by Result or Results
+	trips atomic.Int64 // Result and Results calls
 }
 
 func newFakeSource() *fakeSource { return &fakeSource{results: map[string]model.Result{}} }
 
 func (f *fakeSource) Result(_ context.Context, requestID string) (model.Result, error) {
 	f.reads.Add(1)
+	f.trips.Add(1)
 	f.mu.Lock()
 	r, ok := f.results[requestID]
 	fail, hook := f.fail, f.afterRead
@@ -74,6 +77,27 @@ func (f *fakeSource) Result(_ context.Context, requestID string) (model.Result, 
 		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
 	}
 	return r, nil
+}
+
+func (f *fakeSource) Results(_ context.Context, requestIDs []string) ([]model.Result, error) {
+	f.reads.Add(int64(len(requestIDs)))
+	f.trips.Add(1)
+	f.mu.Lock()
+	out := make([]model.Result, len(requestIDs))
+	for i, id := range requestIDs {
+		out[i] = f.results[id]
+	}
+	fail, hook := f.fail, f.afterRead
+	f.mu.Unlock()
+	if hook != nil {
+		for _, id := range requestIDs {
+			hook(id)
+		}
+	}
+	if fail != nil {
+		return nil, fmt.Errorf("results of %d requests: %w", len(requestIDs), fail)
+	}
+	return out, nil
 }
 
 func (f *fakeSource) SubscribeResults(ctx context.Context, ready func(), fn func(model.Result)) error {
@@ -112,6 +136,13 @@ func (f *fakeSource) announce(r model.Result) {
 	}
 }
 
+// forget deletes the stored result of requestID, as a campaign reload does.
+func (f *fakeSource) forget(requestID string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.results, requestID)
+}
+
 func (f *fakeSource) setFail(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -134,8 +165,10 @@ type env struct {
 	decide func(t *testing.T, requestID, userID string) model.Result
 	// publish publishes r on the results channel.
 	publish func(t *testing.T, r model.Result)
-	// reads counts the stored-result reads so far: Redis commands on Redis.
+	// reads counts the request ids whose stored result was read so far.
 	reads func() int64
+	// trips counts the round trips that read stored results so far.
+	trips func() int64
 }
 
 func (e env) newRequest(t *testing.T, userID string) string {
@@ -145,7 +178,7 @@ func (e env) newRequest(t *testing.T, userID string) string {
 	return id
 }
 
-func newRequestID(t *testing.T, campaign string) string {
+func newRequestID(t testing.TB, campaign string) string {
 	t.Helper()
 	b := make([]byte, 16)
 	if _, err := rand.Read(b); err != nil {
@@ -170,6 +203,7 @@ func fakeEnv(t *testing.T) (env, *fakeSource) {
 		},
 		publish: func(t *testing.T, r model.Result) { f.announce(r) },
 		reads:   f.reads.Load,
+		trips:   f.trips.Load,
 	}, f
 }
 
@@ -218,20 +252,36 @@ func redisEnv(t *testing.T) env {
 				t.Fatalf("publish %s: %v", r.RequestID, err)
 			}
 		},
-		reads: reads.n.Load,
+		reads: reads.ids.Load,
+		trips: reads.trips.Load,
 	}
 }
 
-// resultReads counts the HGET commands (the stored-result read) a go-redis
-// client sends.
-type resultReads struct{ n atomic.Int64 }
+// resultReads counts the stored-result reads a go-redis client sends: the
+// request ids read (an HGET reads one, an HMGET one per field) and the round
+// trips that carry them, alone or in a pipeline. A new connection's own
+// handshake commands are not counted.
+type resultReads struct{ ids, trips atomic.Int64 }
+
+// count adds the request ids cmd reads and reports whether it reads any.
+func (h *resultReads) count(cmd redis.Cmder) bool {
+	switch cmd.Name() {
+	case "hget":
+		h.ids.Add(1)
+	case "hmget":
+		h.ids.Add(int64(len(cmd.Args()) - 2))
+	default:
+		return false
+	}
+	return true
+}
 
 func (h *resultReads) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *resultReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "hget" {
-			h.n.Add(1)
+		if h.count(cmd) {
+			h.trips.Add(1)
 		}
 		return next(ctx, cmd)
 	}
@@ -239,10 +289,12 @@ func (h *resultReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (h *resultReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		reads := false
 		for _, cmd := range cmds {
-			if cmd.Name() == "hget" {
-				h.n.Add(1)
-			}
+			reads = h.count(cmd) || reads
+		}
+		if reads {
+			h.trips.Add(1)
 		}
 		return next(ctx, cmds)
 	}
@@ -257,7 +309,7 @@ var envs = []struct {
 	{"redis", redisEnv},
 }
 
-func mustContext(t *testing.T) context.Context {
+func mustContext(t testing.TB) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	t.Cleanup(cancel)
@@ -272,12 +324,12 @@ type harness struct {
 	jwt *auth.JWT
 }
 
-func newHarness(t *testing.T, src ResultSource, opts Options) *harness {
+func newHarness(t testing.TB, src ResultSource, opts Options) *harness {
 	t.Helper()
 	return startHarness(t, src, opts, httptest.NewUnstartedServer(nil))
 }
 
-func startHarness(t *testing.T, src ResultSource, opts Options, srv *httptest.Server) *harness {
+func startHarness(t testing.TB, src ResultSource, opts Options, srv *httptest.Server) *harness {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	h := &harness{m: metrics.New(), jwt: auth.NewJWT([]byte("notifier-test-secret-0123456789abcdef"), 0)}
@@ -305,7 +357,7 @@ func startHarness(t *testing.T, src ResultSource, opts Options, srv *httptest.Se
 	return h
 }
 
-func (h *harness) token(t *testing.T, user string) string {
+func (h *harness) token(t testing.TB, user string) string {
 	t.Helper()
 	tok, err := h.jwt.Mint(user, time.Hour)
 	if err != nil {
@@ -315,7 +367,7 @@ func (h *harness) token(t *testing.T, user string) string {
 }
 
 // waitFor polls cond until it holds or d passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
@@ -364,6 +416,22 @@ func TestResultSourceContract(t *testing.T) {
 				want := model.Result{RequestID: id, CampaignID: e.campaign, UserID: "alice", Status: model.StatusQueued, Quantity: 1}
 				if r != want {
 					t.Errorf("got %+v, want %+v", r, want)
+				}
+			})
+			t.Run("batch read answers each id in order", func(t *testing.T) {
+				queued := e.newRequest(t, "alice")
+				final := e.newRequest(t, "bob")
+				decided := e.decide(t, final, "bob")
+				unknown := newRequestID(t, e.campaign)
+				ids := []string{queued, unknown, "not-a-request-id", final, queued}
+				got, err := e.src.Results(mustContext(t), ids)
+				if err != nil {
+					t.Fatalf("results: %v", err)
+				}
+				queuedResult := model.Result{RequestID: queued, CampaignID: e.campaign, UserID: "alice", Status: model.StatusQueued, Quantity: 1}
+				want := []model.Result{queuedResult, {}, {}, decided, queuedResult}
+				if !slices.Equal(got, want) {
+					t.Errorf("got %+v, want %+v", got, want)
 				}
 			})
 			t.Run("published result reaches subscriber", func(t *testing.T) {

@@ -2,10 +2,7 @@ package notifier
 
 import (
 	"context"
-	"errors"
 	"time"
-
-	"github.com/flashsale/flashsale/model"
 )
 
 // recheckLoop re-reads the stored results of subscriptions that have waited
@@ -19,35 +16,42 @@ func (n *Notifier) recheckLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			n.recheck(ctx)
+			n.recheck(ctx, time.Now().Add(-n.opts.RecheckInterval))
 		}
 	}
 }
 
-func (n *Notifier) recheck(ctx context.Context) {
-	ids := n.hub.due(time.Now().Add(-n.opts.RecheckInterval), maxRecheckPerTick)
-	for _, id := range ids {
-		if ctx.Err() != nil {
-			return
+// recheck re-reads, in one round trip, the stored results of the request ids
+// last read at or before cutoff (at most maxRecheckPerTick, the oldest
+// first).
+func (n *Notifier) recheck(ctx context.Context, cutoff time.Time) {
+	ids := n.hub.due(cutoff, maxRecheckPerTick)
+	if len(ids) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	results, err := n.src.Results(rctx, ids)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			n.log.Warn("re-check stored results", "due", len(ids), "err", err)
 		}
-		rctx, cancel := context.WithTimeout(ctx, storeTimeout)
-		r, err := n.src.Result(rctx, id)
-		cancel()
-		switch {
-		case errors.Is(err, model.ErrNotFound):
+		return // Redis is struggling; the next tick tries again.
+	}
+	found := make([]string, 0, len(ids))
+	for i, id := range ids {
+		if results[i].Status == "" {
 			// The request vanished (campaign reloaded): it will never end.
 			data := encodeFrame(errorFrame{Type: "error", Code: codeNotFound, RequestID: id, Message: msgNotFound})
 			for _, s := range n.hub.dropActive(id) {
 				n.push(s.conn, outMsg{data: data}, 0)
 			}
 			continue
-		case err != nil:
-			if ctx.Err() == nil {
-				n.log.Warn("re-check stored results", "request_id", id, "due", len(ids), "err", err)
-			}
-			return // Redis is struggling; the next tick tries again.
 		}
-		n.hub.touch(id, time.Now())
+		found = append(found, id)
+	}
+	n.hub.touch(found, time.Now())
+	for _, r := range results {
 		if r.Status.Final() {
 			n.deliver(r, n.hub.publish(r))
 		}

@@ -154,25 +154,38 @@ func (n *Notifier) subscribe(ctx context.Context, c *conn, ids []string) {
 		r model.Result
 	}
 	var verified []checked
-	for _, s := range added {
-		if c.stopping() {
+	if len(added) > 0 && c.stopping() {
+		for _, s := range added {
 			n.hub.cancel(s)
-			continue
+		}
+		added = nil
+	}
+	if len(added) > 0 {
+		// One read for the whole frame.
+		ids := make([]string, len(added))
+		for i, s := range added {
+			ids[i] = s.requestID
 		}
 		rctx, cancel := context.WithTimeout(ctx, storeTimeout)
-		r, err := n.lookup(rctx, c.userID, s.requestID)
+		results, err := n.src.Results(rctx, ids)
 		cancel()
-		switch {
-		case err == nil:
-			verified = append(verified, checked{s, r})
-			subscribed[s.requestID] = true
-		case errors.Is(err, model.ErrNotFound):
-			n.hub.cancel(s)
-			refused[s.requestID] = idError(codeNotFound, s.requestID, msgNotFound)
-		default:
-			n.hub.cancel(s)
-			refused[s.requestID] = idError(codeUnavailable, s.requestID, "could not read the result; subscribe again")
-			n.log.Error("read stored result", "request_id", s.requestID, "user_id", c.userID, "err", err)
+		if err != nil {
+			n.log.Error("read stored results", "user_id", c.userID, "requests", len(ids), "err", err)
+		}
+		for i, s := range added {
+			switch {
+			case err != nil:
+				n.hub.cancel(s)
+				refused[s.requestID] = idError(codeUnavailable, s.requestID, "could not read the result; subscribe again")
+			case results[i].Status == "" || results[i].UserID != c.userID:
+				// Unknown and other users' ids look the same, so ids
+				// cannot be probed.
+				n.hub.cancel(s)
+				refused[s.requestID] = idError(codeNotFound, s.requestID, msgNotFound)
+			default:
+				verified = append(verified, checked{s, results[i]})
+				subscribed[s.requestID] = true
+			}
 		}
 	}
 

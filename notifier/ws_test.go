@@ -53,7 +53,7 @@ func (h *harness) wsURL(query string) string {
 func testDialer() *websocket.Dialer { return &websocket.Dialer{HandshakeTimeout: 3 * time.Second} }
 
 // dial opens a WebSocket as user ("" sends no token) with extra headers.
-func (h *harness) dial(t *testing.T, d *websocket.Dialer, user string, header http.Header) (*websocket.Conn, *http.Response, error) {
+func (h *harness) dial(t testing.TB, d *websocket.Dialer, user string, header http.Header) (*websocket.Conn, *http.Response, error) {
 	t.Helper()
 	query := ""
 	if user != "" {
@@ -66,7 +66,7 @@ func (h *harness) dial(t *testing.T, d *websocket.Dialer, user string, header ht
 	return ws, resp, err
 }
 
-func mustDial(t *testing.T, h *harness, user string) *websocket.Conn {
+func mustDial(t testing.TB, h *harness, user string) *websocket.Conn {
 	t.Helper()
 	ws, _, err := h.dial(t, testDialer(), user, nil)
 	if err != nil {
@@ -75,7 +75,7 @@ func mustDial(t *testing.T, h *harness, user string) *websocket.Conn {
 	return ws
 }
 
-func mustSend(t *testing.T, ws *websocket.Conn, typ int, data string) {
+func mustSend(t testing.TB, ws *websocket.Conn, typ int, data string) {
 	t.Helper()
 	_ = ws.SetWriteDeadline(time.Now().Add(3 * time.Second))
 	if err := ws.WriteMessage(typ, []byte(data)); err != nil {
@@ -88,7 +88,7 @@ func subscribeFrame(ids ...string) string {
 	return string(b)
 }
 
-func mustRead(t *testing.T, ws *websocket.Conn) wsFrame {
+func mustRead(t testing.TB, ws *websocket.Conn) wsFrame {
 	t.Helper()
 	_ = ws.SetReadDeadline(time.Now().Add(3 * time.Second))
 	_, data, err := ws.ReadMessage()

@@ -1,10 +1,15 @@
 package store
 
 import (
+	"context"
 	"errors"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale/flashsale/model"
 )
@@ -248,4 +253,111 @@ func TestResult(t *testing.T) {
 			}
 		})
 	})
+}
+
+// TestResultsBatch: the batch read answers every id in order, the missing and
+// malformed ones with the zero Result, in one round trip across campaigns.
+func TestResultsBatch(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		c1, c2 := newCampaign(t, 1, 1), newCampaign(t, 1, 1)
+		stored := func(t *testing.T, campaignID string, r model.Result) string {
+			t.Helper()
+			id := newRequestID(campaignID)
+			if err := s.rdb.HSet(t.Context(), campaignKeys(campaignID).results, id, encodeStored(r)).Err(); err != nil {
+				t.Fatalf("HSET: %v", err)
+			}
+			return id
+		}
+		queued := model.Result{Status: model.StatusQueued, Quantity: 1, UserID: "alice"}
+		success := model.Result{Status: model.StatusSuccess, Quantity: 2, OrderID: "o1", UserID: "u|bob"}
+		q1, s2 := stored(t, c1.ID, queued), stored(t, c2.ID, success)
+		q2 := stored(t, c2.ID, queued)
+		unknown := newRequestID(c1.ID)
+		ids := []string{q1, unknown, "malformed", s2, q2, q1}
+		want := make([]model.Result, len(ids))
+		for i, at := range []struct {
+			id, campaignID string
+			r              model.Result
+		}{{q1, c1.ID, queued}, {}, {}, {s2, c2.ID, success}, {q2, c2.ID, queued}, {q1, c1.ID, queued}} {
+			if at.id != "" {
+				want[i] = at.r
+				want[i].RequestID, want[i].CampaignID = at.id, at.campaignID
+			}
+		}
+
+		trips := &resultTrips{}
+		s.rdb.AddHook(trips)
+		got, err := s.Results(t.Context(), ids)
+		if err != nil {
+			t.Fatalf("Results: %v", err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("got %d results, want %d", len(got), len(want))
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Errorf("result %d (%s): got %+v, want %+v", i, ids[i], got[i], want[i])
+			}
+		}
+		if n := trips.n.Load(); n != 1 {
+			t.Errorf("got %d round trips, want 1", n)
+		}
+
+		t.Run("nothing to read", func(t *testing.T) {
+			before := trips.n.Load()
+			got, err := s.Results(t.Context(), []string{"malformed", ""})
+			if err != nil || len(got) != 2 || got[0] != (model.Result{}) || got[1] != (model.Result{}) {
+				t.Errorf("got (%+v, %v), want two zero results", got, err)
+			}
+			if n := trips.n.Load() - before; n != 0 {
+				t.Errorf("got %d round trips, want 0", n)
+			}
+		})
+		t.Run("corrupt stored value", func(t *testing.T) {
+			rid := newRequestID(c1.ID)
+			if err := s.rdb.HSet(t.Context(), campaignKeys(c1.ID).results, rid, "garbage").Err(); err != nil {
+				t.Fatalf("HSET: %v", err)
+			}
+			got, err := s.Results(t.Context(), []string{q1, rid})
+			if err == nil || errors.Is(err, model.ErrNotFound) || errors.Is(err, model.ErrUnavailable) {
+				t.Errorf("got (%+v, %v), want a decode error", got, err)
+			}
+		})
+		t.Run("Redis unreachable", func(t *testing.T) {
+			ctx, cancel := context.WithCancel(t.Context())
+			cancel()
+			for _, ids := range [][]string{{q1}, {q1, s2}} {
+				if _, err := s.Results(ctx, ids); !errors.Is(err, model.ErrUnavailable) {
+					t.Errorf("%d campaigns: got %v, want %v", len(ids), err, model.ErrUnavailable)
+				}
+			}
+		})
+	})
+}
+
+// resultTrips counts the round trips of a go-redis client that read stored
+// results (HGET, HMGET), alone or in a pipeline; a new connection's own
+// handshake commands are not counted.
+type resultTrips struct{ n atomic.Int64 }
+
+func readsResults(cmd redis.Cmder) bool { return cmd.Name() == "hget" || cmd.Name() == "hmget" }
+
+func (h *resultTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *resultTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if readsResults(cmd) {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *resultTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if slices.ContainsFunc(cmds, readsResults) {
+			h.n.Add(1)
+		}
+		return next(ctx, cmds)
+	}
 }

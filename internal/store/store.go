@@ -278,6 +278,76 @@ func (s *Store) Result(ctx context.Context, requestID string) (model.Result, err
 	return decodeStored(requestID, c, v)
 }
 
+// Results returns the stored results of requestIDs, in their order, in one
+// round trip: one HMGET per campaign, pipelined when there are several (a
+// cluster client splits the pipeline by slot; each HMGET stays within its
+// campaign's slot). An unknown or malformed id has the zero Result (empty
+// Status) at its place. An error means no result was read.
+func (s *Store) Results(ctx context.Context, requestIDs []string) ([]model.Result, error) {
+	out := make([]model.Result, len(requestIDs))
+	type read struct {
+		campaignID string
+		at         []int // indexes into requestIDs
+		cmd        *redis.SliceCmd
+	}
+	var reads []*read
+	byCampaign := map[string]*read{}
+	for i, id := range requestIDs {
+		c, ok := model.CampaignOfRequest(id)
+		if !ok {
+			continue
+		}
+		rd := byCampaign[c]
+		if rd == nil {
+			rd = &read{campaignID: c}
+			byCampaign[c] = rd
+			reads = append(reads, rd)
+		}
+		rd.at = append(rd.at, i)
+	}
+	if len(reads) == 0 {
+		return out, nil
+	}
+	fields := func(rd *read) []string {
+		f := make([]string, len(rd.at))
+		for j, i := range rd.at {
+			f[j] = requestIDs[i]
+		}
+		return f
+	}
+	var err error
+	if len(reads) == 1 {
+		// The usual case, one campaign: no pipeline to build.
+		rd := reads[0]
+		rd.cmd = s.rdb.HMGet(ctx, campaignKeys(rd.campaignID).results, fields(rd)...)
+		err = rd.cmd.Err()
+	} else {
+		pipe := s.rdb.Pipeline()
+		for _, rd := range reads {
+			rd.cmd = pipe.HMGet(ctx, campaignKeys(rd.campaignID).results, fields(rd)...)
+		}
+		_, err = pipe.Exec(ctx)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("results of %d requests: %w", len(requestIDs), unavailable(err))
+	}
+	for _, rd := range reads {
+		for j, v := range rd.cmd.Val() {
+			stored, ok := v.(string)
+			if !ok {
+				continue // nil: not stored
+			}
+			id := requestIDs[rd.at[j]]
+			r, err := decodeStored(id, rd.campaignID, stored)
+			if err != nil {
+				return nil, fmt.Errorf("result %s: %w", id, err)
+			}
+			out[rd.at[j]] = r
+		}
+	}
+	return out, nil
+}
+
 // SoldOut reports whether the campaign's sold-out flag is set.
 func (s *Store) SoldOut(ctx context.Context, campaignID string) (bool, error) {
 	n, err := s.rdb.Exists(ctx, campaignKeys(campaignID).soldout).Result()
