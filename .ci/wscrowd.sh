@@ -135,7 +135,7 @@ for N in ${SIZES//,/ }; do
   status=0
   wait "$LT" || status=$?
   [ -s "$WORK/crowd-$N.json" ] || die "loadtest with $N shoppers wrote no report (exit $status): $(grep -v '^shoppers answered' "$WORK/loadtest-$N.log" | tail -5)"
-  jq -r '.crowd | "connected \(.connected), refused 429 \(.connect_failed["429"]) 503 \(.connect_failed["503"]) other \(.connect_failed.other), connect p50 \(.connect_time_ms.p50) ms p99 \(.connect_time_ms.p99) ms max \(.connect_time_ms.max) ms, reconnects \(.reconnects)"' "$WORK/crowd-$N.json" | sed 's/^/wscrowd:   /' >&2
+  jq -r '.crowd | "connected \(.connected), refused 429 \(.connect_failed["429"]) 503 \(.connect_failed["503"]) other \(.connect_failed.other), connect p50 \(.connect_time_ms.p50) ms p99 \(.connect_time_ms.p99) ms max \(.connect_time_ms.max) ms, sale started \(.sale_start_lag_ms) ms after the window, reconnects \(.reconnects)"' "$WORK/crowd-$N.json" | sed 's/^/wscrowd:   /' >&2
   [ "$status" = 0 ] || die "loadtest with $N shoppers failed (exit $status): $(jq -c '[.invariants[] | select(.ok | not)]' "$WORK/crowd-$N.json")"
   ROWS+=("$(jq -r --arg n "$N" '.crowd.notifier as $x | [$n, $x.websocket_clients_connected, $x.websocket_subscriptions_connected,
       ($x.rss_before_bytes / 1048576 | floor), ($x.rss_connected_bytes / 1048576 | floor),
