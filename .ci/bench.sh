@@ -14,7 +14,10 @@
 # Not part of .ci/run. Tunables: BENCH_DURATION (10s), BENCH_CONNECTIONS (128),
 # BENCH_THREADS (1: wrk keeps at most one core), BENCH_SHOPPERS (100000),
 # BENCH_STOCK (1000), BENCH_STAGES (hello,admit,soldout,e2e: the stages to
-# run; ratios need hello). Settings of flashsale pass through the
+# run; ratios need hello), BENCH_LOADTEST_ARGS (flags added to the e2e
+# loadtest, which win over its own: '--results poll' for the WebSocket/poll
+# A/B of the server's CPU per purchase, '--ws-per-shopper' for a crowd, whose
+# CPU per request then includes its connects and the wait after it leaves). Settings of flashsale pass through the
 # environment, e.g. FLASHSALE_GATEWAY_ADMIT_LINGER=0 for an A/B. BENCH_PROFILE=DIR also writes a CPU profile of the server
 # during each stage to DIR/<stage>.pb.gz (`go tool pprof -top -cum FILE`):
 # the binaries then get net/http/pprof through `go build -overlay` from a file
@@ -286,7 +289,8 @@ if want e2e; then
   profile e2e 3
   set +e
   "$WORK/flashsale" loadtest --url "$BASE" --campaign "$E2E" --stock "$STOCK" --shoppers "$SHOPPERS" \
-    --concurrency 256 --repeat 0 --idempotent-share 0 --results ws --settle 30 --progress=false --json >"$WORK/e2e.json"
+    --concurrency 256 --repeat 0 --idempotent-share 0 --results ws --settle 30 --progress=false --json \
+    ${BENCH_LOADTEST_ARGS:-} >"$WORK/e2e.json"
   E2E_STATUS=$?
   set -e
   t1=$(all_ticks) s1=$(cpu_ticks "$SRV") r1=$(cpu_ticks "$REDIS_PID") m1=$(cpu_ticks "$MARIADB_PID")

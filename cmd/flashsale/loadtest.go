@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorilla/websocket"
 	"github.com/schollz/progressbar/v3"
 	"github.com/valyala/fasthttp"
 
@@ -28,6 +29,8 @@ import (
 // admin API, lets many shoppers buy at once, waits for every result and
 // checks the guarantees the README promises. Files: loadtest.go (flags and
 // the run), loadtest_shopper.go (one shopper's requests and result),
+// loadtest_crowd.go (--ws-per-shopper: the crowd's sockets and the
+// notifier's figures), loadtest_lifecycle.go (--pay-ratio),
 // loadtest_report.go (measurements, invariants and the report).
 
 // loadtestOptions are the command's flags.
@@ -58,6 +61,12 @@ type loadtestOptions struct {
 	lifecycle     bool
 	payRatio      float64
 	paymentWindow time.Duration
+	// The waiting crowd (loadtest_crowd.go).
+	wsPerShopper  bool
+	connectWindow time.Duration
+	hold          time.Duration
+	metricsURL    string
+	metricsURLSet bool // given by the flag, not derived: a failed read is an error
 }
 
 // secondsOrDuration is a flag that takes "30", meaning seconds, or "30s".
@@ -90,6 +99,14 @@ once: creates and preloads a campaign through the admin API, mints tokens for
 --shoppers users, fires their purchases (closed loop with --concurrency, or open
 loop with --rate), waits for every admitted request's result over WebSocket or
 polling, prints a report and exits non-zero if an invariant broke.
+
+With --ws-per-shopper every shopper opens one WebSocket before the sale, all
+within --connect-window of its start (a thundering herd), and waits on it for
+all its results; the crowd stays connected and idle for --hold once every
+purchase is answered, then leaves together. The report adds the connect times,
+the refused connects, the reconnects, and the notifier's RSS (before the
+crowd, with it connected, after it left), bytes per connection and CPU during
+the hold, read from its /metrics (--metrics-url).
 
 With --pay-ratio or --payment-window it runs the order lifecycle too: each
 buyer pays with probability --pay-ratio and otherwise lets the order expire,
@@ -139,6 +156,10 @@ func parseLoadtestFlags(args []string, stdout io.Writer, env map[string]string) 
 	fs.Uint64Var(&o.seed, "seed", 0, "seed that picks repeating and idempotent shoppers (default: random)")
 	fs.Float64Var(&o.payRatio, "pay-ratio", 1, "lifecycle: share of buyers who pay; the others let their order expire")
 	fs.DurationVar(&o.paymentWindow, "payment-window", 0, "lifecycle: the campaign's payment window (default: the server's, 10m)")
+	fs.BoolVar(&o.wsPerShopper, "ws-per-shopper", false, "each shopper opens one WebSocket before the sale and waits on it for all its results (with --results ws)")
+	fs.DurationVar(&o.connectWindow, "connect-window", time.Second, "with --ws-per-shopper: the shoppers connect spread over this span just before the sale starts (0: all at once)")
+	fs.DurationVar(&o.hold, "hold", 0, "with --ws-per-shopper: how long the crowd stays connected and idle once every purchase is answered (the notifier's idle CPU is measured over it)")
+	fs.StringVar(&o.metricsURL, "metrics-url", "", "with --ws-per-shopper: the notifier's Prometheus metrics, for its RSS and CPU (default: --results-url's /metrics; with http.admin_addr set, /metrics is on the admin listener)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, loadtestUsage)
@@ -150,7 +171,18 @@ func parseLoadtestFlags(args []string, stdout io.Writer, env map[string]string) 
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	fs.Visit(func(f *flag.Flag) { o.lifecycle = o.lifecycle || f.Name == "pay-ratio" || f.Name == "payment-window" })
+	crowdFlag := ""
+	fs.Visit(func(f *flag.Flag) {
+		o.lifecycle = o.lifecycle || f.Name == "pay-ratio" || f.Name == "payment-window"
+		switch f.Name {
+		case "connect-window", "hold", "metrics-url":
+			crowdFlag = f.Name
+		}
+	})
+	if crowdFlag != "" && !o.wsPerShopper {
+		return o, fmt.Errorf("--%s: goes with --ws-per-shopper", crowdFlag)
+	}
+	o.metricsURLSet = o.metricsURL != ""
 	if o.adminToken == "" {
 		o.adminToken = cmp.Or(env["FLASHSALE_AUTH_ADMIN_TOKEN"], config.DevAdminToken)
 	}
@@ -199,11 +231,19 @@ func (o loadtestOptions) validate() error {
 		return bad("pay-ratio", "must be a share between 0 and 1")
 	case o.paymentWindow != 0 && (o.paymentWindow < time.Second || o.paymentWindow > 24*time.Hour):
 		return bad("payment-window", "must be between 1s and 24h")
+	case o.wsPerShopper && o.results != "ws":
+		return bad("ws-per-shopper", "goes with --results ws")
+	case o.wsPerShopper && o.lifecycle:
+		return bad("ws-per-shopper", "not with --pay-ratio or --payment-window (their retries poll)")
+	case o.connectWindow < 0:
+		return bad("connect-window", "must not be negative")
+	case o.hold < 0:
+		return bad("hold", "must not be negative")
 	}
 	if o.resultsURL != "" && o.url == "" {
 		return bad("results-url", "goes with --url (the in-process serve answers results itself)")
 	}
-	for _, f := range []struct{ flag, value string }{{"url", o.url}, {"results-url", o.resultsURL}} {
+	for _, f := range []struct{ flag, value string }{{"url", o.url}, {"results-url", o.resultsURL}, {"metrics-url", o.metricsURL}} {
 		if f.value == "" {
 			continue
 		}
@@ -261,8 +301,9 @@ func runLoadtest(ctx context.Context, args []string, stdout io.Writer, env map[s
 	}
 	o.url = strings.TrimRight(o.url, "/")
 	o.resultsURL = strings.TrimRight(cmp.Or(o.resultsURL, o.url), "/")
+	o.metricsURL = cmp.Or(o.metricsURL, o.resultsURL+"/metrics")
 
-	rep, err := newLoadtest(o, embedded).run(ctx)
+	rep, err := newLoadtest(o, embedded).run(ctx, embedded)
 	if err != nil {
 		return fmt.Errorf("loadtest: %w", err)
 	}
@@ -298,6 +339,7 @@ type loadtest struct {
 	results     *fasthttp.HostClient
 	purchaseURL string // the campaign's purchase endpoint, built once
 	jwt         *auth.JWT
+	dialer      *websocket.Dialer
 	wsSlots     chan struct{} // one token per WebSocket the tool may hold open
 	rec         *recorder
 }
@@ -357,20 +399,29 @@ func newLoadtest(o loadtestOptions, embedded bool) *loadtest {
 		results:     results,
 		purchaseURL: o.url + "/api/v1/campaigns/" + o.campaign + "/purchases",
 		jwt:         minter(o),
-		wsSlots:     make(chan struct{}, wsCap),
-		rec:         newRecorder(o, pools*httpConns, wsCap),
+		// Small buffers: a crowd of 15,000 sockets reads frames of a few
+		// hundred bytes.
+		dialer:  &websocket.Dialer{HandshakeTimeout: o.timeout, ReadBufferSize: 1024, WriteBufferSize: 1024},
+		wsSlots: make(chan struct{}, wsCap),
+		rec:     newRecorder(o, pools*httpConns, wsCap),
 	}
 }
 
 // run sets the sale up, lets every shopper buy, waits for the results and
-// returns the report.
-func (lt *loadtest) run(ctx context.Context) (*report, error) {
+// returns the report. embedded: the server runs in this process.
+func (lt *loadtest) run(ctx context.Context, embedded bool) (*report, error) {
 	if err := lt.setUp(ctx); err != nil {
 		return nil, err
 	}
 	shoppers, err := lt.planShoppers()
 	if err != nil {
 		return nil, err
+	}
+	var crowd *crowd
+	if lt.o.wsPerShopper {
+		if crowd, err = lt.gatherCrowd(ctx, shoppers, embedded); err != nil {
+			return nil, err
+		}
 	}
 	bar := lt.progressBar()
 
@@ -385,6 +436,9 @@ func (lt *loadtest) run(ctx context.Context) (*report, error) {
 	}
 	fired := time.Now()
 	lt.rec.fired(fired)
+	if crowd != nil {
+		crowd.hold()
+	}
 	// Waiters stop by themselves at the settle deadline.
 	waiters.Wait()
 	_ = bar.Finish()
@@ -393,11 +447,18 @@ func (lt *loadtest) run(ctx context.Context) (*report, error) {
 	}
 
 	if !lt.o.lifecycle {
-		stats, err := lt.settledStats(ctx, fired.Add(lt.o.settle), func(st serverStats) bool { return st.UnitsInDB == st.Sold })
+		if crowd != nil {
+			crowd.leave()
+		}
+		stats, err := lt.settledStats(ctx, fired.Add(lt.o.hold+lt.o.settle), func(st serverStats) bool { return st.UnitsInDB == st.Sold })
 		if err != nil {
 			return nil, err
 		}
-		return lt.rec.report(stats, nil), nil
+		rep := lt.rec.report(stats, nil)
+		if crowd != nil {
+			rep.Crowd = crowd.report()
+		}
+		return rep, nil
 	}
 	waiting := lt.resell(ctx, shoppers)
 	lt.rec.fired(time.Now()) // the retries fire purchases too
@@ -412,6 +473,14 @@ func (lt *loadtest) run(ctx context.Context) (*report, error) {
 		return nil, err
 	}
 	return lt.rec.report(stats, &state), nil
+}
+
+// say tells the operator, on stderr with the progress bar, where a long
+// run is; the line starts on a line of its own, below the bar.
+func (lt *loadtest) say(format string, args ...any) {
+	if lt.o.progress {
+		fmt.Fprintf(os.Stderr, "\nloadtest: "+format+"\n", args...)
+	}
 }
 
 func (lt *loadtest) progressBar() *progressbar.ProgressBar {

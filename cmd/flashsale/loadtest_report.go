@@ -36,10 +36,9 @@ type recorder struct {
 	results      map[string]finalResult
 	byChannel    map[string]int
 	byStatus     map[string]int
-	duplicates   int // a result for a request id seen twice
-	wsFailures   map[string]int
-	wsOverCap    int
-	wsOpened     int // WebSockets that connected
+	duplicates   int            // a result for a request id seen twice
+	wsFailures   map[string]int // why results were polled on a WebSocket run
+	wsOpened     int            // WebSockets that connected
 	missingN     int
 	missingOne   string           // one missing request, for the report
 	idemBroken   int              // replays that started a second request
@@ -168,12 +167,6 @@ func (r *recorder) wsOpen() {
 	r.wsOpened++
 }
 
-func (r *recorder) wsCapped() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.wsOverCap++
-}
-
 func (r *recorder) missing(rid string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -214,6 +207,7 @@ type report struct {
 	Successes         int64            `json:"successes"`
 	Server            serverStats      `json:"server"`
 	Lifecycle         *lifecycleReport `json:"lifecycle,omitempty"`
+	Crowd             *crowdReport     `json:"crowd,omitempty"`
 	RateLimit         rateLimitCheck   `json:"rate_limit"`
 	Invariants        []invariant      `json:"invariants"`
 	InvariantsHolding bool             `json:"invariants_ok"`
@@ -324,9 +318,6 @@ func (r *recorder) report(st serverStats, lc *lifecycleState) *report {
 	rep.WSFallbacks = map[string]int{}
 	for msg, n := range r.wsFailures {
 		rep.WSFallbacks[msg] = n
-	}
-	if r.wsOverCap > 0 {
-		rep.WSFallbacks["socket budget used up"] = r.wsOverCap
 	}
 	if lc == nil {
 		rep.Invariants = r.invariants(st)
@@ -483,6 +474,9 @@ func (rep *report) writeText(w io.Writer) {
 	// every one failed or none was wanted.
 	p("  sockets         up to %d HTTP connections; %d WebSockets opened (up to %d at once)",
 		rep.Sockets.HTTPConns, rep.Sockets.WebSocketsOpened, rep.Sockets.WebSockets)
+	if c := rep.Crowd; c != nil {
+		c.writeText(p, lat)
+	}
 	p("  successes       %d of %d units; server: sold %d, remaining %d, admitted %d, orders in DB %d",
 		rep.Successes, rep.Stock, rep.Server.Sold, rep.Server.Remaining, rep.Server.Admitted, rep.Server.OrdersInDB)
 	if lc := rep.Lifecycle; lc != nil {
@@ -514,4 +508,51 @@ func countsText(m map[string]int) string {
 		parts[i] = fmt.Sprintf("%s %d", k, m[k])
 	}
 	return strings.Join(parts, ", ")
+}
+
+func (c *crowdReport) writeText(p func(string, ...any), lat func(percentiles) string) {
+	f := c.ConnectFailed
+	p("  crowd           one WebSocket per shopper, connect window %.0f ms: %d connected; refused 429 %d, 503 %d, other %d%s; reconnects %d, lost %d",
+		c.ConnectWindowMs, c.Connected, f.TooMany, f.Unavailable, f.Other, reasons(f.OtherReasons), c.Reconnects, c.Lost)
+	late := ""
+	if c.SaleStartLagMs > 0 {
+		late = fmt.Sprintf("; the sale started %.0f ms after the window", c.SaleStartLagMs)
+	}
+	p("  connect time    %s%s", lat(c.ConnectTime), late)
+	n := c.Notifier
+	if n.Unavailable != "" {
+		p("  notifier        figures from %s unavailable: %s", n.MetricsURL, n.Unavailable)
+	}
+	if n.RSSBefore == 0 {
+		return
+	}
+	shared := ""
+	if n.SharedWithLoadtest {
+		shared = " (the in-process serve: the tool's own sockets included)"
+	}
+	perConn := "n/a"
+	if n.BytesPerConnection != nil {
+		perConn = fmt.Sprintf("%.1f KiB", *n.BytesPerConnection/1024)
+	}
+	p("  notifier RSS    %s before, %s with the crowd (%d clients), %s after %.1f s held (%d clients, %d subscriptions): %s per connection%s",
+		mib(n.RSSBefore), mib(n.RSSHerd), n.ClientsHerd, mib(n.RSSConnected), c.HoldSeconds, n.ClientsConnected, n.SubscriptionsConnected, perConn, shared)
+	settled := "settled"
+	if !n.AfterLeaveSettled {
+		settled = "still changing"
+	}
+	idle := "n/a (no --hold)"
+	if n.IdleCPUSeconds != nil {
+		idle = fmt.Sprintf("%.2f s over %.1f s (%.1f%% of a core)", *n.IdleCPUSeconds, c.HoldSeconds, 100**n.IdleCPUSeconds/c.HoldSeconds)
+	}
+	p("  after leaving   %s %.1f s after the crowd left (%s; %d clients); %d upgrade requests in all; idle CPU %s",
+		mib(n.RSSAfterLeave), n.AfterLeaveWaitMs/1000, settled, n.ClientsAfterLeave, n.Upgrades, idle)
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+func reasons(m map[string]int) string {
+	if len(m) == 0 {
+		return ""
+	}
+	return " (" + countsText(m) + ")"
 }

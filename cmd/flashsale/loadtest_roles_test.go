@@ -29,6 +29,30 @@ func TestLoadtestSeparateRoles(t *testing.T) {
 			"--shoppers", "300", "--stock", "40", "--concurrency", "16", "--settle", "30s"}
 	}
 
+	// First: the notifier's upgrade count and clients are then the crowd's alone.
+	t.Run("a crowd on the notifier, one socket per shopper", func(t *testing.T) {
+		out, err := runLoadtestCmd(t, append(sale(testenv.Name(t, "ltcrowd-")), "--url", gwURL, "--results-url", ntfURL, "--json",
+			"--ws-per-shopper", "--connect-window", "200ms", "--hold", "1s")...)
+		if err != nil {
+			t.Fatalf("loadtest: got error %v, want none; output:\n%s", err, out)
+		}
+		var rep report
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("report is not JSON: %v\n%s", err, out)
+		}
+		if !rep.OK || rep.Successes != 40 || rep.Crowd == nil {
+			t.Fatalf("got ok %v, %d successes, crowd %v; want ok, 40, a crowd section: %+v", rep.OK, rep.Successes, rep.Crowd, rep.Invariants)
+		}
+		c, n := rep.Crowd, rep.Crowd.Notifier
+		if c.Connected != 300 || n.ClientsHerd != 300 || n.Upgrades < 300 || n.Upgrades > 300+c.Reconnects || n.ClientsAfterLeave != 0 {
+			t.Errorf("got %d connected; notifier: %d clients, %d upgrade requests, %d clients after leaving; want 300, 300, 300 to %d, 0",
+				c.Connected, n.ClientsHerd, n.Upgrades, n.ClientsAfterLeave, 300+c.Reconnects)
+		}
+		if n.Unavailable != "" || n.SharedWithLoadtest || n.RSSBefore <= 0 || n.RSSConnected <= 0 || n.RSSAfterLeave <= 0 || n.IdleCPUSeconds == nil {
+			t.Errorf("notifier figures: got %+v, want the notifier process's RSS and idle CPU", n)
+		}
+	})
+
 	t.Run("results from the notifier", func(t *testing.T) {
 		out, err := runLoadtestCmd(t, append(sale(testenv.Name(t, "ltroles-")), "--url", gwURL, "--results-url", ntfURL, "--json")...)
 		if err != nil {

@@ -28,6 +28,10 @@ type shopper struct {
 	replay bool
 	// pays: in a lifecycle run, pays for an order rather than let it expire.
 	pays bool
+	// socket: with --ws-per-shopper, the shopper's one WebSocket; nil when
+	// it has none, for the reason in noSocket.
+	socket   *crowdSocket
+	noSocket error
 }
 
 // purchaseAnswer is the gateway's answer to one purchase.
@@ -147,25 +151,20 @@ func (r finalResult) final() bool {
 	return false
 }
 
-// awaitResult waits for rid's final result until sent+settle: over a
-// WebSocket while the socket budget allows, else (or if the socket fails) by
-// polling.
+// awaitResult waits for rid's final result until sent+hold+settle: over a
+// WebSocket (the shopper's own with --ws-per-shopper, else one for this
+// request while the socket budget allows), else (or if the socket fails)
+// by polling.
 func (lt *loadtest) awaitResult(ctx context.Context, s *shopper, rid string, sent time.Time) {
-	deadline := sent.Add(lt.o.settle)
+	deadline := sent.Add(lt.o.hold + lt.o.settle)
 	if lt.o.results == "ws" {
-		select {
-		case lt.wsSlots <- struct{}{}:
-			r, err := lt.wsResult(ctx, s, rid, deadline)
-			<-lt.wsSlots
-			if err == nil {
-				lt.rec.result(s.user, r, "ws", sent)
-				lt.afterResult(ctx, s, r)
-				return
-			}
-			lt.rec.wsFailed(err)
-		default:
-			lt.rec.wsCapped()
+		r, err := lt.wsAwait(ctx, s, rid, deadline)
+		if err == nil {
+			lt.rec.result(s.user, r, "ws", sent)
+			lt.afterResult(ctx, s, r)
+			return
 		}
+		lt.rec.wsFailed(err)
 	}
 	r, err := lt.pollResult(ctx, s, rid, deadline)
 	if err != nil {
@@ -176,6 +175,24 @@ func (lt *loadtest) awaitResult(ctx context.Context, s *shopper, rid string, sen
 	lt.afterResult(ctx, s, r)
 }
 
+// wsAwait waits for rid's result over a WebSocket; its error says why the
+// result must be polled instead.
+func (lt *loadtest) wsAwait(ctx context.Context, s *shopper, rid string, deadline time.Time) (finalResult, error) {
+	if lt.o.wsPerShopper {
+		if s.socket == nil {
+			return finalResult{}, s.noSocket
+		}
+		return s.socket.await(ctx, rid, deadline)
+	}
+	select {
+	case lt.wsSlots <- struct{}{}:
+		defer func() { <-lt.wsSlots }()
+		return lt.wsResult(ctx, s, rid, deadline)
+	default:
+		return finalResult{}, errSocketBudget
+	}
+}
+
 // afterResult settles a new order in a lifecycle run.
 func (lt *loadtest) afterResult(ctx context.Context, s *shopper, r finalResult) {
 	if lt.o.lifecycle && r.Status == "success" {
@@ -183,20 +200,33 @@ func (lt *loadtest) afterResult(ctx context.Context, s *shopper, r finalResult) 
 	}
 }
 
-// wsResult subscribes to rid on its own WebSocket and reads until the result.
-func (lt *loadtest) wsResult(ctx context.Context, s *shopper, rid string, deadline time.Time) (finalResult, error) {
+// dialWS opens a WebSocket to the notifier as s. A refused upgrade's error
+// comes with its HTTP status; other failures with 0.
+func (lt *loadtest) dialWS(ctx context.Context, s *shopper) (*websocket.Conn, int, error) {
 	u, _ := url.Parse(lt.o.resultsURL + "/api/v1/ws")
 	u.Scheme = strings.Replace(u.Scheme, "http", "ws", 1)
 	u.RawQuery = "access_token=" + url.QueryEscape(s.token)
-	dialer := websocket.Dialer{HandshakeTimeout: lt.o.timeout}
-	conn, resp, err := dialer.DialContext(ctx, u.String(), nil)
-	if resp != nil && resp.Body != nil {
-		_ = resp.Body.Close()
+	conn, resp, err := lt.dialer.DialContext(ctx, u.String(), nil)
+	status := 0
+	if resp != nil {
+		status = resp.StatusCode
+		if resp.Body != nil {
+			_ = resp.Body.Close()
+		}
 	}
 	if err != nil {
-		return finalResult{}, fmt.Errorf("dial: %w", err)
+		return nil, status, fmt.Errorf("dial: %w", err)
 	}
 	lt.rec.wsOpen()
+	return conn, 0, nil
+}
+
+// wsResult subscribes to rid on its own WebSocket and reads until the result.
+func (lt *loadtest) wsResult(ctx context.Context, s *shopper, rid string, deadline time.Time) (finalResult, error) {
+	conn, _, err := lt.dialWS(ctx, s)
+	if err != nil {
+		return finalResult{}, err
+	}
 	defer conn.Close()
 	_ = conn.SetReadDeadline(deadline)
 	if err := conn.WriteJSON(map[string]any{"type": "subscribe", "request_ids": []string{rid}}); err != nil {

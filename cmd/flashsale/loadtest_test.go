@@ -10,11 +10,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/gorilla/websocket"
 
 	"github.com/flashsale/flashsale/internal/auth"
 )
@@ -83,6 +86,124 @@ func TestLoadtestEmbedded(t *testing.T) {
 	}
 }
 
+// TestLoadtestCrowd: with --ws-per-shopper against the in-process serve,
+// every shopper connects within the window before the sale and waits on
+// that one socket for all its results; the sale keeps every invariant,
+// the notifier saw one upgrade per shopper, and the report carries the
+// connect times and the notifier's figures.
+func TestLoadtestCrowd(t *testing.T) {
+	const shoppers = 300
+	out, err := runLoadtestCmd(t, "--json", "--shoppers", strconv.Itoa(shoppers), "--stock", "60", "--per-user-limit", "1",
+		"--repeat", "0.2", "--idempotent-share", "0.2", "--concurrency", "16", "--settle", "20s",
+		"--ws-per-shopper", "--connect-window", "300ms", "--hold", "500ms")
+	if err != nil {
+		t.Fatalf("loadtest: got error %v, want none; output:\n%s", err, out)
+	}
+	var rep report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, out)
+	}
+	if !rep.OK || rep.Successes != 60 || rep.Server.OrdersInDB != 60 {
+		t.Errorf("got ok %v, %d successes, %d orders in DB; want ok, 60 and 60: %+v", rep.OK, rep.Successes, rep.Server.OrdersInDB, rep.Invariants)
+	}
+	c := rep.Crowd
+	if c == nil {
+		t.Fatalf("report has no crowd section:\n%s", out)
+	}
+	if rep.ByChannel["ws"] != rep.Delivered || rep.Delivered != rep.Admitted {
+		t.Errorf("results: got %d delivered (%v) for %d admitted, want every one over WebSocket (fallbacks %v)",
+			rep.Delivered, rep.ByChannel, rep.Admitted, rep.WSFallbacks)
+	}
+	if c.Connected != shoppers || c.ConnectFailed.TooMany+c.ConnectFailed.Unavailable+c.ConnectFailed.Other != 0 {
+		t.Errorf("connects: got %d connected, failures %+v; want %d, none", c.Connected, c.ConnectFailed, shoppers)
+	}
+	// One socket per shopper, and more only for a redial.
+	if got, want := rep.Sockets.WebSocketsOpened, shoppers+c.Reconnects; got != want {
+		t.Errorf("WebSockets opened: got %d, want %d (shoppers + reconnects %d)", got, want, c.Reconnects)
+	}
+	q := c.ConnectTime
+	if q.P50 <= 0 || q.P90 < q.P50 || q.P99 < q.P90 || q.Max < q.P99 {
+		t.Errorf("connect time: got %+v, want positive, ordered percentiles", q)
+	}
+	n := c.Notifier
+	if n.Unavailable != "" || !n.SharedWithLoadtest {
+		t.Fatalf("notifier figures: got unavailable %q, shared %v; want figures of this very process", n.Unavailable, n.SharedWithLoadtest)
+	}
+	if n.ClientsHerd != shoppers || n.Upgrades < shoppers || n.Upgrades > shoppers+c.Reconnects || n.ClientsAfterLeave != 0 {
+		t.Errorf("server side: got %d clients with the crowd, %d upgrade requests, %d clients after it left; want %d, %d to %d, 0",
+			n.ClientsHerd, n.Upgrades, n.ClientsAfterLeave, shoppers, shoppers, shoppers+c.Reconnects)
+	}
+	const sane = 64 << 30
+	for name, v := range map[string]int64{"before": n.RSSBefore, "herd": n.RSSHerd, "connected": n.RSSConnected, "after leave": n.RSSAfterLeave} {
+		if v < 1<<20 || v > sane {
+			t.Errorf("RSS %s: got %d bytes, want between 1 MiB and 64 GiB", name, v)
+		}
+	}
+	if n.BytesPerConnection == nil || n.IdleCPUSeconds == nil || *n.IdleCPUSeconds < 0 || n.AfterLeaveWaitMs <= 0 {
+		t.Errorf("notifier: got bytes per connection %v, idle CPU %v, after-leave wait %v ms; want all measured",
+			n.BytesPerConnection, n.IdleCPUSeconds, n.AfterLeaveWaitMs)
+	}
+}
+
+// TestLoadtestCrowdRedials: a notifier that drops every shopper's first
+// socket once it subscribes; each shopper redials, subscribes again and
+// gets its result on the new socket, and the report counts the redials.
+// Without a /metrics the run goes on and says why the figures are
+// missing; an explicit --metrics-url that does not answer stops it.
+func TestLoadtestCrowdRedials(t *testing.T) {
+	const shoppers = 20
+	gw := &fakeGateway{stock: 5, results: map[string]string{}, dropFirstSocket: true}
+	srv := httptest.NewServer(gw)
+	defer srv.Close()
+	args := []string{"--url", srv.URL, "--stock", "5", "--shoppers", strconv.Itoa(shoppers), "--concurrency", "4",
+		"--repeat", "0", "--idempotent-share", "0", "--settle", "5s", "--ws-per-shopper", "--connect-window", "0"}
+	out, err := runLoadtestCmd(t, append(args, "--json")...)
+	if err != nil {
+		t.Fatalf("loadtest: got error %v, want none; output:\n%s", err, out)
+	}
+	var rep report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, out)
+	}
+	c := rep.Crowd
+	if c == nil || c.Connected != shoppers || c.Reconnects != shoppers || c.Lost != 0 {
+		t.Fatalf("crowd: got %+v, want %d connected, %d reconnects, none lost", c, shoppers, shoppers)
+	}
+	if rep.ByChannel["ws"] != shoppers || rep.Sockets.WebSocketsOpened != 2*shoppers {
+		t.Errorf("got %v results, %d sockets opened; want %d over WebSocket, %d sockets", rep.ByChannel, rep.Sockets.WebSocketsOpened, shoppers, 2*shoppers)
+	}
+	if !strings.Contains(c.Notifier.Unavailable, "status 404") {
+		t.Errorf("notifier figures: got unavailable %q, want the metrics' 404", c.Notifier.Unavailable)
+	}
+
+	_, err = runLoadtestCmd(t, append(args, "--metrics-url", srv.URL+"/nowhere")...)
+	if want := "--metrics-url " + srv.URL + "/nowhere: GET"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("explicit --metrics-url without metrics: got error %v, want one containing %q", err, want)
+	}
+}
+
+func TestParseNotifierMetrics(t *testing.T) {
+	text := `# HELP process_resident_memory_bytes Resident memory size in bytes.
+# TYPE process_resident_memory_bytes gauge
+process_resident_memory_bytes 3.4668544e+07
+process_cpu_seconds_total 12.5
+flashsale_websocket_clients 10000
+flashsale_websocket_subscriptions 9990
+flashsale_http_requests_total{code="200",route="/api/v1/ws"} 10001
+flashsale_http_requests_total{code="429",route="/api/v1/ws"} 4
+flashsale_http_requests_total{code="200",route="/api/v1/purchases/:request_id"} 77
+flashsale_build_info{role="notifier",version="dev {x} y"} 1
+`
+	got, err := parseNotifierMetrics(text)
+	want := notifierReading{rss: 34668544, cpuSeconds: 12.5, clients: 10000, subscriptions: 9990, upgrades: 10005}
+	if err != nil || got != want {
+		t.Errorf("got %+v, %v; want %+v", got, err, want)
+	}
+	if _, err := parseNotifierMetrics("process_resident_memory_bytes 1\n"); err == nil || !strings.Contains(err.Error(), "not a notifier") {
+		t.Errorf("a gateway's metrics: got error %v, want one saying it is not a notifier's", err)
+	}
+}
+
 // TestLoadtestLifecycle runs the order lifecycle against the in-process
 // serve: buyers pay or let their orders expire, waiting shoppers buy the
 // units that come back, and every lifecycle invariant holds.
@@ -116,7 +237,11 @@ type fakeGateway struct {
 	loseOne      bool // one admitted request never gets a final result
 	noOrders     bool // the database never holds the orders
 	releaseTwice bool // lifecycle: Redis counts one unit fewer sold than paid
-	paid         []string
+	// dropFirstSocket: a WebSocket notifier that drops each shopper's first
+	// socket when it subscribes and answers on the next.
+	dropFirstSocket bool
+	paid            []string
+	sockets         map[string]int // access token → sockets opened
 
 	mu       sync.Mutex
 	next     atomic.Int64
@@ -126,6 +251,10 @@ type fakeGateway struct {
 }
 
 func (f *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.dropFirstSocket && r.URL.Path == "/api/v1/ws" && r.URL.Query().Get("access_token") != "" {
+		f.serveWS(w, r)
+		return
+	}
 	reply := func(code int, v any) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(code)
@@ -188,6 +317,41 @@ func (f *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+func (f *fakeGateway) serveWS(w http.ResponseWriter, r *http.Request) {
+	ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+	if err != nil {
+		return
+	}
+	defer ws.Close()
+	f.mu.Lock()
+	if f.sockets == nil {
+		f.sockets = map[string]int{}
+	}
+	token := r.URL.Query().Get("access_token")
+	f.sockets[token]++
+	first := f.sockets[token] == 1
+	f.mu.Unlock()
+	for {
+		var frame struct {
+			RequestIDs []string `json:"request_ids"`
+		}
+		if err := ws.ReadJSON(&frame); err != nil {
+			return
+		}
+		if first {
+			return // dropped without a close frame
+		}
+		for _, rid := range frame.RequestIDs {
+			f.mu.Lock()
+			res := finalResult{RequestID: rid, Status: f.results[rid], Quantity: 1, OrderID: "o-" + rid}
+			f.mu.Unlock()
+			if err := ws.WriteJSON(map[string]any{"type": "result", "result": res}); err != nil {
+				return
+			}
+		}
+	}
+}
+
 // TestLoadtestCatchesBrokenGateway: a gateway that breaks a guarantee makes
 // the tool fail, naming the invariant, with the report still printed.
 func TestLoadtestCatchesBrokenGateway(t *testing.T) {
@@ -241,6 +405,11 @@ func TestLoadtestBadInvocation(t *testing.T) {
 		{"stray argument", []string{"now"}, `unexpected argument "now"`},
 		{"pay ratio above one", []string{"--pay-ratio", "1.5"}, "--pay-ratio: must be a share between 0 and 1"},
 		{"payment window too short", []string{"--payment-window", "500ms"}, "--payment-window: must be between 1s and 24h"},
+		{"crowd flag without the crowd", []string{"--hold", "30s"}, "--hold: goes with --ws-per-shopper"},
+		{"crowd with polled results", []string{"--ws-per-shopper", "--results", "poll"}, "--ws-per-shopper: goes with --results ws"},
+		{"crowd in a lifecycle run", []string{"--ws-per-shopper", "--pay-ratio", "0.5"}, "--ws-per-shopper: not with --pay-ratio"},
+		{"negative connect window", []string{"--ws-per-shopper", "--connect-window", "-1s"}, "--connect-window: must not be negative"},
+		{"metrics url without scheme", []string{"--ws-per-shopper", "--metrics-url", "notifier:8080/metrics"}, "--metrics-url:"},
 		{"unreachable gateway", []string{"--url", "http://127.0.0.1:1"}, "--url http://127.0.0.1:1 unreachable"},
 		{"results url without url", []string{"--results-url", "http://127.0.0.1:1"}, "--results-url: goes with --url"},
 		{"results url without scheme", []string{"--url", "http://127.0.0.1:1", "--results-url", "notifier:8080"}, "--results-url:"},
