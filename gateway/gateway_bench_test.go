@@ -204,6 +204,33 @@ func BenchmarkAdmitPath(b *testing.B) {
 	runPurchases(b, url+"/api/v1/campaigns/"+c.ID+"/purchases", benchTokens(b, 1000), http.StatusAccepted)
 }
 
+// BenchmarkAdmitHandler is BenchmarkAdmitPath without the network: the gin
+// engine called directly by 64 goroutines per core, so the handler's and
+// the admit flush's own CPU and allocations show (the request and recorder
+// httptest builds are counted too; compare trees, not absolute figures).
+func BenchmarkAdmitHandler(b *testing.B) {
+	_, e, c := benchEngine(b, model.MaxStock)
+	path := "/api/v1/campaigns/" + c.ID + "/purchases"
+	tokens := benchTokens(b, 256)
+	var next atomic.Int64
+	b.SetParallelism(64)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(`{"quantity":1}`))
+			req.Header.Set("Authorization", "Bearer "+tokens[int(next.Add(1))%len(tokens)])
+			req.Header.Set("Content-Type", "application/json")
+			w := httptest.NewRecorder()
+			e.ServeHTTP(w, req)
+			if w.Code != http.StatusAccepted {
+				b.Errorf("purchase: got status %d, want %d", w.Code, http.StatusAccepted)
+				return
+			}
+		}
+	})
+}
+
 // BenchmarkSoldOutPath: a sold-out campaign is refused (410) from the
 // in-memory flag, without Redis or the queue.
 func BenchmarkSoldOutPath(b *testing.B) {

@@ -90,3 +90,45 @@ func BenchmarkAdmit(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAdmitLimits measures admit.lua in the shape of .ci/bench.sh's
+// admit stage (batches of 30, one client IP, no Idempotency-Key) with the
+// rate limits off, per user, and per user and IP (userip), and with 256 or
+// 2048 shoppers (the name's number): a campaign's per-user TAT hash stays
+// a listpack up to Redis's hash-max-listpack-entries (512 by default),
+// which every field read and write then scans. Redis's CPU per purchase is the figure to compare
+// (its /proc/<pid>/stat around the run; docs/BENCHMARKS.md).
+func BenchmarkAdmitLimits(b *testing.B) {
+	both := model.RateLimits{UserRate: 1_000_000, UserBurst: 1_000_000, IPRate: 1_000_000, IPBurst: 1_000_000}
+	for _, tc := range []struct {
+		name     string
+		shoppers int
+		limits   model.RateLimits
+	}{
+		{"none-256", 256, model.RateLimits{}},
+		{"user-256", 256, model.RateLimits{UserRate: 1_000_000, UserBurst: 1_000_000}},
+		{"userip-256", 256, both},
+		{"userip-2048", 2048, both},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			s, c := benchStore(b)
+			batch := make([]model.AdmitRequest, 30)
+			n := 0
+			for b.Loop() {
+				for i := range batch {
+					n++
+					batch[i] = model.AdmitRequest{RequestID: benchRequestID(c.ID, n), CampaignID: c.ID,
+						UserID: fmt.Sprintf("bench%d", n%tc.shoppers), Quantity: 1, ClientIP: "127.0.0.1"}
+				}
+				adms, err := s.Admit(b.Context(), c.ID, batch, tc.limits)
+				if err != nil {
+					b.Fatalf("Admit: %v", err)
+				}
+				if adms[len(batch)-1].Code != model.Admitted {
+					b.Fatalf("Admit: got code %d, want %d", adms[len(batch)-1].Code, model.Admitted)
+				}
+			}
+			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "admitted/s")
+		})
+	}
+}
