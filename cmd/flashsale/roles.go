@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -96,6 +97,10 @@ func runRoles(ctx context.Context, name string, args []string, stdout io.Writer,
 	}
 	log := newLog(cfg.Log)
 	routeRedisLog(log)
+	if percent, ok := gcPercent(roles, env); ok {
+		debug.SetGCPercent(percent)
+		log.Info("garbage collector target set for the role; GOGC overrides it", "gc_percent", percent)
+	}
 	log.Info("starting", "roles", roles.String(), "version", version, "config", fmt.Sprintf("%+v", cfg.Masked()))
 	sys, err := start(ctx, cfg, log, roles)
 	if err != nil {
@@ -109,6 +114,22 @@ func runRoles(ctx context.Context, name string, args []string, stdout io.Writer,
 		printDevTokens(stdout, cfg.Auth)
 	}
 	return sys.Wait()
+}
+
+// gatewayGCPercent is the gateway role's GOGC. Its live heap is small and
+// bounded (caches with caps), while every purchase allocates: at Go's
+// default of 100 it collected ~10 times a second under load, and 400 cut
+// its CPU per purchase by 5-35 % (docs/BENCHMARKS.md, round 8). Roles with a
+// notifier keep the default: their live heap grows with the connections
+// held, and 400 would let the process grow to five times it.
+const gatewayGCPercent = 400
+
+// gcPercent returns the GC target to set for roles, unless GOGC is set.
+func gcPercent(roles roleSet, env map[string]string) (int, bool) {
+	if _, set := env["GOGC"]; set || roles != (roleSet{gateway: true}) {
+		return 0, false
+	}
+	return gatewayGCPercent, true
 }
 
 // authOptions are the shopper token checks a config asks for.
