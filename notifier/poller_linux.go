@@ -68,12 +68,15 @@ func (p *poller) wait() {
 			if ev.Fd == int32(p.wakefd) {
 				return
 			}
-			p.mu.Lock()
-			c := p.byFD[ev.Fd]
-			p.mu.Unlock()
 			// An event read before its connection was removed may name
 			// the descriptor's next connection.
-			if c != nil && c.pollSeq == uint32(ev.Pad) {
+			p.mu.Lock()
+			c := p.byFD[ev.Fd]
+			if c != nil && c.pollSeq != uint32(ev.Pad) {
+				c = nil
+			}
+			p.mu.Unlock()
+			if c != nil {
 				p.ready(c)
 			}
 		}
