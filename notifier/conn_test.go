@@ -92,23 +92,38 @@ func TestWSIdleConnectionsHoldNoGoroutine(t *testing.T) {
 			t.Fatalf("got subscribed %v, want [%s]", subscribed, ids[i])
 		}
 	}
-	// Pongs only, for longer than 2.5 intervals of silence would last. Each
-	// pong starts a read round that ends at once.
-	for end := time.Now().Add(3 * interval); time.Now().Before(end); {
-		for _, ws := range clients {
-			if err := ws.WriteControl(websocket.PongMessage, nil, time.Now().Add(3*time.Second)); err != nil {
-				t.Fatalf("pong: %v", err)
+	// Pongs only (one goroutine here for all clients), for longer than 2.5
+	// intervals of silence would last. Each pong starts a read round that
+	// ends at once.
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(interval / 10)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			for _, ws := range clients {
+				if err := ws.WriteControl(websocket.PongMessage, nil, time.Now().Add(3*time.Second)); err != nil {
+					t.Errorf("pong: %v", err)
+					return
+				}
 			}
 		}
-		time.Sleep(interval / 10)
+	}()
+	time.Sleep(3 * interval)
+	if got := gaugeValue(h.m.WebSocketClients); got != conns {
+		t.Fatalf("got %v WebSocket clients, want %d still open", got, conns)
 	}
 	testenv.Eventually(t, 5*time.Second, "the goroutines of idle connections gone", func() (bool, string) {
 		grown := runtime.NumGoroutine() - before
 		return grown < conns/10, fmt.Sprintf("%d more goroutines than before %d connections", grown, conns)
 	})
-	if got := gaugeValue(h.m.WebSocketClients); got != conns {
-		t.Fatalf("got %v WebSocket clients, want %d still open", got, conns)
-	}
+	close(stop)
+	<-stopped
 	for i, ws := range clients {
 		r := e.decide(t, ids[i], fmt.Sprintf("idle%d", i))
 		e.publish(t, r)
