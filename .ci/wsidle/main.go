@@ -24,12 +24,12 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/flashsale/flashsale/internal/auth"
 	"github.com/flashsale/flashsale/internal/store"
@@ -37,49 +37,129 @@ import (
 )
 
 func main() {
-	var (
-		pid      = flag.Int("pid", 0, "the notifier's process id (RSS from /proc)")
-		url      = flag.String("url", "ws://127.0.0.1:18181", "the notifier's base URL")
-		redisURL = flag.String("redis", "127.0.0.1:6379", "the notifier's Redis")
-		secret   = flag.String("secret", os.Getenv("FLASHSALE_AUTH_JWT_SECRET"), "the shopper-token secret")
-		counts   = flag.String("counts", "5000,10000,15000", "connection counts to measure at")
-		settle   = flag.Duration("settle", 5*time.Second, "wait after each step before measuring")
-		hold     = flag.Duration("hold", 30*time.Second, "keep the connections this long after the last step")
-		after    = flag.Duration("after", 30*time.Second, "measure this long after the clients leave")
-	)
+	var o options
+	flag.IntVar(&o.pid, "pid", 0, "the notifier's process id (RSS from /proc)")
+	flag.StringVar(&o.url, "url", "ws://127.0.0.1:18181", "the notifier's base URL")
+	flag.StringVar(&o.redis, "redis", "127.0.0.1:6379", "the notifier's Redis")
+	flag.StringVar(&o.secret, "secret", os.Getenv("FLASHSALE_AUTH_JWT_SECRET"), "the shopper-token secret")
+	counts := flag.String("counts", "5000,10000,15000", "connection counts to measure at")
+	flag.DurationVar(&o.settle, "settle", 5*time.Second, "wait after each step before measuring")
+	flag.DurationVar(&o.hold, "hold", 30*time.Second, "keep the connections this long after the last step")
+	flag.DurationVar(&o.after, "after", 30*time.Second, "measure this long after the clients leave")
 	flag.Parse()
-	var steps []int
 	for _, s := range strings.Split(*counts, ",") {
 		n, err := strconv.Atoi(s)
 		if err != nil {
 			log.Fatalf("counts: %v", err)
 		}
-		steps = append(steps, n)
+		o.steps = append(o.steps, n)
 	}
-	total := steps[len(steps)-1]
-	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: *redisURL})
+	if err := run(context.Background(), o); err != nil {
+		log.Fatal(err)
+	}
+}
+
+type options struct {
+	pid                 int
+	url, redis, secret  string
+	steps               []int
+	settle, hold, after time.Duration
+}
+
+func run(ctx context.Context, o options) error {
+	total := o.steps[len(o.steps)-1]
+	rdb := redis.NewClient(&redis.Options{Addr: o.redis})
+	defer rdb.Close()
 	st := store.New(rdb)
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	campaign := "wsidle" + hex.EncodeToString(b)
+	campaign := "wsidle" + rand.Text()[:8]
 	defer func() {
-		keys, _ := rdb.Keys(ctx, "*{"+campaign+"}*").Result()
-		if len(keys) > 0 {
+		if keys, _ := rdb.Keys(ctx, "*{"+campaign+"}*").Result(); len(keys) > 0 {
 			rdb.Del(ctx, keys...)
 		}
 	}()
+	ids, err := queue(ctx, st, campaign, total)
+	if err != nil {
+		return err
+	}
+	jwt := auth.NewJWT([]byte(o.secret), 0)
+
+	fmt.Printf("%-22s %10s %10s %12s %10s\n", "step", "conns", "RSS MB", "bytes/conn", "goroutines")
+	base, err := rss(o.pid)
+	if err != nil {
+		return err
+	}
+	report := func(step string, n int) {
+		r, _ := rss(o.pid)
+		per := "-"
+		if n > 0 {
+			per = strconv.Itoa(int((r - base) / int64(n)))
+		}
+		fmt.Printf("%-22s %10d %10.1f %12s %10s\n", step, n, float64(r)/(1<<20), per, goroutines(o.url))
+	}
+	report("before", 0)
+	conns := make([]*websocket.Conn, total)
+	defer func() {
+		for _, ws := range conns {
+			if ws != nil {
+				_ = ws.Close()
+			}
+		}
+	}()
+	open := 0
+	for _, n := range o.steps {
+		var next atomic.Int64
+		next.Store(int64(open))
+		var g errgroup.Group
+		for range 64 {
+			g.Go(func() error {
+				for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+					ws, err := dial(o.url, jwt, i, ids[i])
+					if err != nil {
+						return err
+					}
+					conns[i] = ws
+				}
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return err
+		}
+		open = n
+		time.Sleep(o.settle)
+		pong(conns[:open])
+		report(fmt.Sprintf("%d open", n), n)
+	}
+	for end := time.Now().Add(o.hold); time.Now().Before(end); time.Sleep(10 * time.Second) {
+		pong(conns[:open])
+	}
+	report(fmt.Sprintf("after %v", o.hold), open)
+	for i, ws := range conns {
+		if ws != nil {
+			_ = ws.Close()
+			conns[i] = nil
+		}
+	}
+	time.Sleep(o.settle)
+	report("closed", 0)
+	time.Sleep(o.after)
+	report(fmt.Sprintf("closed +%v", o.after), 0)
+	return nil
+}
+
+// queue admits one request per shopper in a new campaign, as the gateway
+// would, and returns their ids.
+func queue(ctx context.Context, st *store.Store, campaign string, n int) ([]string, error) {
 	now := time.Now()
-	c := model.Campaign{ID: campaign, Name: "wsidle", Stock: int64(total) * 2, PerUserLimit: 10,
+	c := model.Campaign{ID: campaign, Name: "wsidle", Stock: int64(n) * 2, PerUserLimit: 10,
 		StartAt: now.Add(-time.Minute), EndAt: now.Add(time.Hour)}
 	if _, err := st.Rebuild(ctx, c, nil); err != nil {
-		log.Fatalf("load campaign: %v", err)
+		return nil, fmt.Errorf("load campaign: %w", err)
 	}
-	ids := make([]string, total)
-	for lo := 0; lo < total; lo += 1000 {
+	ids := make([]string, n)
+	for lo := 0; lo < n; lo += 1000 {
 		var batch []model.AdmitRequest
-		for i := lo; i < min(lo+1000, total); i++ {
-			_, _ = rand.Read(b)
+		for i := lo; i < min(lo+1000, n); i++ {
 			r := make([]byte, 16)
 			_, _ = rand.Read(r)
 			ids[i] = model.FormatRequestID(campaign, hex.EncodeToString(r))
@@ -87,82 +167,35 @@ func main() {
 		}
 		replies, err := st.Admit(ctx, campaign, batch, model.RateLimits{})
 		if err != nil {
-			log.Fatalf("admit: %v", err)
+			return nil, fmt.Errorf("admit: %w", err)
 		}
 		for _, r := range replies {
 			if r.Code != model.Admitted {
-				log.Fatalf("admit: got %+v", r)
+				return nil, fmt.Errorf("admit: got %+v", r)
 			}
 		}
 	}
-	jwt := auth.NewJWT([]byte(*secret), 0)
-
-	fmt.Printf("%-22s %10s %10s %12s %10s\n", "step", "conns", "RSS MB", "bytes/conn", "goroutines")
-	base := rss(*pid)
-	report := func(step string, n int) {
-		r := rss(*pid)
-		per := "-"
-		if n > 0 {
-			per = strconv.Itoa(int((r - base) / int64(n)))
-		}
-		fmt.Printf("%-22s %10d %10.1f %12s %10s\n", step, n, float64(r)/(1<<20), per, goroutines(*url))
-	}
-	report("before", 0)
-	conns := make([]*websocket.Conn, 0, total)
-	var mu sync.Mutex
-	for _, n := range steps {
-		var next atomic.Int64
-		next.Store(int64(len(conns)))
-		var wg sync.WaitGroup
-		for range 64 {
-			wg.Go(func() {
-				for {
-					i := int(next.Add(1) - 1)
-					if i >= n {
-						return
-					}
-					ws := dial(*url, jwt, i, ids[i])
-					mu.Lock()
-					conns = append(conns, ws)
-					mu.Unlock()
-				}
-			})
-		}
-		wg.Wait()
-		time.Sleep(*settle)
-		pong(conns)
-		report(fmt.Sprintf("%d open", n), n)
-	}
-	for end := time.Now().Add(*hold); time.Now().Before(end); time.Sleep(10 * time.Second) {
-		pong(conns)
-	}
-	report(fmt.Sprintf("after %v", *hold), len(conns))
-	for _, ws := range conns {
-		_ = ws.Close()
-	}
-	time.Sleep(*settle)
-	report("closed", 0)
-	time.Sleep(*after)
-	report(fmt.Sprintf("closed +%v", *after), 0)
+	return ids, nil
 }
 
 func user(i int) string { return fmt.Sprintf("wsidle-%d", i) }
 
-func dial(base string, jwt *auth.JWT, i int, id string) *websocket.Conn {
+func dial(base string, jwt *auth.JWT, i int, id string) (*websocket.Conn, error) {
 	tok, err := jwt.Mint(user(i), time.Hour)
 	if err != nil {
-		log.Fatal(err)
+		return nil, err
 	}
 	ws, resp, err := websocket.DefaultDialer.Dial(base+"/api/v1/ws?access_token="+tok, nil)
 	if err != nil {
 		if resp != nil {
 			body, _ := io.ReadAll(resp.Body)
-			log.Fatalf("dial %d: %v: %s %s", i, err, resp.Status, body)
+			return nil, fmt.Errorf("dial %d: %w: %s %s", i, err, resp.Status, body)
 		}
-		log.Fatalf("dial %d: %v", i, err)
+		return nil, fmt.Errorf("dial %d: %w", i, err)
 	}
 	if err := ws.WriteJSON(map[string]any{"type": "subscribe", "request_ids": []string{id}}); err != nil {
-		log.Fatalf("subscribe %d: %v", i, err)
+		ws.Close()
+		return nil, fmt.Errorf("subscribe %d: %w", i, err)
 	}
 	var f struct {
 		Type string   `json:"type"`
@@ -170,9 +203,10 @@ func dial(base string, jwt *auth.JWT, i int, id string) *websocket.Conn {
 	}
 	_ = ws.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if err := ws.ReadJSON(&f); err != nil || f.Type != "subscribed" || len(f.IDs) != 1 {
-		log.Fatalf("subscribe %d: got %+v (%v)", i, f, err)
+		ws.Close()
+		return nil, fmt.Errorf("subscribe %d: got %+v (%v)", i, f, err)
 	}
-	return ws
+	return ws, nil
 }
 
 // pong keeps the clients alive as a browser would, without a goroutine per
@@ -183,20 +217,20 @@ func pong(conns []*websocket.Conn) {
 	}
 }
 
-func rss(pid int) int64 {
+func rss(pid int) (int64, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		log.Fatal(err)
+		return 0, err
 	}
 	defer f.Close()
 	s := bufio.NewScanner(f)
 	for s.Scan() {
 		if v, ok := strings.CutPrefix(s.Text(), "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10, err
 		}
 	}
-	return 0
+	return 0, fmt.Errorf("no VmRSS for process %d", pid)
 }
 
 // goroutines reads go_goroutines from the notifier's /metrics.
