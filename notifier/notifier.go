@@ -10,6 +10,7 @@
 package notifier
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"log/slog"
@@ -57,6 +58,10 @@ type Options struct {
 	SendBuffer int
 	// WriteTimeout bounds every write to a client (default 5s).
 	WriteTimeout time.Duration
+	// ReadTimeout bounds the reading of a client's frame once its first
+	// bytes came (default 5s); a client that sends part of a frame and
+	// stalls is disconnected.
+	ReadTimeout time.Duration
 	// PingInterval is the time between pings (default 20s); a client that
 	// answers no ping for 2.5 intervals is disconnected.
 	PingInterval time.Duration
@@ -103,6 +108,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = 5 * time.Second
+	}
+	if o.ReadTimeout <= 0 {
+		o.ReadTimeout = 5 * time.Second
 	}
 	if o.PingInterval <= 0 {
 		o.PingInterval = 20 * time.Second
@@ -177,6 +185,17 @@ type Notifier struct {
 	upgrader websocket.Upgrader
 	hub      *hub
 	ready    atomic.Bool
+	poller   *poller // nil: every connection reads in a goroutine of its own
+	pings    *pinger
+	// epoch is the origin of the connections' clocks (lastSeen, pinged).
+	epoch time.Time
+	// handshakeWriters lend the upgrade its buffer for the 101 response.
+	handshakeWriters sync.Pool
+	// life is the notifier's own context, cancelled at the end of
+	// Shutdown: a WebSocket outlives its upgrade request, and the Redis
+	// reads its frames cause must not end with that request's context.
+	life    context.Context
+	endLife context.CancelFunc
 
 	// Per-user budgets, shared by the user's connections and polls.
 	polls      *buckets
@@ -187,7 +206,9 @@ type Notifier struct {
 	mu      sync.Mutex
 	closing bool
 	conns   map[*conn]struct{}
-	wg      sync.WaitGroup // one per WebSocket handler
+	// wg counts the open WebSockets (from enter to leave) and the
+	// goroutines of their reads and writes.
+	wg sync.WaitGroup
 	// Open WebSockets (counted from before the upgrade) in total, per user
 	// and per client IP; a count that drops to zero is deleted.
 	open     int
@@ -215,9 +236,43 @@ func New(log *slog.Logger, src ResultSource, m *metrics.Metrics, opts Options) *
 		openUser:   map[string]int{},
 		openIP:     map[string]int{},
 	}
-	n.upgrader = websocket.Upgrader{CheckOrigin: originChecker(opts.AllowedOrigins)}
+	n.upgrader = websocket.Upgrader{
+		CheckOrigin: originChecker(opts.AllowedOrigins),
+		// No write buffer is held between writes.
+		WriteBufferPool: &sync.Pool{},
+		WriteBufferSize: writeBufferSize,
+	}
+	n.handshakeWriters.New = func() any { return bufio.NewWriterSize(nil, handshakeBufferSize) }
 	n.hub.subscriptions = m.WebSocketSubscriptions
+	n.epoch = time.Now()
+	n.life, n.endLife = context.WithCancel(context.Background())
+	n.pings = newPinger(opts.PingInterval/2, n.clock, n.visit)
+	p, err := newPoller(n.readable)
+	if err != nil {
+		log.Warn("WebSocket readiness polling unavailable: one goroutine per connection", "err", err)
+	}
+	n.poller = p
 	return n
+}
+
+// clock is the time since n.epoch, monotonic.
+func (n *Notifier) clock() time.Duration { return time.Since(n.epoch) }
+
+// visit is the pinger's call on c: a client silent for 2.5 ping intervals is
+// dropped, the others are pinged once an interval.
+func (n *Notifier) visit(c *conn, now time.Duration) {
+	if now-time.Duration(c.lastSeen.Load()) >= n.opts.PingInterval*5/2 {
+		n.log.Debug("websocket silent", "user_id", c.userID)
+		c.drop()
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped.Load() || now-c.pinged < n.opts.PingInterval-n.pings.period/4 {
+		return
+	}
+	c.pinged, c.pingDue = now, true
+	n.startWriterLocked(c)
 }
 
 // Ready reports whether the Redis results subscription is confirmed.
@@ -348,9 +403,10 @@ func (n *Notifier) lookup(ctx context.Context, userID, requestID string) (model.
 }
 
 // Shutdown refuses new WebSocket connections, closes the open ones with a
-// going-away close frame and waits for their goroutines until ctx ends, when
-// the remaining connections are dropped.
+// going-away close frame and waits for them until ctx ends, when the
+// remaining connections are dropped.
 func (n *Notifier) Shutdown(ctx context.Context) {
+	defer n.endLife()
 	n.mu.Lock()
 	n.closing = true
 	conns := make([]*conn, 0, len(n.conns))
@@ -370,11 +426,17 @@ func (n *Notifier) Shutdown(ctx context.Context) {
 	case <-done:
 	case <-ctx.Done():
 		n.mu.Lock()
+		conns = conns[:0]
 		for c := range n.conns {
-			_ = c.ws.Close()
+			conns = append(conns, c)
 		}
 		n.mu.Unlock()
+		for _, c := range conns {
+			c.drop()
+		}
 	}
+	n.pings.stop()
+	n.poller.close()
 }
 
 // originChecker returns the upgrader's Origin check for an allow-list.

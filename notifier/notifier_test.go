@@ -337,7 +337,11 @@ func startHarness(t testing.TB, src ResultSource, opts Options, srv *httptest.Se
 	e := gin.New()
 	h.n.Register(e, httpapi.Shopper(log, h.jwt, false), httpapi.Shopper(log, h.jwt, true))
 	srv.Config.Handler = e
-	srv.Start()
+	if srv.TLS != nil {
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
 	h.srv = srv
 
 	ctx, cancel := context.WithCancel(context.Background())
