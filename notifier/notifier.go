@@ -283,6 +283,7 @@ func (n *Notifier) Ready() bool { return n.ready.Load() }
 func (n *Notifier) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { n.recheckLoop(ctx) })
+	wg.Go(func() { n.memoryLoop(ctx) })
 	defer wg.Wait()
 
 	backoff := minBackoff
