@@ -36,24 +36,25 @@ const MaxOrderID = 64
 // same request id every time it is decided (after a redelivery, or again
 // after a load moved the ledger's epoch), so the order's primary key is
 // what deduplicates it. It is a UUID in canonical text form, version 8
-// (RFC 9562's custom layout): the first 48 bits are those of the request
-// id's tail, which the gateway makes a UUIDv7 (its millisecond timestamp),
-// so orders sort by admission and the database appends to its primary key;
-// the other 74 bits are the SHA-256 of the whole request id, since the
-// tail alone is not unique across campaigns (model only checks its form).
-// Two requests admitted in the same millisecond share an order id only if
-// those 74 bits collide. An id that is not a request id is hashed whole.
+// (RFC 9562's custom layout). The first 60 bits are the time bits of the
+// request id's tail, which the gateway makes a UUIDv7 (milliseconds, then
+// a sub-millisecond fraction that keeps one gateway's ids increasing), so
+// orders sort by admission and the database appends to its primary key
+// rather than splitting its pages. The other 62 bits are the SHA-256 of
+// the whole request id, since the tail alone is not unique across
+// campaigns (model only checks its form): two requests share an order id
+// only if both agree. An id that is not a request id is hashed whole.
 func OrderIDOf(requestID string) string {
 	var buf [128]byte // on the stack: every request id fits
 	sum := sha256.Sum256(append(buf[:0], requestID...))
 	var id [16]byte
 	if _, ok := CampaignOfRequest(requestID); ok {
 		tail := requestID[len(requestID)-requestIDTailLen:]
-		_, _ = hex.Decode(id[:6], []byte(tail[:12])) // CampaignOfRequest checked the digits
+		_, _ = hex.Decode(id[:8], []byte(tail[:16])) // CampaignOfRequest checked the digits
 	} else {
-		copy(id[:6], sum[10:16])
+		copy(id[:8], sum[8:16])
 	}
-	copy(id[6:], sum[:10])
+	copy(id[8:], sum[:8])
 	id[6] = 0x80 | id[6]&0x0f // version 8
 	id[8] = 0x80 | id[8]&0x3f // variant 10, RFC 9562
 	var text [36]byte

@@ -19,9 +19,9 @@ func TestOrderIDOf(t *testing.T) {
 		name, requestID string
 		prefix          string // what the id starts with; "" = anything
 	}{
-		{"gateway request", FormatRequestID("spring-sale", tail), "0190a5b2-7c3d-8"},
-		{"same tail, other campaign", FormatRequestID("autumn-sale", tail), "0190a5b2-7c3d-8"},
-		{"zero tail", FormatRequestID("c", strings.Repeat("0", 32)), "00000000-0000-8"},
+		{"gateway request", FormatRequestID("spring-sale", tail), "0190a5b2-7c3d-8e4f-"},
+		{"same tail, other campaign", FormatRequestID("autumn-sale", tail), "0190a5b2-7c3d-8e4f-"},
+		{"zero tail", FormatRequestID("c", strings.Repeat("0", 32)), "00000000-0000-8000-"},
 		{"not a request id", "not-a-request", ""},
 		{"empty", "", ""},
 	}
@@ -46,32 +46,34 @@ func TestOrderIDOf(t *testing.T) {
 	}
 }
 
-// TestOrderIDOfStable pins the derivation: orders stored under it are
-// deduplicated by their id, so a change would store a redelivered success
-// a second time.
+// TestOrderIDOfStable pins the derivation (the value computed apart, with
+// Python's hashlib): orders stored under it are deduplicated by their id,
+// so a change would store a redelivered success a second time.
 func TestOrderIDOfStable(t *testing.T) {
 	got := OrderIDOf(FormatRequestID("spring-sale", "0190a5b27c3d7e4f8a9b0c1d2e3f4a5b"))
-	if want := "0190a5b2-7c3d-8c83-af64-9f0813d15961"; got != want {
+	if want := "0190a5b2-7c3d-8e4f-8c83-af649f0813d1"; got != want {
 		t.Fatalf("got %s, want %s", got, want)
 	}
 }
 
-// TestOrderIDOfOrder: ids sort by the requests' timestamps, and requests
-// of one millisecond get distinct ids.
+// TestOrderIDOfOrder: ids sort as the requests' UUIDv7 time bits do, and
+// requests that share them get distinct ids.
 func TestOrderIDOfOrder(t *testing.T) {
 	prev := ""
 	seen := map[string]bool{}
 	for ms := range 3 {
-		for i := range 20_000 {
-			id := OrderIDOf(FormatRequestID("c", fmt.Sprintf("%012x7%019x", 0x0190a5b27c3d+ms, i)))
-			if seen[id] {
-				t.Fatalf("ms %d, request %d: id %s handed out twice", ms, i, id)
+		for fraction := range 3 { // the 12 bits after the milliseconds
+			for i := range 5_000 {
+				id := OrderIDOf(FormatRequestID("c", fmt.Sprintf("%012x7%03x%016x", 0x0190a5b27c3d+ms, fraction, i)))
+				if seen[id] {
+					t.Fatalf("ms %d, fraction %d, request %d: id %s handed out twice", ms, fraction, i, id)
+				}
+				seen[id] = true
+				if i == 0 && id <= prev {
+					t.Fatalf("ms %d, fraction %d: id %s sorts before %s of the time before", ms, fraction, id, prev)
+				}
+				prev = max(prev, id)
 			}
-			seen[id] = true
-			if i == 0 && id <= prev {
-				t.Fatalf("ms %d: id %s sorts before %s of the millisecond before", ms, id, prev)
-			}
-			prev = max(prev, id)
 		}
 	}
 }

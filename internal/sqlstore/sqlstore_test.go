@@ -42,17 +42,17 @@ func openDBs(t testing.TB) map[string]func(testing.TB) *DB {
 var testExpiry = time.Date(2030, 1, 2, 3, 4, 5, 6e6, time.UTC)
 
 // testOrders returns orders number from to from+n-1 of a campaign, the
-// same for the same numbers. Their request ids are shaped like the
+// same for the same numbers. Their request ids are shaped like one
 // gateway's (a UUIDv7 tail: a millisecond timestamp, here a hundred
-// requests a millisecond, then other digits) and their ids are derived
-// from them, as the worker's are.
+// requests a millisecond, a sub-millisecond fraction, then other digits)
+// and their ids are derived from them, as the worker's are.
 func testOrders(campaignID string, from, n int) []model.Order {
 	const firstMS = 0x0190a5b27c3d // 2024-07-06, in milliseconds since 1970
 	out := make([]model.Order, n)
 	for i := range out {
 		k := from + i
 		q := int64(1 + k%3)
-		rid := model.FormatRequestID(campaignID, fmt.Sprintf("%012x7%019x", firstMS+k/100, k))
+		rid := model.FormatRequestID(campaignID, fmt.Sprintf("%012x7%03x%016x", firstMS+k/100, k%100, k))
 		out[i] = model.Order{ID: model.OrderIDOf(rid), RequestID: rid,
 			CampaignID: campaignID, UserID: fmt.Sprintf("user%d", k), Quantity: q, Amount: 250 * q, Status: model.OrderPendingPayment,
 			ExpiresAt: testExpiry}
