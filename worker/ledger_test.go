@@ -173,7 +173,8 @@ func waitDecided(t *testing.T, f *fixture, msgs []queue.Message) {
 // TestLoadBetweenDecideAndFinish: a load that moves the epoch after a batch
 // was decided and before its orders are stored makes the insert fail; the
 // batch is decided again against the rebuilt state and stored once. No
-// unit is counted twice or missed.
+// unit is counted twice or missed, and a request that succeeds both times
+// keeps the order id a shopper may have polled after the first decision.
 func TestLoadBetweenDecideAndFinish(t *testing.T) {
 	f := newFixture(t, 5, 1)
 	msgs := f.admit(t, 8, 8)
@@ -185,6 +186,15 @@ func TestLoadBetweenDecideAndFinish(t *testing.T) {
 	finish, err := w.Decide(t.Context(), msgs[3:])
 	if err != nil {
 		t.Fatalf("decide: %v", err)
+	}
+	firstOrderIDs := map[string]string{} // request id -> order id, as first decided
+	for _, m := range msgs[3:] {
+		if r, err := f.st.Result(t.Context(), m.ID); err == nil && r.Status == model.StatusSuccess {
+			firstOrderIDs[m.ID] = r.OrderID
+		}
+	}
+	if len(firstOrderIDs) == 0 {
+		t.Fatalf("no success in the batch decided before the load")
 	}
 	if _, err := reconcile.Load(t.Context(), f.db, f.st, f.campaign.ID); err != nil {
 		t.Fatalf("load: %v", err)
@@ -200,6 +210,11 @@ func TestLoadBetweenDecideAndFinish(t *testing.T) {
 	for _, m := range early {
 		if s.results[m.ID].Status != model.StatusSuccess {
 			t.Errorf("%s, stored before the load: got %s, want success", m.ID, s.results[m.ID].Status)
+		}
+	}
+	for rid, first := range firstOrderIDs {
+		if r := s.results[rid]; r.Status == model.StatusSuccess && r.OrderID != first {
+			t.Errorf("%s decided again: order id %s, first %s; want the same", rid, r.OrderID, first)
 		}
 	}
 	rep, err := reconcile.New(f.st, f.db).Check(t.Context(), f.campaign.ID)

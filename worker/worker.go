@@ -3,9 +3,10 @@
 // results.
 //
 // The order of steps is what makes crashes safe: deduct (idempotent per
-// request id) → insert orders (duplicates ignored by a unique index) → publish
-// results → acknowledge. A crash anywhere before the acknowledgement leads to
-// redelivery, which replays the same stored results and inserts nothing twice.
+// request id) → insert orders (duplicates ignored: an order's id, its primary
+// key, is derived from its request id) → publish results → acknowledge. A
+// crash anywhere before the acknowledgement leads to redelivery, which
+// replays the same stored results and inserts nothing twice.
 //
 // The deduction is the first step of a queue.PipelineHandler and the rest its
 // Finish, so on a pipelining queue a partition's next batch is deducted in
@@ -15,15 +16,11 @@
 package worker
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
 	"time"
-
-	"github.com/google/uuid"
 
 	"github.com/flashsale/flashsale/internal/metrics"
 	"github.com/flashsale/flashsale/model"
@@ -252,10 +249,11 @@ func held(err error) bool {
 // and the epoch they were decided under.
 func (w *Worker) decide(ctx context.Context, b *campaignBatch) ([]model.Result, int64, error) {
 	deductions := make([]model.Deduction, len(b.requests))
-	orderIDs := newOrderIDs(len(b.requests))
 	exhausted := false
 	for i, r := range b.requests {
-		deductions[i] = model.Deduction{RequestID: r.RequestID, UserID: r.UserID, Quantity: r.Quantity, OrderID: orderIDs[i]}
+		// Derived, not drawn: a request decided again (after a load moved
+		// the epoch, or lost its stored result) keeps its order id.
+		deductions[i] = model.Deduction{RequestID: r.RequestID, UserID: r.UserID, Quantity: r.Quantity, OrderID: model.OrderIDOf(r.RequestID)}
 		exhausted = exhausted || b.attempts[i] > w.opts.MaxAttempts
 	}
 	w.m.WorkerBatchSize.Observe(float64(len(deductions)))
@@ -348,40 +346,3 @@ func (w *Worker) persist(ctx context.Context, orders []model.Order, epochs map[s
 	}
 	return fmt.Errorf("worker: persist %d orders: %w", len(orders), err)
 }
-
-// newOrderIDs returns n time-ordered ids (UUIDv7, so orders sort by
-// creation). Every request of a batch needs one before the script decides
-// it, so the batch's random bits come from one crypto/rand read instead of
-// one system call per id, and its ids share one string allocation.
-func newOrderIDs(n int) []string {
-	rnd := make([]byte, 16*n)
-	_, _ = rand.Read(rnd) // crypto/rand.Read never fails (it crashes the process instead)
-	r := bytes.NewReader(rnd)
-	const idLen = 36 // xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
-	text := make([]byte, 0, idLen*n)
-	for range n {
-		// getV7Time inside keeps ids strictly increasing in this process.
-		id := uuid.Must(uuid.NewV7FromReader(r))
-		text = appendUUID(text, id)
-	}
-	all := string(text)
-	ids := make([]string, n)
-	for i := range ids {
-		ids[i] = all[i*idLen : (i+1)*idLen]
-	}
-	return ids
-}
-
-// appendUUID appends id in its canonical text form, as uuid.UUID.String
-// writes it.
-func appendUUID(b []byte, id uuid.UUID) []byte {
-	for i, c := range id {
-		if i == 4 || i == 6 || i == 8 || i == 10 {
-			b = append(b, '-')
-		}
-		b = append(b, hexDigits[c>>4], hexDigits[c&0x0f])
-	}
-	return b
-}
-
-const hexDigits = "0123456789abcdef"

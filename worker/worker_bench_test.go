@@ -2,11 +2,13 @@ package worker
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale/flashsale/internal/metrics"
@@ -195,12 +197,15 @@ func deleteKeys(rdb *redis.Client, pattern string) {
 }
 
 // benchMessages returns n purchase messages for campaign c, each from a new
-// user, numbered from start.
+// user, numbered from start. Request ids are UUIDv7s, as the gateway makes
+// them: the orders' ids, derived from them, then reach MariaDB in the
+// order they do in production.
 func benchMessages(c model.Campaign, start, n int) []queue.Message {
 	msgs := make([]queue.Message, n)
 	for i := range msgs {
 		seq := start + i + 1
-		rid := model.FormatRequestID(c.ID, fmt.Sprintf("%032x", seq))
+		id := uuid.Must(uuid.NewV7())
+		rid := model.FormatRequestID(c.ID, hex.EncodeToString(id[:]))
 		body, _ := model.EncodePurchaseRequest(model.PurchaseRequest{RequestID: rid, CampaignID: c.ID,
 			UserID: fmt.Sprintf("u%d", seq), Quantity: 1, AdmittedAt: time.Now()})
 		msgs[i] = queue.Message{ID: rid, Key: c.ID, Body: body, Attempt: 1}

@@ -236,6 +236,9 @@ func checkSoldOut(t *testing.T, s snapshot, stock int) {
 			if s.orders[rid] != r.OrderID {
 				t.Errorf("%s: order in MySQL %q, result says %q", rid, s.orders[rid], r.OrderID)
 			}
+			if want := model.OrderIDOf(rid); r.OrderID != want {
+				t.Errorf("%s: order id %q, want %q, derived from the request id", rid, r.OrderID, want)
+			}
 		}
 	}
 	if successes != stock || len(s.orders) != stock || s.remaining != 0 || s.sold != int64(stock) {
@@ -384,29 +387,6 @@ func indexOf(msgs []queue.Message, id string) int {
 		}
 	}
 	return -1
-}
-
-// TestNewOrderIDs: canonical, version-7, unique and increasing, so orders
-// sort by creation as they did with one uuid.NewV7 per order.
-func TestNewOrderIDs(t *testing.T) {
-	var all []string
-	for range 3 {
-		all = append(all, newOrderIDs(700)...)
-	}
-	seen := map[string]bool{}
-	for i, s := range all {
-		id, err := uuid.Parse(s)
-		if err != nil || id.String() != s || id.Version() != 7 || id.Variant() != uuid.RFC4122 {
-			t.Fatalf("id %q: parsed %v (%v), version %d, variant %v; want canonical RFC 4122 version 7", s, id, err, id.Version(), id.Variant())
-		}
-		if seen[s] {
-			t.Fatalf("id %q handed out twice", s)
-		}
-		seen[s] = true
-		if i > 0 && s <= all[i-1] {
-			t.Fatalf("id %q follows %q: want increasing ids", s, all[i-1])
-		}
-	}
 }
 
 // stallingOrders holds the first insert until a later batch has been

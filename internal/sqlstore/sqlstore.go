@@ -44,15 +44,19 @@ type campaignRow struct {
 
 func (campaignRow) TableName() string { return "campaigns" }
 
-// orderRow is the orders table. The unique index on request_id is what makes
-// persisting a redelivered success a no-op. Status has no index of its own:
+// orderRow is the orders table. Its primary key, the order id, is derived
+// from the request id (model.OrderIDOf), so it is what makes persisting a
+// redelivered success a no-op; request_id needs no index of its own (only
+// reconciliation reads it, a campaign's orders at a time), and databases
+// keep their old unique one only while they hold orders whose id is not
+// derived (keepRequestIndex). Status has no index of its own:
 // nearly every row holds the same value, so it would slow every insert and
 // speed up no query (docs/BENCHMARKS.md); databases migrated before keep
 // theirs, which is harmless. The lifecycle's two indexes (see orders.go) are
 // the sweeper's and a shopper's listing.
 type orderRow struct {
 	ID         string `gorm:"primaryKey;size:64"`
-	RequestID  string `gorm:"size:120;not null;uniqueIndex"`
+	RequestID  string `gorm:"size:120;not null"`
 	CampaignID string `gorm:"size:64;not null;index:idx_orders_campaign_user,priority:1"`
 	// UserID holds any JWT subject (model.MaxUserID bytes; varchar counts
 	// characters, so 255 of them always fit). gorm widens an older, narrower
@@ -178,8 +182,21 @@ func (db *DB) migrate(ctx context.Context) error {
 	if db.driver == DriverMySQL {
 		gdb = gdb.Set("gorm:table_options", "CHARACTER SET utf8mb4 COLLATE "+binaryCollation)
 	}
-	if err := gdb.AutoMigrate(&campaignRow{}, &orderRow{}, &paymentRow{}); err != nil {
+	keep, err := db.keepRequestIndex(ctx)
+	if err != nil {
 		return err
+	}
+	var orders any = &orderRow{}
+	if keep {
+		orders = &legacyOrderRow{}
+	}
+	if err := gdb.AutoMigrate(&campaignRow{}, orders, &paymentRow{}); err != nil {
+		return err
+	}
+	if !keep {
+		if err := db.dropRequestIndex(ctx); err != nil {
+			return err
+		}
 	}
 	if db.driver != DriverMySQL {
 		return nil
@@ -202,6 +219,79 @@ func (db *DB) migrate(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// legacyRequestIndex is the unique index on orders.request_id that made a
+// redelivered success's INSERT a no-op while order ids were drawn at
+// random (UUIDv7) rather than derived from the request id.
+const legacyRequestIndex = "idx_orders_request_id"
+
+// legacyOrderRow is orderRow with legacyRequestIndex, what Open migrates
+// while the database keeps the index: gorm's MySQL migrator drops a
+// single-column unique index that the model does not declare.
+type legacyOrderRow struct {
+	orderRow
+	RequestID string `gorm:"size:120;not null;uniqueIndex:idx_orders_request_id"`
+}
+
+// keepRequestIndex reports whether the orders table has
+// legacyRequestIndex and must keep it: while any stored order's id is not
+// its request's derived one, the index is what would refuse that request
+// stored again under its derived id (were it decided again, its stored
+// result lost). Once every id is derived, the primary key refuses
+// whatever the index would, and the index goes. Existing orders keep
+// their ids, which shoppers hold. A new database never has the index; a
+// migrated one scans its orders at every Open until the index goes,
+// stopping at the first drawn id.
+func (db *DB) keepRequestIndex(ctx context.Context) (bool, error) {
+	if !db.gdb.WithContext(ctx).Migrator().HasIndex(&orderRow{}, legacyRequestIndex) {
+		return false, nil
+	}
+	return db.hasDrawnOrderID(ctx)
+}
+
+// dropRequestIndex drops legacyRequestIndex if it is there.
+func (db *DB) dropRequestIndex(ctx context.Context) error {
+	m := db.gdb.WithContext(ctx).Migrator()
+	if !m.HasIndex(&orderRow{}, legacyRequestIndex) {
+		return nil
+	}
+	// Another process starting at the same time may drop it first.
+	if err := m.DropIndex(&orderRow{}, legacyRequestIndex); err != nil && m.HasIndex(&orderRow{}, legacyRequestIndex) {
+		return fmt.Errorf("drop %s: %w", legacyRequestIndex, err)
+	}
+	return nil
+}
+
+// hasDrawnOrderID reports whether any stored order's id is not
+// model.OrderIDOf its request id, reading the orders in primary-key
+// order, a page at a time, until it finds one.
+func (db *DB) hasDrawnOrderID(ctx context.Context) (bool, error) {
+	const pageSize = 1000
+	after := ""
+	for {
+		rows, err := db.pool.QueryContext(ctx, "SELECT `id`, `request_id` FROM `orders` WHERE `id` > ? ORDER BY `id` LIMIT ?", after, pageSize)
+		if err != nil {
+			return false, fmt.Errorf("order ids: %w", err)
+		}
+		n, drawn := 0, false
+		for !drawn && rows.Next() {
+			var requestID string
+			if err := rows.Scan(&after, &requestID); err != nil {
+				_ = rows.Close()
+				return false, fmt.Errorf("order ids: %w", err)
+			}
+			n++
+			drawn = after != model.OrderIDOf(requestID)
+		}
+		err = errors.Join(rows.Err(), rows.Close())
+		switch {
+		case err != nil:
+			return false, fmt.Errorf("order ids: %w", err)
+		case drawn || n < pageSize:
+			return drawn, nil
+		}
+	}
 }
 
 // Close closes the connection pool.
@@ -279,8 +369,9 @@ const orderColumns = "(`id`,`request_id`,`campaign_id`,`user_id`,`quantity`,`amo
 // campaign of orders, the epoch its orders were decided under (what Redis
 // said, model.DeductReply.Epoch), and nothing is stored unless each is the
 // campaign's epoch in MySQL, model.ErrLedgerMoved otherwise. Orders whose
-// request id is already stored are skipped, so a redelivered batch inserts
-// nothing twice. Each order's Amount and ExpiresAt are stored as given (a
+// id is already stored are skipped: an order's id is model.OrderIDOf its
+// request id (the worker's, and what callers must give), so a redelivered
+// batch inserts nothing twice. Each order's Amount and ExpiresAt are stored as given (a
 // zero ExpiresAt as none); created_at and updated_at are the time of the
 // call.
 //
@@ -386,7 +477,8 @@ func (db *DB) checkEpochs(ctx context.Context, tx *sql.Tx, orders []model.Order,
 // insertOrdersSQL is the INSERT of n orders. Only a duplicate is ignored:
 // MySQL's ON DUPLICATE KEY UPDATE with a no-op assignment (what gorm writes
 // for OnConflict{DoNothing}) and SQLite's ON CONFLICT DO NOTHING skip a row
-// whose id or request_id exists, while every other error (a value too long,
+// whose id exists (or, in a database that keeps legacyRequestIndex, whose
+// request_id does), while every other error (a value too long,
 // a NULL) still fails the statement, which INSERT IGNORE would turn into a
 // warning and a truncated row.
 func insertOrdersSQL(driver string, n int) string {
