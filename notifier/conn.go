@@ -205,6 +205,7 @@ func (n *Notifier) startWriterLocked(c *conn) {
 		return
 	}
 	c.writing = true
+	n.writersStarted.Add(1)
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()

@@ -131,6 +131,47 @@ func TestWSIdleConnectionsHoldNoGoroutine(t *testing.T) {
 	}
 }
 
+// TestWSPingsStartNoWriter: the pinger writes the pings of idle connections
+// itself; a writer goroutine per ping made every round a burst of one
+// goroutine per connection.
+func TestWSPingsStartNoWriter(t *testing.T) {
+	t.Parallel()
+	const conns, rounds = 20, 3
+	const interval = 200 * time.Millisecond
+	e, f := fakeEnv(t)
+	h := newHarness(t, f, Options{PingInterval: interval, MaxConnsPerIP: conns})
+	var pings atomic.Int64
+	clients := make([]*websocket.Conn, conns)
+	for i := range clients {
+		user := fmt.Sprintf("pinged%d", i)
+		id := e.newRequest(t, user)
+		clients[i] = mustDial(t, h, user)
+		if subscribed, _ := mustSubscribe(t, clients[i], id); !slices.Equal(subscribed, []string{id}) {
+			t.Fatalf("got subscribed %v, want [%s]", subscribed, id)
+		}
+	}
+	started := h.n.writersStarted.Load() // the subscribe answers' writers
+	for _, ws := range clients {
+		ws.SetPingHandler(func(data string) error {
+			pings.Add(1)
+			return ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(3*time.Second))
+		})
+		go func() {
+			for {
+				if _, _, err := ws.ReadMessage(); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	testenv.Eventually(t, 30*time.Second, "ping rounds", func() (bool, string) {
+		return pings.Load() >= conns*rounds, fmt.Sprintf("%d pings", pings.Load())
+	})
+	if got := h.n.writersStarted.Load() - started; got != 0 {
+		t.Errorf("%d writer goroutines started for %d pings, want 0", got, pings.Load())
+	}
+}
+
 // TestWSSilentClientClosed: a client that answers no ping is dropped 2.5
 // ping intervals after it was last heard from, not before.
 func TestWSSilentClientClosed(t *testing.T) {

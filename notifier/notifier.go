@@ -170,6 +170,9 @@ const (
 	// closeGrace is how long a closing connection waits for the client's
 	// close frame before dropping the TCP connection.
 	closeGrace = time.Second
+	// pingWriteTimeout bounds a ping written by the pinger, which serves
+	// every connection in turn.
+	pingWriteTimeout = time.Second
 	// Resubscription backoff after the Redis subscription fails.
 	minBackoff = 100 * time.Millisecond
 	maxBackoff = 5 * time.Second
@@ -187,6 +190,8 @@ type Notifier struct {
 	ready    atomic.Bool
 	poller   *poller // nil: every connection reads in a goroutine of its own
 	pings    *pinger
+	// writersStarted counts writer goroutines started (for tests).
+	writersStarted atomic.Int64
 	// epoch is the origin of the connections' clocks (lastSeen, pinged).
 	epoch time.Time
 	// handshakeWriters lend the upgrade its buffer for the 101 response.
@@ -259,7 +264,12 @@ func New(log *slog.Logger, src ResultSource, m *metrics.Metrics, opts Options) *
 func (n *Notifier) clock() time.Duration { return time.Since(n.epoch) }
 
 // visit is the pinger's call on c: a client silent for 2.5 ping intervals is
-// dropped, the others are pinged once an interval.
+// dropped, the others are pinged once an interval. The ping is written here,
+// in the pinger's goroutine, unless c's writer runs: a writer started per
+// ping made every round a burst of goroutines (one per connection, their
+// stacks kept by the runtime after the round). A waiting connection gets
+// only pings, so its socket buffer has room and the write does not block;
+// one that blocks for pingWriteTimeout is dropped as slow.
 func (n *Notifier) visit(c *conn, now time.Duration) {
 	if now-time.Duration(c.lastSeen.Load()) >= n.opts.PingInterval*5/2 {
 		n.log.Debug("websocket silent", "user_id", c.userID)
@@ -267,12 +277,30 @@ func (n *Notifier) visit(c *conn, now time.Duration) {
 		return
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.stopped.Load() || now-c.pinged < n.opts.PingInterval-n.pings.period/4 {
+		c.mu.Unlock()
 		return
 	}
-	c.pinged, c.pingDue = now, true
-	n.startWriterLocked(c)
+	c.pinged = now
+	if c.writing || c.dropped {
+		c.pingDue = true
+		n.startWriterLocked(c)
+		c.mu.Unlock()
+		return
+	}
+	c.writing = true // the pinger is c's writer for this frame
+	c.mu.Unlock()
+	err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(min(pingWriteTimeout, n.opts.WriteTimeout)))
+	c.mu.Lock()
+	c.writing = false
+	if err == nil && (len(c.queue) > 0 || c.pingDue || (c.closeCode != 0 && !c.closeSent)) {
+		n.startWriterLocked(c) // for what was queued meanwhile
+	}
+	c.mu.Unlock()
+	if err != nil {
+		n.log.Debug("websocket ping", "user_id", c.userID, "err", err)
+		c.drop()
+	}
 }
 
 // Ready reports whether the Redis results subscription is confirmed.
