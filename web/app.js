@@ -180,12 +180,17 @@ async function showCampaign(id) {
 }
 
 $("buy-form").addEventListener("submit", (e) => { e.preventDefault(); buy(); });
+// The quantity stays within 1..per_user_limit as it is typed (the form does
+// not block on it: buy() clamps what is left).
+$("quantity").addEventListener("change", () => { if (view) $("quantity").value = String(quantityOf(view.c)); });
+
+function quantityOf(c) { return Math.max(1, Math.min(c.per_user_limit, Math.floor(Number($("quantity").value)) || 1)); }
 
 async function buy() {
   const v = view;
   if (!v || v.busy) return;
   const c = v.c;
-  const quantity = Math.max(1, Math.min(c.per_user_limit, Number($("quantity").value) || 1));
+  const quantity = quantityOf(c);
   $("quantity").value = String(quantity);
   v.busy = true;
   v.tick();
@@ -339,7 +344,8 @@ window.addEventListener("hashchange", route);
 showWho();
 try {
   clock = await client.serverClock();
-} catch { /* the device's clock, until the server answers */ }
+} catch { /* the device's clock, then */ }
+window.flashsaleClock = clock;
 document.documentElement.dataset.clockOffsetMs = String(Math.round(clock.offsetMs || 0));
 route();
 document.documentElement.dataset.ready = "true";
