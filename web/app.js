@@ -202,7 +202,7 @@ async function buy() {
     }
     setStatus("sending", "Sending…");
     const p = await client.purchase(c.id, { quantity, challenge });
-    let r = { status: p.status, order_id: p.orderId, reason: p.reason, via: "replay" };
+    let r = { ...p, via: "replay" };
     if (!flashsale.FINAL.includes(p.status)) {
       setStatus("queued", "Queued: waiting for your turn…");
       r = await client.waitForResult(p.requestId, {
@@ -226,7 +226,7 @@ function showResult(v, r) {
     case "success":
       v.done = true;
       setStatus("success", "You got it!", r.via);
-      showOrder(v, r.order_id);
+      showOrder(v, r.orderId);
       break;
     case "sold_out":
       v.done = true;

@@ -248,8 +248,8 @@ export class Client {
   }
 
   /**
-   * waitForResult resolves with the final result of a purchase
-   * ({request_id, status, order_id?, reason?, …, via: "websocket"|"poll"}).
+   * waitForResult resolves with the final result of a purchase: {requestId,
+   * campaignId, status, quantity, orderId?, reason?, via: "websocket"|"poll"}.
    * onProgress({ahead, etaMs}) is called while it is queued, when the
    * server tells its position. signal (an AbortSignal) stops waiting.
    */
@@ -366,7 +366,7 @@ export class Client {
       case "result": {
         const r = m.result || {};
         const s = this.waits.get(r.request_id);
-        if (s && FINAL.includes(r.status)) this.settle(s, { ...r, via: "websocket" });
+        if (s && FINAL.includes(r.status)) this.settle(s, resultOf(r, "websocket"));
         break;
       }
       case "progress":
@@ -396,7 +396,7 @@ export class Client {
       try {
         this.stats.polls++;
         const { data } = await this.request("GET", `/api/v1/purchases/${encodeURIComponent(w.id)}`);
-        if (FINAL.includes(data.status)) { this.settle(w, { ...data, via: "poll" }); break; }
+        if (FINAL.includes(data.status)) { this.settle(w, resultOf(data, "poll")); break; }
         this.progress(w, data.ahead, data.eta_ms);
         delay = Math.min(this.opts.pollMaxMs, delay * 1.5);
       } catch (e) {
@@ -414,6 +414,13 @@ export class Client {
     }
     w.polling = false;
   }
+}
+
+// resultOf is a result as this module hands it out (the fields of
+// purchase's answer, named alike).
+function resultOf(r, via) {
+  return { requestId: r.request_id, campaignId: r.campaign_id, status: r.status, quantity: r.quantity,
+    orderId: r.order_id, reason: r.reason, via };
 }
 
 // jitter spreads a delay over [d/2, d], so that pages told to wait the

@@ -34,6 +34,55 @@ func TestBrowser(t *testing.T) {
 	t.Run("WebSocket blocked: the result by polling", func(t *testing.T) { testBrowserPolling(t, browser) })
 	t.Run("sold out", func(t *testing.T) { testBrowserSoldOut(t, browser) })
 	t.Run("flashsale.js reconnects after the socket is dropped", func(t *testing.T) { testBrowserReconnect(t, browser) })
+	t.Run("flashsale.js: a retried purchase, typed errors", func(t *testing.T) { testBrowserClientAPI(t, browser) })
+}
+
+// testBrowserClientAPI drives flashsale.js as a shop's own frontend would:
+// a purchase sent again names the same request (its kept key), refusals
+// are the typed errors of their codes, with Retry-After.
+func testBrowserClientAPI(t *testing.T, browser context.Context) {
+	cfg := realConfig(t, "memqueue")
+	c := startSystem(t, cfg)
+	id := testenv.Name(t, "web-")
+	c.openCampaign(id, 50, 1)
+	tab := openPage(t, browser, c.base+"/", c.token("gina"))
+	got := evalJS[struct {
+		First, Again   string
+		Replay         bool
+		Result         string
+		NotFound       bool
+		RateLimited    bool
+		RetryAfter     float64
+		KeyedDifferent bool
+	}](t, tab, fmt.Sprintf(`(async () => {
+		const m = await import("/web/flashsale.js");
+		const fs = m.createClient({ token: window.flashsaleClient.token });
+		const id = %q;
+		const a = await fs.purchase(id), b = await fs.purchase(id);
+		const r = await fs.waitForResult(a.requestId);
+		let notFound = false;
+		try { await fs.purchase(id + "-none"); } catch (e) { notFound = e instanceof m.NotFoundError && e.code === "not_found" && e.status === 404; }
+		let limited = null, keys = new Set();
+		for (let i = 0; i < 50 && !limited; i++) {
+			fs.forgetKey(id);
+			try { keys.add((await fs.purchase(id)).idempotencyKey); } catch (e) { if (e instanceof m.RateLimitedError) limited = e; else throw e; }
+		}
+		return { First: a.requestId, Again: b.requestId, Replay: !a.replay && b.replay, Result: r.status,
+			NotFound: notFound, RateLimited: !!limited, RetryAfter: limited ? limited.retryAfter : 0, KeyedDifferent: keys.size > 1 };
+	})()`, id), chromedp.EvalAwaitPromise)
+	if got.First == "" || got.Again != got.First || !got.Replay {
+		t.Errorf("purchase sent twice: requests %q and %q (replay %v); want the same request, the second a replay", got.First, got.Again, got.Replay)
+	}
+	if got.Result != "success" {
+		t.Errorf("result: got %q, want success", got.Result)
+	}
+	if !got.NotFound {
+		t.Errorf("an unknown campaign: want a NotFoundError (code not_found, status 404)")
+	}
+	if !got.RateLimited || got.RetryAfter <= 0 || !got.KeyedDifferent {
+		t.Errorf("purchases beyond the user's rate: RateLimitedError %v with retryAfter %v (new keys after forgetKey: %v); want one with retryAfter > 0",
+			got.RateLimited, got.RetryAfter, got.KeyedDifferent)
+	}
 }
 
 // testBrowserBuy: the button stays disabled during the countdown and opens
@@ -261,11 +310,11 @@ func showCampaign(t *testing.T, tab context.Context, id string) {
 }
 
 // evalJS evaluates expr in the tab and returns its value.
-func evalJS[T any](t *testing.T, tab context.Context, expr string) T {
+func evalJS[T any](t *testing.T, tab context.Context, expr string, opts ...chromedp.EvaluateOption) T {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(tab, 30*time.Second)
 	defer cancel()
-	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr))
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr, opts...))
 	if err != nil {
 		t.Fatalf("evaluate %s: %v\npage: %s", expr, err, pageText(tab))
 	}
