@@ -16,6 +16,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/flashsale/flashsale/internal/config"
 	"github.com/flashsale/flashsale/internal/testenv"
 )
 
@@ -35,6 +36,30 @@ func TestBrowser(t *testing.T) {
 	t.Run("sold out", func(t *testing.T) { testBrowserSoldOut(t, browser) })
 	t.Run("flashsale.js reconnects after the socket is dropped", func(t *testing.T) { testBrowserReconnect(t, browser) })
 	t.Run("flashsale.js: a retried purchase, typed errors", func(t *testing.T) { testBrowserClientAPI(t, browser) })
+	t.Run("embedded default: dev token, a purchase", func(t *testing.T) { testBrowserEmbedded(t, browser) })
+}
+
+// testBrowserEmbedded: the one-command run (embedded default, development
+// mode, the WebSocket's same-host origin rule) signs in with the page's
+// "Dev token" button and buys, the result pushed over the WebSocket.
+func testBrowserEmbedded(t *testing.T, browser context.Context) {
+	cfg := config.Default()
+	cfg.HTTP.Addr = "127.0.0.1:0"
+	cfg.Log.Level = "warn"
+	addr, _ := startRoles(t, cfg, roleSet{gateway: true, worker: true, notifier: true})
+	c := newClient(t, "http://"+addr, cfg.Auth)
+	c.openCampaign("embedded-page", 3, 1)
+
+	tab := openPage(t, browser, c.base+"/", "")
+	evalJS[bool](t, tab, `(document.getElementById("dev-user").value = "zoe", document.getElementById("dev-signin").requestSubmit(), true)`)
+	waitJS(t, tab, 10*time.Second, "signed in as zoe", `document.getElementById("who").textContent === "signed in as zoe"`)
+	showCampaign(t, tab, "embedded-page")
+	waitJS(t, tab, 30*time.Second, "the buy button opens", `!document.getElementById("buy").disabled`)
+	evalJS[bool](t, tab, `(document.getElementById("buy").click(), true)`)
+	waitJS(t, tab, 30*time.Second, "success", `document.getElementById("status").dataset.state === "success"`)
+	if via := evalJS[string](t, tab, `document.getElementById("status").dataset.via`); via != "websocket" {
+		t.Errorf("result arrived by %q, want websocket", via)
+	}
 }
 
 // testBrowserClientAPI drives flashsale.js as a shop's own frontend would:
@@ -280,7 +305,7 @@ func chromiumPath() string {
 }
 
 // openPage opens url in a new tab of a new browser context at a phone's
-// width and signs in with token through the page's form.
+// width and signs in with token (unless empty) through the page's form.
 func openPage(t *testing.T, browser context.Context, url, token string) context.Context {
 	t.Helper()
 	tab, cancel := chromedp.NewContext(browser, chromedp.WithNewBrowserContext())
@@ -294,6 +319,9 @@ func openPage(t *testing.T, browser context.Context, url, token string) context.
 		t.Fatalf("open %s: %v", url, err)
 	}
 	waitJS(t, tab, 30*time.Second, "the page is ready", `document.documentElement.dataset.ready === "true"`)
+	if token == "" {
+		return tab
+	}
 	tok, _ := json.Marshal(token)
 	evalJS[bool](t, tab, fmt.Sprintf(`(document.getElementById("token").value = %s, document.getElementById("signin").requestSubmit(), true)`, tok))
 	waitJS(t, tab, 10*time.Second, "signed in", `document.getElementById("who").textContent.startsWith("signed in as")`)
