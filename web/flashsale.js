@@ -85,6 +85,7 @@ const defaults = {
   pollMaxMs: 5000,
   reconnectMinMs: 200,
   reconnectMaxMs: 15000,
+  idleCloseMs: 15000, // a socket with nothing to wait for closes after this long
 };
 
 /** createClient returns a Client; see Client's constructor for the options. */
@@ -114,6 +115,7 @@ export class Client {
     this.socketOpen = false;
     this.socketFailures = 0;
     this.reconnectTimer = null;
+    this.idleTimer = null;
     this.serverWSPath = "/api/v1/ws";
     /** stats counts what the client did: sockets opened, subscribe frames sent, polls sent. */
     this.stats = { socketsOpened: 0, subscribes: 0, polls: 0 };
@@ -262,6 +264,7 @@ export class Client {
     const w = { id: requestId, listeners: onProgress ? [onProgress] : [], subscribed: false, polling: false, done: false };
     w.promise = new Promise((resolve, reject) => { w.resolve = resolve; w.reject = reject; });
     this.waits.set(requestId, w);
+    clearTimeout(this.idleTimer);
     if (signal) {
       if (signal.aborted) this.settle(w, null, new NetworkError("network", "aborted"));
       signal.addEventListener("abort", () => this.settle(w, null, new NetworkError("network", "aborted")), { once: true });
@@ -279,6 +282,12 @@ export class Client {
     w.done = true;
     this.waits.delete(w.id);
     if (err) w.reject(err); else w.resolve(result);
+    // A crowd that got its results should not keep its sockets: the next
+    // wait opens one again.
+    if (!this.waits.size) {
+      clearTimeout(this.idleTimer);
+      this.idleTimer = setTimeout(() => { if (!this.waits.size) this.dropSocket(); }, this.opts.idleCloseMs);
+    }
   }
 
   progress(w, ahead, etaMs) {
@@ -339,6 +348,7 @@ export class Client {
   }
 
   dropSocket() {
+    clearTimeout(this.idleTimer);
     clearTimeout(this.reconnectTimer);
     this.reconnectTimer = null;
     const ws = this.socket;
