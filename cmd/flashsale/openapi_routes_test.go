@@ -21,6 +21,9 @@ type documentedOp struct {
 	method, path string
 	roles        []string
 	listener     string // public, admin or both
+	// devOnly: served only in development mode with the development
+	// secret (x-flashsale-dev-only), which real services refuse.
+	devOnly bool
 }
 
 func (o documentedOp) route() string { return o.method + " " + o.path }
@@ -45,6 +48,7 @@ func documentedOps(t *testing.T) []documentedOp {
 			var op struct {
 				Roles    []string `json:"x-flashsale-roles"`
 				Listener string   `json:"x-flashsale-listener"`
+				DevOnly  bool     `json:"x-flashsale-dev-only"`
 			}
 			if err := json.Unmarshal(raw, &op); err != nil {
 				t.Fatalf("%s %s: %v", method, path, err)
@@ -54,7 +58,7 @@ func documentedOps(t *testing.T) []documentedOp {
 					method, path, op.Roles, op.Listener)
 			}
 			ops = append(ops, documentedOp{method: strings.ToUpper(method), path: pathParam.ReplaceAllString(path, ":$1"),
-				roles: op.Roles, listener: op.Listener})
+				roles: op.Roles, listener: op.Listener, devOnly: op.DevOnly})
 		}
 	}
 	return ops
@@ -96,6 +100,9 @@ func TestOpenAPIRoutes(t *testing.T) {
 				}
 			})
 			served := func(op documentedOp, listener string) bool {
+				if op.devOnly && !devTokens(cfg.Auth) {
+					return false
+				}
 				if !slices.ContainsFunc(op.roles, func(r string) bool { return runs(l.roles, r) }) {
 					return false
 				}

@@ -319,6 +319,7 @@ func (s *system) mount() error {
 	}
 	if s.roles.gateway {
 		s.mountGateway(s.shoppers)
+		s.mountWeb()
 	}
 	registerOps(s.engine, s.adminEngine, s.Metrics, checks, s.draining.Load)
 	s.Metrics.WatchDependencies(checks)

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"errors"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"path"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/flashsale/flashsale/internal/auth"
+	"github.com/flashsale/flashsale/internal/config"
+	"github.com/flashsale/flashsale/internal/httpapi"
+	"github.com/flashsale/flashsale/model"
+	"github.com/flashsale/flashsale/web"
+)
+
+// mountWeb serves the shopper page (package web) at / and its assets at
+// /web/{file} on the public listener, the server's clock the page counts
+// down with, and, in development mode with the development secret only, a
+// route that mints shopper tokens.
+func (s *system) mountWeb() {
+	log := s.log.With("role", "gateway")
+	files := web.Files()
+	s.engine.GET("/", func(c *gin.Context) { serveWebFile(c, log, files, "index.html") })
+	s.engine.GET("/web/:file", func(c *gin.Context) { serveWebFile(c, log, files, c.Param("file")) })
+	s.engine.GET("/api/v1/time", func(c *gin.Context) {
+		c.JSON(http.StatusOK, gin.H{"server_time": time.Now().UTC().Format(time.RFC3339Nano)})
+	})
+	if devTokens(s.cfg.Auth) {
+		jwt := auth.NewJWT([]byte(s.cfg.Auth.JWTSecret), s.cfg.Auth.JWTLeeway)
+		s.engine.GET(devTokenPath, func(c *gin.Context) { mintDevToken(c, log, jwt) })
+	}
+}
+
+// devTokenPath mints shopper tokens in development mode.
+const devTokenPath = "/api/v1/dev/token"
+
+// devTokens reports whether the dev token route is served: like
+// printDevTokens, only with the built-in development secret, which
+// config.Validate refuses with real services.
+func devTokens(a config.Auth) bool { return a.Dev && a.JWTSecret == config.DevJWTSecret }
+
+func mintDevToken(c *gin.Context, log *slog.Logger, jwt *auth.JWT) {
+	user := c.DefaultQuery("user", "alice")
+	if reason := model.CheckUserID(user); reason != "" {
+		httpapi.Abort(c, log, model.Invalid("user", reason))
+		return
+	}
+	tok, err := jwt.Mint(user, 24*time.Hour)
+	if err != nil {
+		httpapi.Abort(c, log, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"token": tok, "user_id": user})
+}
+
+var webTypes = map[string]string{
+	".html": "text/html; charset=utf-8",
+	".js":   "text/javascript; charset=utf-8",
+	".css":  "text/css; charset=utf-8",
+}
+
+// serveWebFile writes one embedded file. The page loads only its own
+// scripts: the policy keeps an injected one from running.
+func serveWebFile(c *gin.Context, log *slog.Logger, files fs.FS, name string) {
+	ctype, known := webTypes[path.Ext(name)]
+	body, err := fs.ReadFile(files, name)
+	if !known || errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrInvalid) {
+		httpapi.Abort(c, log, errNoRoute)
+		return
+	}
+	if err != nil {
+		httpapi.Abort(c, log, err)
+		return
+	}
+	h := c.Writer.Header()
+	h.Set("Content-Security-Policy", "default-src 'self'; connect-src 'self' ws: wss:; img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	// The files change with the binary: revalidating costs a round trip,
+	// a stale flashsale.js after an upgrade could cost a sale.
+	h.Set("Cache-Control", "no-cache")
+	c.Data(http.StatusOK, ctype, body)
+}
