@@ -33,10 +33,12 @@ const (
 
 // After the crowd leaves, the notifier is read every leavePoll until no
 // WebSocket is left and its RSS fell by less than leaveQuietBytes over
-// leaveQuiet (the runtime returns memory gradually), or for leaveMax.
+// leaveQuiet, or for leaveMax. leaveQuiet spans two of the notifier's
+// memory checks (5 s apart, notifier/memory.go): it gives the crowd's
+// memory back once the count of sockets held still for one.
 const (
 	leavePoll       = 500 * time.Millisecond
-	leaveQuiet      = 3 * time.Second
+	leaveQuiet      = 12 * time.Second
 	leaveQuietBytes = 1 << 20
 	leaveMax        = 30 * time.Second
 )
