@@ -180,6 +180,9 @@ end
 local reply = {}
 local new_results, new_idem, admitted = {}, {}, 0
 local n_results = 0
+-- Set when a reply names a request of this batch whose marker is not
+-- complete yet (its sequence number comes after the loop).
+local pending_named = false
 for i = 1, n do
   local rid, idem = rids[i], idems[i]
   local code, value = 0, rid
@@ -214,6 +217,7 @@ for i = 1, n do
         code, value = -5, ''
       elseif earlier and earlier.rid ~= rid then
         code, value = 1, { earlier.rid, result_of[earlier.rid] }
+        pending_named = pending_named or type(value[2]) == 'number'
       else
         if idem ~= '' and not earlier then
           idem_of[idem] = { rid = rid, fp = fps[i] }
@@ -246,7 +250,7 @@ if admitted > 0 then
     marker[i] = argv[9 + 6 * (i - 1)] .. seq .. '|' .. users[i]
     new_results[j] = marker[i]
   end
-  for i = 1, n do
+  for i = 1, pending_named and n or 0 do
     local v = reply[2 * i]
     if reply[2 * i - 1] == 1 and type(v[2]) == 'number' then
       v[2] = marker[v[2]]
