@@ -244,9 +244,9 @@ func TestPurchaseReplay(t *testing.T) {
 			t.Fatalf("deduct: got %+v, %v; want success", r, err)
 		}
 	}
-	queued := model.Result{RequestID: first.RequestID, CampaignID: c.ID, UserID: "u1", Status: model.StatusQueued, Quantity: 2}
+	queued := model.Result{RequestID: first.RequestID, CampaignID: c.ID, UserID: "u1", Status: model.StatusQueued, Quantity: 2, Seq: 1} // the campaign's first admission
 	success := queued
-	success.Status, success.OrderID = model.StatusSuccess, "o1"
+	success.Status, success.OrderID, success.Seq = model.StatusSuccess, "o1", 0
 	phases := []struct {
 		name    string
 		enter   func()

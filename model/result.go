@@ -22,6 +22,9 @@ type Result struct {
 	OrderID    string    `json:"order_id,omitempty"`
 	Quantity   int64     `json:"quantity"`
 	FinishedAt time.Time `json:"finished_at,omitzero"`
+	// Seq is a queued request's place in its campaign's admission order
+	// (1, 2, …; see QueueProgress), 0 when unknown or final. Never sent.
+	Seq int64 `json:"-"`
 }
 
 // EncodeResult is the wire form used on the results channel: exactly what

@@ -2,6 +2,7 @@ package notifier
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +33,9 @@ type subscription struct {
 	conn      *conn
 	state     subState      // guarded by hub.mu
 	stash     *model.Result // guarded by hub.mu
+	// ended is set with subDone, before a result frame is queued: a
+	// progress frame queued after it would follow the result (progress.go).
+	ended atomic.Bool
 }
 
 // entry holds the subscriptions of one request id (a shopper may have two
@@ -47,6 +51,11 @@ type entry struct {
 	checked time.Time
 	// prev and next link the hub's check order.
 	prev, next *entry
+	// seq is the request's admission sequence number, 0 when unknown; ahead
+	// the last count of requests before it sent in a progress frame, -1
+	// before the first (owned by the progress loop).
+	seq   int64
+	ahead int64
 }
 
 // hub indexes the process's subscriptions by request id.
@@ -86,7 +95,7 @@ func (h *hub) add(c *conn, ids []string, limit int) (added []*subscription, exis
 		c.subs[id] = s
 		e := h.byID[id]
 		if e == nil {
-			e = &entry{requestID: id, subs: map[*subscription]struct{}{}}
+			e = &entry{requestID: id, subs: map[*subscription]struct{}{}, ahead: -1}
 			h.byID[id] = e
 		}
 		e.subs[s] = struct{}{}
@@ -117,6 +126,9 @@ func (h *hub) activate(s *subscription, r model.Result, now time.Time) (model.Re
 	}
 	s.state = subActive
 	e := h.byID[s.requestID]
+	if r.Seq > 0 {
+		e.seq = r.Seq
+	}
 	e.active++
 	h.checkedLocked(e, now)
 	return model.Result{}, false
@@ -193,6 +205,7 @@ func (h *hub) removeConn(c *conn) {
 func (h *hub) removeLocked(s *subscription) {
 	wasActive := s.state == subActive
 	s.state = subDone
+	s.ended.Store(true)
 	if h.subscriptions != nil {
 		h.subscriptions.Dec()
 	}

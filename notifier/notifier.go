@@ -42,6 +42,9 @@ type ResultSource interface {
 	// SubscribeResults calls fn for every published result until ctx ends,
 	// calling ready once the subscription is confirmed.
 	SubscribeResults(ctx context.Context, ready func(), fn func(model.Result)) error
+	// Progress returns the queue progress of each campaign, in order, in
+	// one round trip.
+	Progress(ctx context.Context, campaignIDs []string) ([]model.QueueProgress, error)
 }
 
 // Options tunes the WebSocket side. Zero values take the defaults.
@@ -70,6 +73,9 @@ type Options struct {
 	// RecheckInterval is how often waiting subscriptions re-read their stored
 	// result, to recover results whose publication was lost (default 1s).
 	RecheckInterval time.Duration
+	// ProgressInterval is how often waiting subscriptions get a progress
+	// frame with their queue position (default 1s).
+	ProgressInterval time.Duration
 
 	// MaxConnsPerUser caps one user's open WebSockets (default 8) and
 	// MaxConnsPerIP one client address's (default 256); an upgrade beyond
@@ -120,6 +126,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.RecheckInterval <= 0 {
 		o.RecheckInterval = time.Second
+	}
+	if o.ProgressInterval <= 0 {
+		o.ProgressInterval = time.Second
 	}
 	if o.MaxConnsPerUser <= 0 {
 		o.MaxConnsPerUser = 8
@@ -187,6 +196,7 @@ type Notifier struct {
 	opts     Options
 	upgrader websocket.Upgrader
 	hub      *hub
+	progress progressCache
 	ready    atomic.Bool
 	poller   *poller // nil: every connection reads in a goroutine of its own
 	pings    *pinger
@@ -312,6 +322,7 @@ func (n *Notifier) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { n.recheckLoop(ctx) })
 	wg.Go(func() { n.memoryLoop(ctx) })
+	wg.Go(func() { n.progressLoop(ctx) })
 	defer wg.Wait()
 
 	backoff := minBackoff
@@ -375,6 +386,10 @@ type resultBody struct {
 	Quantity   int64        `json:"quantity"`
 	OrderID    string       `json:"order_id,omitempty"`
 	Reason     string       `json:"reason,omitempty"`
+	// Ahead and ETAMs are the queue position of a queued request in a poll
+	// answer (progress.go).
+	Ahead *int64 `json:"ahead,omitempty"`
+	ETAMs *int64 `json:"eta_ms,omitempty"`
 }
 
 func toResultBody(r model.Result) resultBody {
@@ -393,8 +408,13 @@ func (n *Notifier) poll(c *gin.Context, userID string) {
 	if r.Status.Final() {
 		n.metrics.ResultsDelivered.WithLabelValues("poll").Inc()
 	}
+	body := toResultBody(r)
+	if ahead, eta, ok := n.position(c.Request.Context(), r); ok {
+		etaMs := eta.Milliseconds()
+		body.Ahead, body.ETAMs = &ahead, &etaMs
+	}
 	c.Header("Cache-Control", "no-store")
-	c.JSON(http.StatusOK, toResultBody(r))
+	c.JSON(http.StatusOK, body)
 }
 
 // pollResult answers one poll: from the cache when the result is final and

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -44,7 +45,10 @@ var _ ResultSource = (*fakeSource)(nil)
 type fakeSource struct {
 	mu      sync.Mutex
 	results map[string]model.Result
-	fail    error
+	// seq and decided are each campaign's last admission sequence number
+	// and highest decided one.
+	seq, decided map[string]int64
+	fail         error
 	// afterRead runs inside Result after the answer is taken, so the stored
 	// state can change "right after the read".
 	afterRead func(requestID string)
@@ -58,7 +62,36 @@ type fakeSource struct {
 	trips atomic.Int64 // Result and Results calls
 }
 
-func newFakeSource() *fakeSource { return &fakeSource{results: map[string]model.Result{}} }
+func newFakeSource() *fakeSource {
+	return &fakeSource{results: map[string]model.Result{}, seq: map[string]int64{}, decided: map[string]int64{}}
+}
+
+// fakeRate is the decision rate the fake reports once anything was decided.
+const fakeRate = 10
+
+func (f *fakeSource) Progress(_ context.Context, campaignIDs []string) ([]model.QueueProgress, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail != nil {
+		return nil, fmt.Errorf("progress: %w", f.fail)
+	}
+	out := make([]model.QueueProgress, len(campaignIDs))
+	for i, c := range campaignIDs {
+		if d := f.decided[c]; d > 0 {
+			out[i] = model.QueueProgress{Decided: d, Rate: fakeRate}
+		}
+	}
+	return out, nil
+}
+
+// admit stores r as queued with the next sequence number of its campaign.
+func (f *fakeSource) admit(r model.Result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seq[r.CampaignID]++
+	r.Status, r.Seq = model.StatusQueued, f.seq[r.CampaignID]
+	f.results[r.RequestID] = r
+}
 
 func (f *fakeSource) Result(_ context.Context, requestID string) (model.Result, error) {
 	f.reads.Add(1)
@@ -120,10 +153,14 @@ func (f *fakeSource) SubscribeResults(ctx context.Context, ready func(), fn func
 	return nil
 }
 
-// store saves r without publishing it.
+// store saves r without publishing it; a final r moves its campaign's
+// decided watermark as deduct.lua does.
 func (f *fakeSource) store(r model.Result) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if was := f.results[r.RequestID]; r.Status.Final() && was.Status == model.StatusQueued {
+		f.decided[r.CampaignID] = max(f.decided[r.CampaignID], was.Seq)
+	}
 	f.results[r.RequestID] = r
 }
 
@@ -194,7 +231,7 @@ func fakeEnv(t *testing.T) (env, *fakeSource) {
 	return env{
 		src: f, campaign: campaign,
 		queue: func(t *testing.T, id, user string) {
-			f.store(model.Result{RequestID: id, CampaignID: campaign, UserID: user, Status: model.StatusQueued, Quantity: 1})
+			f.admit(model.Result{RequestID: id, CampaignID: campaign, UserID: user, Quantity: 1})
 		},
 		decide: func(t *testing.T, id, user string) model.Result {
 			r := successResult(id, user)
@@ -265,6 +302,9 @@ type resultReads struct{ ids, trips atomic.Int64 }
 
 // count adds the request ids cmd reads and reports whether it reads any.
 func (h *resultReads) count(cmd redis.Cmder) bool {
+	if args := cmd.Args(); len(args) < 2 || !strings.HasSuffix(fmt.Sprint(args[1]), ":results") {
+		return false // TIME and the counters of the queue progress
+	}
 	switch cmd.Name() {
 	case "hget":
 		h.ids.Add(1)
@@ -333,6 +373,11 @@ func startHarness(t testing.TB, src ResultSource, opts Options, srv *httptest.Se
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	h := &harness{m: metrics.New(), jwt: auth.NewJWT([]byte("notifier-test-secret-0123456789abcdef"), 0)}
+	if opts.ProgressInterval == 0 {
+		// Progress frames have their own tests (progress_test.go); elsewhere
+		// they would come between the frames a test expects.
+		opts.ProgressInterval = time.Hour
+	}
 	h.n = New(log, src, h.m, opts)
 	e := gin.New()
 	h.n.Register(e, httpapi.Shopper(log, h.jwt, false), httpapi.Shopper(log, h.jwt, true))
@@ -417,7 +462,10 @@ func TestResultSourceContract(t *testing.T) {
 				if err != nil {
 					t.Fatalf("result: %v", err)
 				}
-				want := model.Result{RequestID: id, CampaignID: e.campaign, UserID: "alice", Status: model.StatusQueued, Quantity: 1}
+				if r.Seq < 1 {
+					t.Errorf("got sequence number %d, want >= 1", r.Seq)
+				}
+				want := model.Result{RequestID: id, CampaignID: e.campaign, UserID: "alice", Status: model.StatusQueued, Quantity: 1, Seq: r.Seq}
 				if r != want {
 					t.Errorf("got %+v, want %+v", r, want)
 				}
@@ -432,7 +480,10 @@ func TestResultSourceContract(t *testing.T) {
 				if err != nil {
 					t.Fatalf("results: %v", err)
 				}
-				queuedResult := model.Result{RequestID: queued, CampaignID: e.campaign, UserID: "alice", Status: model.StatusQueued, Quantity: 1}
+				queuedResult := model.Result{RequestID: queued, CampaignID: e.campaign, UserID: "alice", Status: model.StatusQueued, Quantity: 1, Seq: got[0].Seq}
+				if got[0].Seq < 1 {
+					t.Errorf("got sequence number %d, want >= 1", got[0].Seq)
+				}
 				want := []model.Result{queuedResult, {}, {}, decided, queuedResult}
 				if !slices.Equal(got, want) {
 					t.Errorf("got %+v, want %+v", got, want)
@@ -501,7 +552,7 @@ func TestPoll(t *testing.T) {
 				wantPolls  float64 // ResultsDelivered{channel="poll"} increase
 			}{
 				{name: "owner, queued", user: "alice", requestID: queued, wantStatus: http.StatusOK,
-					wantBody: map[string]any{"request_id": queued, "campaign_id": e.campaign, "status": "queued", "quantity": 1.0}},
+					wantBody: map[string]any{"request_id": queued, "campaign_id": e.campaign, "status": "queued", "quantity": 1.0, "ahead": 0.0, "eta_ms": 0.0}},
 				{name: "owner, final", user: "alice", requestID: final, wantStatus: http.StatusOK, wantPolls: 1,
 					wantBody: map[string]any{"request_id": final, "campaign_id": e.campaign, "status": "success", "quantity": 1.0, "order_id": decided.OrderID}},
 				{name: "other user's request", user: "alice", requestID: bobs, wantStatus: http.StatusNotFound, wantCode: "not_found"},

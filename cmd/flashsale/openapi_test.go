@@ -368,7 +368,7 @@ func checkWebSocket(t *testing.T, c *client, api *apiChecker, user, rid string) 
 	if err := conn.WriteMessage(websocket.TextMessage, subscribe); err != nil {
 		t.Fatalf("subscribe: %v", err)
 	}
-	schemas := map[string]string{"error": "WSError", "subscribed": "WSSubscribed", "result": "WSResult"}
+	schemas := map[string]string{"error": "WSError", "subscribed": "WSSubscribed", "progress": "WSProgress", "result": "WSResult"}
 	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
 	var types []string
 	for !slices.Contains(types, "result") {

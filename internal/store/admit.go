@@ -62,7 +62,8 @@ func (s *Store) Admit(ctx context.Context, campaignID string, batch []model.Admi
 		if a.CampaignID != campaignID {
 			return nil, fmt.Errorf("admit %s: request %s belongs to campaign %s", campaignID, a.RequestID, a.CampaignID)
 		}
-		queued := encodeStored(model.Result{Status: model.StatusQueued, Quantity: a.Quantity, UserID: a.UserID})
+		// admit.lua appends the sequence number and the user id.
+		queued := string(model.StatusQueued) + "|" + strconv.FormatInt(a.Quantity, 10) + "||"
 		args = append(args, a.RequestID, queued, idemField(a.UserID, a.IdempotencyKey), a.UserID, a.ClientIP, fingerprint(a))
 	}
 	reply, err := s.admit.Run(ctx, s.rdb, keys, args...).Slice()

@@ -18,7 +18,10 @@
 -- KEYS[1] results   hash request id -> "status|qty|order_id|reason|user"
 -- KEYS[2] idem      hash "<user>|<idempotency key>" -> "<request id>|<fingerprint>"
 --                   (a bare request id, written before fingerprints, matches any)
--- KEYS[3] counters  hash: admitted
+-- KEYS[3] counters  hash: admitted, seq (the last admission sequence number
+--                   handed out: a queued request's place in its campaign's
+--                   line, stored in its marker's reason field for the
+--                   queue position; see deduct.lua's "decided")
 -- KEYS[4] stock     only checked for existence (campaign preloaded)
 -- KEYS[5] campaign rate limit: its theoretical arrival time (TAT), with a TTL
 -- KEYS[6] user rate limits: hash user id -> TAT. One hash instead of a key per
@@ -30,7 +33,9 @@
 -- ARGV[2] user rate per second (0 = off), ARGV[3] user burst
 -- ARGV[4] campaign rate per second (0 = off), ARGV[5] campaign burst
 -- ARGV[6] client IP rate per second (0 = off), ARGV[7] client IP burst
--- ARGV[8+6(i-1) .. 13+6(i-1)] request i: request id, queued result value,
+-- ARGV[8+6(i-1) .. 13+6(i-1)] request i: request id, queued result value up
+--                            to its reason ("queued|<qty>||": the script
+--                            appends "<seq>|<user id>"),
 --                            idempotency field ("" when the shopper sent no key), user id,
 --                            client IP ("" when unknown: not limited), fingerprint
 --
@@ -175,6 +180,9 @@ end
 local reply = {}
 local new_results, new_idem, admitted = {}, {}, 0
 local n_results = 0
+-- Set when a reply names a request of this batch whose marker is not
+-- complete yet (its sequence number comes after the loop).
+local pending_named = false
 for i = 1, n do
   local rid, idem = rids[i], idems[i]
   local code, value = 0, rid
@@ -209,18 +217,19 @@ for i = 1, n do
         code, value = -5, ''
       elseif earlier and earlier.rid ~= rid then
         code, value = 1, { earlier.rid, result_of[earlier.rid] }
+        pending_named = pending_named or type(value[2]) == 'number'
       else
-        local queued = argv[9 + 6 * (i - 1)]
         if idem ~= '' and not earlier then
           idem_of[idem] = { rid = rid, fp = fps[i] }
-          result_of[rid] = result_of[rid] or queued
+          -- A new marker waits for its sequence number (below).
+          result_of[rid] = result_of[rid] or (stored[rid] and argv[9 + 6 * (i - 1)] .. '|' .. users[i]) or i
           new_idem[#new_idem + 1] = idem
           new_idem[#new_idem + 1] = rid .. '|' .. fps[i]
         end
         -- A client retry of this same request id must not count it twice.
         if not stored[rid] then
           stored[rid] = true
-          new_results[n_results + 1], new_results[n_results + 2] = rid, queued
+          new_results[n_results + 1], new_results[n_results + 2] = rid, i
           n_results = n_results + 2
           admitted = admitted + 1
         end
@@ -228,6 +237,25 @@ for i = 1, n do
     end
   end
   reply[2 * i - 1], reply[2 * i] = code, value
+end
+
+-- Sequence numbers in batch order, one HINCRBY for the batch; the markers
+-- are completed here, and so are the replies that named one of them.
+if admitted > 0 then
+  local seq = redis.call('HINCRBY', KEYS[3], 'seq', admitted) - admitted
+  local marker = {}
+  for j = 2, n_results, 2 do
+    local i = new_results[j]
+    seq = seq + 1
+    marker[i] = argv[9 + 6 * (i - 1)] .. seq .. '|' .. users[i]
+    new_results[j] = marker[i]
+  end
+  for i = 1, pending_named and n or 0 do
+    local v = reply[2 * i]
+    if reply[2 * i - 1] == 1 and type(v[2]) == 'number' then
+      v[2] = marker[v[2]]
+    end
+  end
 end
 
 -- Writes, chunked to stay clear of Lua's unpack limit.

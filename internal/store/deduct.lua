@@ -7,7 +7,13 @@
 -- KEYS[2] users     hash user id -> units bought
 -- KEYS[3] results   hash request id -> "status|qty|order_id|reason|user"
 -- KEYS[4] soldout   flag, set to "1" when stock reaches zero
--- KEYS[5] counters  hash: sold, admitted, fin:<status>
+-- KEYS[5] counters  hash: sold, admitted, fin:<status>; for the queue
+--                   position: decided (the highest admission sequence
+--                   number decided, never lowered) and two samples of it,
+--                   win_ms/win_w and prev_ms/prev_w (Redis time in ms, and
+--                   decided then), the starts of the current and the last
+--                   window of progressWindowMs: the decision rate is read
+--                   over the span since prev_ms (Store.Progress)
 -- KEYS[6] meta      hash: stock, limit, start_ms, end_ms, epoch, paused,
 --                   expire_at (rebuild.lua), the lifetime of what this call creates,
 --                   ended_early (endearly.lua): every request not decided yet
@@ -44,7 +50,12 @@
 -- a stop between them could only lose units (undersell), never record a
 -- success whose units were not taken.
 
+-- TIME (the decision rate's clock) makes the script non-deterministic;
+-- Redis < 5 then needs effects replication. A no-op on later versions.
+redis.replicate_commands()
+
 local n = tonumber(ARGV[1])
+local progress_window_ms = 5000
 local remaining = redis.call('GET', KEYS[1])
 local meta = redis.call('HMGET', KEYS[6], 'limit', 'epoch', 'paused', 'expire_at', 'ended_early')
 if not remaining or not meta[1] then
@@ -89,6 +100,9 @@ if remaining > 0 then
   end
 end
 
+-- top is the highest admission sequence number this call decides.
+local top = 0
+
 -- decided holds this batch's final results by request id, so a request
 -- delivered twice within one batch is decided once.
 local decided = {}
@@ -115,6 +129,11 @@ for i = 1, n do
     local s, _, o, r = string.match(stored[i], '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|')
     if s and s ~= 'queued' then
       status, order, reason = s, o, r
+    elseif s then
+      local seq = tonumber(r)
+      if seq and seq > top then
+        top = seq
+      end
     end
   end
 
@@ -183,6 +202,23 @@ if unmarked > 0 then
 end
 for status, count in pairs(fin) do
   redis.call('HINCRBY', KEYS[5], 'fin:' .. status, count)
+end
+-- The watermark only moves up: a redelivered or overtaken batch leaves it.
+if top > 0 then
+  local p = redis.call('HMGET', KEYS[5], 'decided', 'win_ms', 'win_w')
+  local was = tonumber(p[1] or '0')
+  if top > was then
+    local t = redis.call('TIME')
+    local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local win_ms = tonumber(p[2] or '0')
+    if win_ms == 0 then
+      redis.call('HSET', KEYS[5], 'decided', top, 'win_ms', now_ms, 'win_w', was)
+    elseif now_ms - win_ms >= progress_window_ms then
+      redis.call('HSET', KEYS[5], 'decided', top, 'win_ms', now_ms, 'win_w', was, 'prev_ms', win_ms, 'prev_w', p[3])
+    else
+      redis.call('HSET', KEYS[5], 'decided', top)
+    end
+  end
 end
 -- The keys written may be new (and SET dropped the flag's expiry): they
 -- expire with the campaign's other keys.

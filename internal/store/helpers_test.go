@@ -166,6 +166,17 @@ func mustNoResult(t *testing.T, s *Store, requestID string) {
 	}
 }
 
+// seqless returns r without its sequence number, which a queued result
+// must have (admit.lua numbers every admitted request).
+func seqless(t *testing.T, r model.Result) model.Result {
+	t.Helper()
+	if r.Status == model.StatusQueued && r.Seq < 1 {
+		t.Errorf("queued result %s: got sequence number %d, want >= 1", r.RequestID, r.Seq)
+	}
+	r.Seq = 0
+	return r
+}
+
 func mustSoldOut(t *testing.T, s *Store, campaignID string) bool {
 	t.Helper()
 	ok, err := s.SoldOut(t.Context(), campaignID)

@@ -258,8 +258,19 @@ func decodeStored(requestID, campaignID, v string) (model.Result, error) {
 	if !st.Valid() {
 		return model.Result{}, fmt.Errorf("stored result %q: unknown status", v)
 	}
-	return model.Result{RequestID: requestID, CampaignID: campaignID, Status: st, Quantity: qty,
-		OrderID: f[2], Reason: f[3], UserID: f[4]}, nil
+	r := model.Result{RequestID: requestID, CampaignID: campaignID, Status: st, Quantity: qty,
+		OrderID: f[2], Reason: f[3], UserID: f[4]}
+	if st == model.StatusQueued {
+		// A queued marker's reason field holds its admission sequence number
+		// (admit.lua); empty in markers written before there was one.
+		r.Reason = ""
+		if f[3] != "" {
+			if r.Seq, err = strconv.ParseInt(f[3], 10, 64); err != nil || r.Seq < 1 {
+				return model.Result{}, fmt.Errorf("stored result %q: sequence number", v)
+			}
+		}
+	}
+	return r, nil
 }
 
 // Result returns the stored result of a request, or model.ErrNotFound.
