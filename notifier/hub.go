@@ -56,6 +56,9 @@ type entry struct {
 	// before the first (owned by the progress loop).
 	seq   int64
 	ahead int64
+	// fresh marks a subscription activated since the last progress round:
+	// it gets a frame even when the count did not move.
+	fresh bool
 }
 
 // hub indexes the process's subscriptions by request id.
@@ -72,6 +75,17 @@ type hub struct {
 	// dueVisits counts the entries due has looked at (tests check that a
 	// tick walks no further than what is due).
 	dueVisits int
+	// activations counts subscriptions turned active: the progress loop
+	// walks the waiting entries only when it moved or a campaign's
+	// decisions did.
+	activations uint64
+}
+
+// activationCount returns how many subscriptions have turned active.
+func (h *hub) activationCount() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.activations
 }
 
 func newHub() *hub { return &hub{byID: map[string]*entry{}} }
@@ -130,6 +144,8 @@ func (h *hub) activate(s *subscription, r model.Result, now time.Time) (model.Re
 		e.seq = r.Seq
 	}
 	e.active++
+	e.fresh = true
+	h.activations++
 	h.checkedLocked(e, now)
 	return model.Result{}, false
 }

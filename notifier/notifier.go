@@ -197,9 +197,13 @@ type Notifier struct {
 	upgrader websocket.Upgrader
 	hub      *hub
 	progress progressCache
-	ready    atomic.Bool
-	poller   *poller // nil: every connection reads in a goroutine of its own
-	pings    *pinger
+	// lastProgress is the progress loop's memory of its last round.
+	lastProgress progressRound
+	// progressRounds counts the progress loop's rounds (for tests).
+	progressRounds atomic.Int64
+	ready          atomic.Bool
+	poller         *poller // nil: every connection reads in a goroutine of its own
+	pings          *pinger
 	// writersStarted counts writer goroutines started (for tests).
 	writersStarted atomic.Int64
 	// epoch is the origin of the connections' clocks (lastSeen, pinged).

@@ -108,9 +108,10 @@ func (n *Notifier) progressLoop(ctx context.Context) {
 // waiting is one request id with active subscriptions and a sequence
 // number, as the hub held it at the start of a tick.
 type waiting struct {
-	e    *entry
-	seq  int64
-	subs []*subscription
+	e     *entry
+	seq   int64
+	fresh bool
+	subs  []*subscription
 }
 
 // waiting returns the request ids that wait with a known sequence number:
@@ -124,7 +125,8 @@ func (h *hub) waiting() []waiting {
 		if e.seq < 1 {
 			continue
 		}
-		w := waiting{e: e, seq: e.seq}
+		w := waiting{e: e, seq: e.seq, fresh: e.fresh}
+		e.fresh = false
 		for s := range e.subs {
 			if s.state == subActive {
 				w.subs = append(w.subs, s)
@@ -135,11 +137,53 @@ func (h *hub) waiting() []waiting {
 	return out
 }
 
+// progressRound is what the last round of progress frames saw; only the
+// progress loop touches it.
+type progressRound struct {
+	activations uint64
+	campaigns   []string
+	decided     []int64
+}
+
+// unchanged reports whether a round now would send nothing: no subscription
+// turned active since the last one, and no campaign it saw decided more.
+// It reads those campaigns' progress (one round trip), so that a waiting
+// crowd costs a tick O(campaigns), not O(connections).
+func (n *Notifier) unchanged(ctx context.Context, activations uint64) bool {
+	last := &n.lastProgress
+	if activations != last.activations {
+		return false
+	}
+	if len(last.campaigns) == 0 {
+		return true
+	}
+	rctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	ps, err := n.src.Progress(rctx, last.campaigns)
+	cancel()
+	if err != nil {
+		return false // the round reads again and logs
+	}
+	for i, p := range ps {
+		if p.Decided != last.decided[i] {
+			return false
+		}
+	}
+	return true
+}
+
 // sendProgress reads the progress of every campaign with waiting
-// subscriptions in one round trip and queues a progress frame for each.
+// subscriptions in one round trip and queues a progress frame for each
+// request whose count moved, or whose subscription is new: a frame a
+// second per waiting socket would wake a whole idle crowd every second.
 func (n *Notifier) sendProgress(ctx context.Context) {
+	n.progressRounds.Add(1)
+	activations := n.hub.activationCount()
+	if n.unchanged(ctx, activations) {
+		return
+	}
 	ws := n.hub.waiting()
 	if len(ws) == 0 {
+		n.lastProgress = progressRound{activations: activations}
 		return
 	}
 	index := map[string]int{}
@@ -161,15 +205,21 @@ func (n *Notifier) sendProgress(ctx context.Context) {
 		return // the next tick tries again
 	}
 	now := time.Now()
+	decided := make([]int64, len(campaigns))
 	for i, c := range campaigns {
 		ps[i] = n.progress.put(c, ps[i], now)
+		decided[i] = ps[i].Decided
 	}
+	n.lastProgress = progressRound{activations: activations, campaigns: campaigns, decided: decided}
 	for _, w := range ws {
 		c, _ := model.CampaignOfRequest(w.e.requestID)
 		p := ps[index[c]]
 		ahead := p.Ahead(w.seq)
 		if w.e.ahead >= 0 && w.e.ahead < ahead {
 			ahead = w.e.ahead // a reload starts the numbers again; never go up
+		}
+		if ahead == w.e.ahead && !w.fresh {
+			continue
 		}
 		w.e.ahead = ahead
 		data := encodeFrame(progressFrame{Type: "progress", RequestID: w.e.requestID, Ahead: ahead,

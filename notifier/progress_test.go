@@ -159,6 +159,65 @@ func TestQueuePosition(t *testing.T) {
 	}
 }
 
+// TestProgressQuietWhileNothingMoves: a waiting request gets a progress
+// frame once subscribed and then only when its count moves, so an idle
+// crowd is not woken every second.
+func TestProgressQuietWhileNothingMoves(t *testing.T) {
+	t.Parallel()
+	e := envs[0].make(t)
+	h := newHarness(t, e.src, Options{ProgressInterval: 10 * time.Millisecond})
+	first, second := e.newRequest(t, "alice"), e.newRequest(t, "alice")
+	ws := mustDial(t, h, "alice")
+	if got, errs := mustSubscribe(t, ws, first, second); len(got) != 2 || len(errs) != 0 {
+		t.Fatalf("subscribed %v, errors %v; want both", got, errs)
+	}
+	frames := make(chan wsFrame, 100)
+	go func() {
+		defer close(frames)
+		for {
+			var f wsFrame
+			if err := ws.ReadJSON(&f); err != nil {
+				return
+			}
+			frames <- f
+		}
+	}()
+	next := func(what string) wsFrame {
+		t.Helper()
+		select {
+		case f := <-frames:
+			return f
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no frame: want %s", what)
+		}
+		return wsFrame{}
+	}
+	got := map[string]bool{}
+	for range 2 {
+		f := next("a first progress frame per request")
+		if f.Type != "progress" {
+			t.Fatalf("got %+v, want a progress frame", f)
+		}
+		got[f.RequestID] = true
+	}
+	if !got[first] || !got[second] {
+		t.Fatalf("first progress frames for %v, want both requests", got)
+	}
+	rounds := h.n.progressRounds.Load()
+	testenv.Eventually(t, 10*time.Second, "ten more progress rounds", func() (bool, string) {
+		return h.n.progressRounds.Load() >= rounds+10, fmt.Sprintf("%d rounds", h.n.progressRounds.Load()-rounds)
+	})
+	select {
+	case f := <-frames:
+		t.Fatalf("got %+v while nothing moved, want no frame", f)
+	default:
+	}
+	e.decide(t, first, "alice") // decided, not published: only the count moves
+	if f := next("the second request's count moving"); f.Type != "progress" || f.RequestID != second {
+		t.Fatalf("got %+v, want a progress frame for %s", f, second)
+	}
+}
+
 // TestProgressSourceContract: every ResultSource numbers its campaign's
 // admitted requests and reports the highest decided one.
 func TestProgressSourceContract(t *testing.T) {
