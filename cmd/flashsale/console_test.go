@@ -18,7 +18,8 @@ import (
 // TestConsole drives the admin console (web/admin) in headless Chromium: a
 // wrong token is refused; the admin signs in, creates and preloads a
 // campaign through the page, watches it, and sees the counters move over
-// the stats stream while purchases arrive through the API.
+// the stats stream while purchases arrive through the API; then pauses and
+// resumes it from its row.
 func TestConsole(t *testing.T) {
 	browser := startBrowser(t)
 	cfg := realConfig(t, "memqueue")
@@ -58,6 +59,10 @@ func TestConsole(t *testing.T) {
 	waitJS(t, tab, 10*time.Second, "the charts drawn", `document.querySelectorAll("#chart-decided polyline").length === 1
 		&& document.querySelector("#chart-decided polyline").getAttribute("points").split(" ").length >= 3`)
 	screenshot(t, tab, "admin-console.png")
+	for _, step := range []struct{ action, state string }{{"pause", "paused"}, {"resume", "running"}} {
+		evalJS[bool](t, tab, row+`.querySelector('[data-action="`+step.action+`"]').click(), true`)
+		waitJS(t, tab, 10*time.Second, step.state, row+`.dataset.state === "`+step.state+`"`)
+	}
 	if polls := evalJS[int](t, tab, `performance.getEntriesByType("resource").filter((e) => e.name.includes("/stats")).length`); polls != 0 {
 		t.Errorf("the page read /stats %d times; want the stream only", polls)
 	}
