@@ -141,7 +141,5 @@ func (h *Handlers) stats(c *gin.Context) {
 		httpapi.Abort(c, h.log, err)
 		return
 	}
-	c.JSON(http.StatusOK, statsResponse{Stock: st.Store.Stock, Remaining: st.Store.Remaining, Sold: st.Store.Sold,
-		SoldOut: st.Store.SoldOut, Preloaded: st.Store.Loaded, Admitted: st.Store.Admitted, Queued: st.Store.Queued(),
-		FinishedByStatus: st.Store.FinishedByStatus, OrdersInDB: st.OrdersInDB, UnitsInDB: st.UnitsInDB})
+	c.JSON(http.StatusOK, toStatsResponse(st))
 }

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -203,6 +205,8 @@ func TestOpenAPIResponses(t *testing.T) {
 	expect("browser client", c.do("GET", "/web/flashsale.js", "", nil, nil, nil), 200)
 	expect("style sheet", c.do("GET", "/web/style.css", "", nil, nil, nil), 200)
 	expect("unknown asset", c.do("GET", "/web/none.js", "", nil, nil, nil), 404)
+	expect("admin console", c.do("GET", "/admin/", "", nil, nil, nil), 200)
+	expect("admin console's script", c.do("GET", "/admin/console.js", "", nil, nil, nil), 200)
 	expect("server time", c.do("GET", "/api/v1/time", "", nil, nil, nil), 200)
 	expect("dev token, not in development mode", c.do("GET", "/api/v1/dev/token", "", nil, nil, nil), 404)
 	if !bytes.Equal(served, bytes.TrimSpace(openapi.Document())) {
@@ -314,6 +318,8 @@ func TestOpenAPIResponses(t *testing.T) {
 	expect("refund unknown", c.do("POST", "/admin/v1/orders/none/refund", adm, nil, nil, nil), 404)
 	expect("stats", c.do("GET", "/admin/v1/campaigns/"+a+"/stats", adm, nil, nil, nil), 200)
 	expect("stats unknown", c.do("GET", "/admin/v1/campaigns/"+a+"-none/stats", adm, nil, nil, nil), 404)
+	expect("stats stream unknown", c.do("GET", "/admin/v1/campaigns/"+a+"-none/stream", adm, nil, nil, nil), 404)
+	checkFirstEvent(t, api, c.base+"/admin/v1/campaigns/"+a+"/stream", adm)
 
 	// Pause, end, delete.
 	expect("pause", c.do("POST", "/admin/v1/campaigns/"+a+"/pause", adm, nil, nil, nil), 200)
@@ -390,4 +396,24 @@ func checkWebSocket(t *testing.T, c *client, api *apiChecker, user, rid string) 
 	if want := []string{"error", "subscribed", "result"}; !slices.Equal(types, want) {
 		t.Errorf("frames: got %v, want %v", types, want)
 	}
+}
+
+// checkFirstEvent validates a stats stream's answer as far as its first
+// event: the checker's transport would wait for the stream's end.
+func checkFirstEvent(t *testing.T, api *apiChecker, url, bearer string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	req.Header.Set("Authorization", "Bearer "+bearer)
+	resp, err := api.base.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	first, err := bufio.NewReader(resp.Body).ReadBytes('\n')
+	if err != nil {
+		t.Fatalf("GET %s: first event: %v", url, err)
+	}
+	api.check(req, nil, resp, first)
 }

@@ -431,6 +431,8 @@ func (s *system) mountGateway(jwt *auth.JWT) {
 	shopper := httpapi.Shopper(s.log, jwt, false)
 	h := gateway.NewHandlers(log, s.gateway)
 	h.RegisterAdmin(s.adminEngine, admin)
+	gateway.NewStatsStream(log, s.gateway, s.draining.Load).Register(s.adminEngine, admin)
+	s.mountConsole()
 	h.RegisterShopper(s.engine, shopper)
 	oh := gateway.NewOrderHandlers(log, s.lifecycle)
 	oh.RegisterAdmin(s.adminEngine, admin)
