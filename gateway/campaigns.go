@@ -305,10 +305,12 @@ type campaignPatchRequest struct {
 	PaymentWindow *string    `json:"payment_window"`
 	StartAt       *time.Time `json:"start_at"`
 	EndAt         *time.Time `json:"end_at"`
+	ChallengeBits *int       `json:"challenge_bits"`
 }
 
 func (r campaignPatchRequest) toModel() (model.CampaignPatch, error) {
-	p := model.CampaignPatch{Name: r.Name, PerUserLimit: r.PerUserLimit, StartAt: r.StartAt, EndAt: r.EndAt}
+	p := model.CampaignPatch{Name: r.Name, PerUserLimit: r.PerUserLimit, StartAt: r.StartAt, EndAt: r.EndAt,
+		ChallengeBits: r.ChallengeBits}
 	if r.PaymentWindow != nil {
 		d, err := time.ParseDuration(*r.PaymentWindow)
 		if err != nil {
@@ -365,6 +367,8 @@ type publicCampaignResponse struct {
 	EndAt         time.Time           `json:"end_at"`
 	State         model.CampaignState `json:"state"`
 	SoldOut       bool                `json:"sold_out"`
+	// ChallengeBits > 0: a purchase needs a solved challenge (0: none).
+	ChallengeBits int `json:"challenge_bits"`
 	// Remaining is approximate (up to a cache TTL old); absent until the
 	// campaign is preloaded.
 	Remaining *int64 `json:"remaining,omitempty"`
@@ -373,7 +377,7 @@ type publicCampaignResponse struct {
 func toPublicCampaignResponse(pc PublicCampaign) publicCampaignResponse {
 	out := publicCampaignResponse{ID: pc.Campaign.ID, Name: pc.Campaign.Name, PerUserLimit: pc.Campaign.PerUserLimit,
 		Price: pc.Campaign.Price, PaymentWindow: pc.Campaign.PaymentWindow.String(), StartAt: pc.Campaign.StartAt,
-		EndAt: pc.Campaign.EndAt, State: pc.State, SoldOut: pc.SoldOut}
+		EndAt: pc.Campaign.EndAt, State: pc.State, SoldOut: pc.SoldOut, ChallengeBits: pc.Campaign.ChallengeBits}
 	if pc.Remaining >= 0 {
 		rem := pc.Remaining
 		out.Remaining = &rem

@@ -31,6 +31,7 @@ type Stock interface {
 	Withdraw(ctx context.Context, batch []model.AdmitRequest) error
 	AddUnknown(ctx context.Context, topic string, batch []model.AdmitRequest) error
 	IdempotentRequest(ctx context.Context, a model.AdmitRequest) (model.AdmitReply, bool, error)
+	SpendChallenge(ctx context.Context, campaignID, challengeID, holder string, expiresAt time.Time) (bool, error)
 	SoldOut(ctx context.Context, campaignID string) (bool, error)
 	Stats(ctx context.Context, campaignID string) (model.Stats, error)
 	Remaining(ctx context.Context, campaignIDs []string) (map[string]int64, error)
@@ -90,7 +91,10 @@ type Options struct {
 	// publish probes the queue, and a success closes the breaker again.
 	BreakerFailures int           // default 3
 	BreakerOpenFor  time.Duration // default 2s
-	Now             func() time.Time
+	// Gate checks purchases of campaigns with ChallengeBits above 0
+	// (challenge.go); nil refuses them all.
+	Gate Gate
+	Now  func() time.Time
 }
 
 func (o Options) withDefaults() Options {

@@ -40,6 +40,7 @@ func (h *Handlers) RegisterShopper(r gin.IRouter, shopper func(httpapi.ShopperHa
 	r.GET("/api/v1/campaigns", h.openCampaigns)
 	r.GET("/api/v1/campaigns/:id", h.publicCampaign)
 	r.POST(purchasePath, shopper(h.purchase))
+	r.GET(challengePath, shopper(h.challenge))
 }
 
 type campaignRequest struct {
@@ -53,6 +54,7 @@ type campaignRequest struct {
 	PaymentWindow string    `json:"payment_window"`
 	StartAt       time.Time `json:"start_at"`
 	EndAt         time.Time `json:"end_at"`
+	ChallengeBits int       `json:"challenge_bits"`
 }
 
 func (r campaignRequest) toModel() (model.Campaign, error) {
@@ -64,7 +66,7 @@ func (r campaignRequest) toModel() (model.Campaign, error) {
 		}
 	}
 	return model.Campaign{ID: r.ID, Name: r.Name, Stock: r.Stock, PerUserLimit: r.PerUserLimit, Price: r.Price,
-		PaymentWindow: window, StartAt: r.StartAt, EndAt: r.EndAt}, nil
+		PaymentWindow: window, StartAt: r.StartAt, EndAt: r.EndAt, ChallengeBits: r.ChallengeBits}, nil
 }
 
 type campaignResponse struct {
@@ -77,11 +79,13 @@ type campaignResponse struct {
 	StartAt       time.Time `json:"start_at"`
 	EndAt         time.Time `json:"end_at"`
 	CreatedAt     time.Time `json:"created_at"`
+	ChallengeBits int       `json:"challenge_bits"`
 }
 
 func toCampaignResponse(c model.Campaign) campaignResponse {
 	return campaignResponse{ID: c.ID, Name: c.Name, Stock: c.Stock, PerUserLimit: c.PerUserLimit, Price: c.Price,
-		PaymentWindow: c.PaymentWindow.String(), StartAt: c.StartAt, EndAt: c.EndAt, CreatedAt: c.CreatedAt}
+		PaymentWindow: c.PaymentWindow.String(), StartAt: c.StartAt, EndAt: c.EndAt, CreatedAt: c.CreatedAt,
+		ChallengeBits: c.ChallengeBits}
 }
 
 func (h *Handlers) createCampaign(c *gin.Context) {

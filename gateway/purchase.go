@@ -49,7 +49,8 @@ type purchaseResponse struct {
 
 func (h *Handlers) purchase(c *gin.Context, userID string) {
 	adm, err := h.svc.Purchase(c.Request.Context(),
-		Purchase{UserID: userID, CampaignID: c.Param("id"), IdempotencyKey: c.GetHeader("Idempotency-Key")},
+		Purchase{UserID: userID, CampaignID: c.Param("id"), IdempotencyKey: c.GetHeader("Idempotency-Key"),
+			Challenge: c.GetHeader(challengeHeader)},
 		func() (int64, string, error) {
 			qty, err := decodePurchaseBody(c)
 			return qty, c.ClientIP(), err
@@ -70,6 +71,9 @@ type Purchase struct {
 	// ClientIP is the shopper's address as the HTTP layer determined it
 	// (trusted proxies only); "" skips the per-IP limit.
 	ClientIP string
+	// Challenge is the solved challenge a gated campaign asks for
+	// (challenge.go).
+	Challenge string
 }
 
 var idempotencyKeyPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
@@ -118,6 +122,10 @@ func (s *Service) Purchase(ctx context.Context, p Purchase, read func() (quantit
 	if p.Quantity > c.PerUserLimit {
 		return Admitted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("exceeds the per-user limit of %d", c.PerUserLimit)))
 	}
+	pass, err := s.verifyChallenge(p, c)
+	if err != nil {
+		return Admitted{}, err
+	}
 	if err := c.Window(s.opts.Now()); err != nil {
 		return s.earlierOr(ctx, p, "window", err)
 	}
@@ -133,6 +141,9 @@ func (s *Service) Purchase(ctx context.Context, p Purchase, read func() (quantit
 	// unknown outcome): a retry of one gets it back.
 	if s.breaker.State() == gobreaker.StateOpen {
 		return s.earlierOr(ctx, p, "queue_down", fmt.Errorf("queue: %w: circuit open", model.ErrUnavailable))
+	}
+	if err := s.spendChallenge(ctx, p, pass); err != nil {
+		return Admitted{}, err
 	}
 	return s.enqueue(ctx, p)
 }

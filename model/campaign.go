@@ -9,6 +9,9 @@ import (
 const (
 	MaxStock      = 10_000_000
 	MaxCampaignID = 64
+	// MaxChallengeBits caps a campaign's proof-of-work difficulty: 2^28
+	// hashes take a browser minutes, past any sale's patience.
+	MaxChallengeBits = 28
 )
 
 // Campaign is one flash sale: a fixed stock sold in a time window with a
@@ -37,6 +40,9 @@ type Campaign struct {
 	// when): the workers reject the requests still queued (ReasonEndedEarly),
 	// held ones of a paused sale included, rather than sell them.
 	EndedEarly bool
+	// ChallengeBits is the proof-of-work a purchase must carry (leading
+	// zero bits of its solution's SHA-256); 0: no challenge.
+	ChallengeBits int
 }
 
 // ValidCampaignID reports whether id may name a campaign. Campaign ids end up
@@ -63,6 +69,8 @@ func (c Campaign) Validate() error {
 		return Invalid("payment_window", "must be between 1s and 24h (0 means 10m)")
 	case c.PaymentWindow%time.Millisecond != 0:
 		return Invalid("payment_window", "must be whole milliseconds")
+	case c.ChallengeBits < 0 || c.ChallengeBits > MaxChallengeBits:
+		return Invalid("challenge_bits", "must be between 0 and 28")
 	case c.StartAt.IsZero():
 		return Invalid("start_at", "is required")
 	case c.EndAt.IsZero():
@@ -109,10 +117,13 @@ type CampaignPatch struct {
 	PaymentWindow *time.Duration
 	StartAt       *time.Time
 	EndAt         *time.Time
+	ChallengeBits *int
 }
 
 // Apply returns c changed by p, validated. Before the sale starts every
-// field of p may change. From its start only the name may: the limit and
+// field of p may change. From its start only the name and the challenge's
+// difficulty may (raising it is the operator's answer to bots arriving
+// mid-sale; a solution already issued is checked at the current one): the limit and
 // the window are what shoppers were admitted and decided under (a limit
 // changed mid-sale would treat buyers unequally, a window moved would
 // reopen or cut a sale the workers and gateways are deciding), and the
@@ -120,8 +131,8 @@ type CampaignPatch struct {
 // sale early is its own action (EndEarly). A change of those after the
 // start is ErrSaleStarted; a patch that changes nothing is invalid.
 func (c Campaign) Apply(p CampaignPatch, now time.Time) (Campaign, error) {
-	if p.Name == nil && p.PerUserLimit == nil && p.PaymentWindow == nil && p.StartAt == nil && p.EndAt == nil {
-		return Campaign{}, Invalid("", "nothing to change: give name, per_user_limit, payment_window, start_at or end_at")
+	if p.Name == nil && p.PerUserLimit == nil && p.PaymentWindow == nil && p.StartAt == nil && p.EndAt == nil && p.ChallengeBits == nil {
+		return Campaign{}, Invalid("", "nothing to change: give name, per_user_limit, payment_window, start_at, end_at or challenge_bits")
 	}
 	started := !now.Before(c.StartAt) || c.EndedEarly
 	if started && (p.PerUserLimit != nil || p.PaymentWindow != nil || p.StartAt != nil || p.EndAt != nil) {
@@ -144,6 +155,9 @@ func (c Campaign) Apply(p CampaignPatch, now time.Time) (Campaign, error) {
 	}
 	if p.EndAt != nil {
 		c.EndAt = *p.EndAt
+	}
+	if p.ChallengeBits != nil {
+		c.ChallengeBits = *p.ChallengeBits
 	}
 	if err := c.Validate(); err != nil {
 		return Campaign{}, err

@@ -90,3 +90,7 @@ func (e *RateLimitError) Error() string { return ErrRateLimited.Error() }
 
 // Unwrap lets errors.Is(err, ErrRateLimited) match.
 func (e *RateLimitError) Unwrap() error { return ErrRateLimited }
+
+// ErrChallengeFailed: a purchase of a gated campaign carried no valid,
+// unexpired, unspent solution of its challenge.
+var ErrChallengeFailed = errors.New("challenge failed")

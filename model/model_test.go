@@ -96,6 +96,8 @@ func TestCampaignValidateAndWindow(t *testing.T) {
 		{"stock zero", func(c *Campaign) { c.Stock = 0 }, "stock"},
 		{"stock huge", func(c *Campaign) { c.Stock = MaxStock + 1 }, "stock"},
 		{"limit", func(c *Campaign) { c.PerUserLimit = 0 }, "per_user_limit"},
+		{"challenge bits negative", func(c *Campaign) { c.ChallengeBits = -1 }, "challenge_bits"},
+		{"challenge bits too many", func(c *Campaign) { c.ChallengeBits = MaxChallengeBits + 1 }, "challenge_bits"},
 		{"no start", func(c *Campaign) { c.StartAt = time.Time{} }, "start_at"},
 		{"end before start", func(c *Campaign) { c.EndAt = c.StartAt }, "end_at"},
 	}

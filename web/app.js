@@ -5,6 +5,7 @@
 // server's ws_url ("off": no socket, the page polls); for trying the
 // fallback and for the browser tests.
 import * as flashsale from "./flashsale.js";
+import { solve } from "./pow.js";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -261,21 +262,12 @@ function showRefusal(v, err) {
   if (err instanceof F.EndedError) v.done = true;
 }
 
-// solveChallenge fetches the campaign's puzzle and solves it in a Web Worker
-// (pow.js), so the page stays responsive; it answers "<challenge>.<nonce>".
+// solveChallenge fetches the campaign's puzzle and solves it (pow.js runs
+// the search in Web Workers, so the page stays responsive); it answers
+// "<challenge>.<nonce>".
 async function solveChallenge(id) {
   const { challenge, bits } = await client.challenge(id);
-  const worker = new Worker(new URL("./pow-worker.js", import.meta.url), { type: "module" });
-  try {
-    const answer = await new Promise((resolve, reject) => {
-      worker.onmessage = (e) => (e.data.error ? reject(new Error(e.data.error)) : resolve(e.data.nonce));
-      worker.onerror = (e) => reject(new Error(e.message || "challenge worker failed"));
-      worker.postMessage({ challenge, bits });
-    });
-    return `${challenge}.${answer}`;
-  } finally {
-    worker.terminate();
-  }
+  return `${challenge}.${await solve(challenge, bits)}`;
 }
 
 // ---- the order after a success ----

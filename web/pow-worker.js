@@ -1,11 +1,7 @@
-// pow-worker.js: solves a campaign's proof-of-work challenge (pow.js) off
-// the page's main thread, so the countdown and buttons stay responsive.
-import { solve } from "./pow.js";
+// One share of a proof-of-work search (pow.js): nonces start, start+step, …
+import { search } from "./pow.js";
 
-onmessage = async (e) => {
-  try {
-    postMessage({ nonce: await solve(e.data.challenge, e.data.bits) });
-  } catch (err) {
-    postMessage({ error: String(err) });
-  }
+self.onmessage = async (e) => {
+  const { challenge, bits, start, step } = e.data;
+  self.postMessage({ nonce: await search(challenge, bits, start, step) });
 };

@@ -54,6 +54,10 @@ func TestBadInput(t *testing.T) {
 		t.Fatalf("create unloaded campaign: got %d", code)
 	}
 
+	gated := testenv.Name(t, "gated-")
+	c.openCampaignOf(campaignBody{ID: gated, Name: "gated", Stock: 5, PerUserLimit: 1, ChallengeBits: 20,
+		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)})
+
 	alice := c.token("alice")
 	// The order lifecycle's subjects: alice's order pending payment, bob's
 	// paid through a provider's webhook.
@@ -173,6 +177,11 @@ func TestBadInput(t *testing.T) {
 		{"purchase campaign id in another case", "POST", "/api/v1/campaigns/" + openUpper + "/purchases", alice, `{"quantity":1}`, nil, 404, "not_found"},
 		{"purchase before start", "POST", "/api/v1/campaigns/" + future + "/purchases", alice, `{"quantity":1}`, nil, 409, "not_started"},
 		{"purchase not preloaded", "POST", "/api/v1/campaigns/" + unloaded + "/purchases", alice, `{"quantity":1}`, nil, 409, "not_loaded"},
+		{"purchase gated without a challenge", "POST", "/api/v1/campaigns/" + gated + "/purchases", alice, `{"quantity":1}`, nil, 403, "challenge_failed"},
+		{"purchase gated with a garbage challenge", "POST", "/api/v1/campaigns/" + gated + "/purchases", alice, `{"quantity":1}`, map[string]string{"Flashsale-Challenge": "20.1.x.y.0"}, 403, "challenge_failed"},
+		{"challenge before start", "GET", "/api/v1/campaigns/" + future + "/challenge", alice, nil, nil, 409, "not_started"},
+		{"challenge unknown campaign", "GET", "/api/v1/campaigns/nope-" + open + "/challenge", alice, nil, nil, 404, "not_found"},
+		{"challenge without token", "GET", "/api/v1/campaigns/" + gated + "/challenge", "", nil, nil, 401, "unauthorized"},
 		{"purchase paused", "POST", "/api/v1/campaigns/" + paused + "/purchases", alice, `{"quantity":1}`, nil, 409, "paused"},
 		{"poll unknown request", "GET", "/api/v1/purchases/" + open + ".0123456789abcdef0123456789abcdef", alice, nil, nil, 404, "not_found"},
 		{"poll request id in another case", "GET", "/api/v1/purchases/" + strings.ToUpper(pending.RequestID[:len(priced)]) + pending.RequestID[len(priced):], alice, nil, nil, 404, "not_found"},
@@ -197,6 +206,10 @@ func TestBadInput(t *testing.T) {
 		{"create negative price", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"price":-1`), nil, 400, "invalid_request"},
 		{"create huge price", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"price":1000000000001`), nil, 400, "invalid_request"},
 		{"create price as text", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"price":"5"`), nil, 400, "invalid_request"},
+		{"create challenge bits negative", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"challenge_bits":-1`), nil, 400, "invalid_request"},
+		{"create challenge bits above 28", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"challenge_bits":29`), nil, 400, "invalid_request"},
+		{"create challenge bits as text", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"challenge_bits":"8"`), nil, 400, "invalid_request"},
+		{"patch challenge bits above 28", "PATCH", "/admin/v1/campaigns/" + open, testAdminToken, `{"challenge_bits":29}`, nil, 400, "invalid_request"},
 		{"create window not a duration", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"payment_window":"soon"`), nil, 400, "invalid_request"},
 		{"create window as a number", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"payment_window":600`), nil, 400, "invalid_request"},
 		{"create window too short", "POST", "/admin/v1/campaigns", testAdminToken, withField(validCampaign, `"payment_window":"500ms"`), nil, 400, "invalid_request"},

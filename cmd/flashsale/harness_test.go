@@ -208,6 +208,7 @@ type campaignBody struct {
 	PaymentWindow string    `json:"payment_window,omitempty"`
 	StartAt       time.Time `json:"start_at"`
 	EndAt         time.Time `json:"end_at"`
+	ChallengeBits int       `json:"challenge_bits,omitempty"`
 }
 
 // openCampaign creates and preloads a campaign whose sale is open.

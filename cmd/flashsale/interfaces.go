@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/flashsale/flashsale/gateway"
+	"github.com/flashsale/flashsale/internal/challenge"
 	"github.com/flashsale/flashsale/internal/lifecycle"
 	"github.com/flashsale/flashsale/internal/reconcile"
 	"github.com/flashsale/flashsale/internal/sqlstore"
@@ -16,6 +17,7 @@ import (
 var (
 	_ gateway.Stock         = (*store.Store)(nil)
 	_ gateway.Campaigns     = (*sqlstore.DB)(nil)
+	_ gateway.Gate          = (*challenge.PoW)(nil)
 	_ gateway.Orders        = (*lifecycle.Service)(nil)
 	_ lifecycle.DB          = (*sqlstore.DB)(nil)
 	_ lifecycle.Stock       = (*store.Store)(nil)

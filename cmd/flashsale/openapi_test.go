@@ -256,6 +256,9 @@ func TestOpenAPIResponses(t *testing.T) {
 	expect("purchase of 0", c.do("POST", purchases, alice, `{"quantity":0}`, nil, nil), 400)
 	expect("purchase, unknown campaign", c.do("POST", "/api/v1/campaigns/"+a+"-none/purchases", alice, `{}`, nil, nil), 404)
 	expect("purchase before the start", c.do("POST", "/api/v1/campaigns/"+b+"/purchases", alice, `{}`, nil, nil), 409)
+	expect("challenge", c.do("GET", "/api/v1/campaigns/"+a+"/challenge", alice, nil, nil, nil), 200)
+	expect("challenge before the start", c.do("GET", "/api/v1/campaigns/"+b+"/challenge", alice, nil, nil, nil), 409)
+	expect("challenge, unknown campaign", c.do("GET", "/api/v1/campaigns/"+a+"-none/challenge", alice, nil, nil, nil), 404)
 
 	// Its result, polled and pushed.
 	var r resultBody

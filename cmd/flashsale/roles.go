@@ -25,6 +25,7 @@ import (
 
 	"github.com/flashsale/flashsale/gateway"
 	"github.com/flashsale/flashsale/internal/auth"
+	"github.com/flashsale/flashsale/internal/challenge"
 	"github.com/flashsale/flashsale/internal/config"
 	"github.com/flashsale/flashsale/internal/httpapi"
 	"github.com/flashsale/flashsale/internal/lifecycle"
@@ -465,6 +466,11 @@ func gatewayOptions(cfg config.Config) gateway.Options {
 		AdmitLinger:      cfg.Gateway.AdmitLinger,
 		BreakerFailures:  cfg.Gateway.BreakerFailures,
 		BreakerOpenFor:   cfg.Gateway.BreakerOpenFor,
+		// The challenge key is derived from jwt_secret (a labelled HMAC, so
+		// neither can stand for the other): every deployment already
+		// holds it, at least 32 bytes, shared by all gateways and never
+		// the development value outside dev, so no new secret to manage.
+		Gate: challenge.NewPoW([]byte(cfg.Auth.JWTSecret), challenge.DefaultTTL, nil),
 	}
 }
 

@@ -27,6 +27,7 @@ func TestClassify(t *testing.T) {
 		{"wrapped invalid", fmt.Errorf("op: %w", model.Invalid("id", "bad")), 400, "invalid_request"},
 		{"unauthorized", model.ErrUnauthorized, 401, "unauthorized"},
 		{"forbidden", model.ErrForbidden, 403, "forbidden"},
+		{"challenge failed", fmt.Errorf("purchase: %w", model.ErrChallengeFailed), 403, "challenge_failed"},
 		{"not found", fmt.Errorf("campaign x: %w", model.ErrNotFound), 404, "not_found"},
 		{"too large", model.ErrBodyTooLarge, 413, "body_too_large"},
 		{"not json", model.ErrUnsupportedMediaType, 415, "unsupported_media_type"},

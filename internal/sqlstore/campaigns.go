@@ -83,7 +83,8 @@ func (db *DB) ChangeCampaign(ctx context.Context, id string, change func(model.C
 		c = c.WithDefaults()
 		row.Name, row.PerUserLimit, row.PaymentWindowMS = c.Name, c.PerUserLimit, c.PaymentWindow.Milliseconds()
 		row.StartAt, row.EndAt, row.EndedEarly, row.UpdatedAt = c.StartAt.UTC(), c.EndAt.UTC(), c.EndedEarly, now()
-		if err := tx.Select("name", "per_user_limit", "payment_window_ms", "start_at", "end_at", "ended_early", "updated_at").
+		row.ChallengeBits = c.ChallengeBits
+		if err := tx.Select("name", "per_user_limit", "payment_window_ms", "start_at", "end_at", "ended_early", "challenge_bits", "updated_at").
 			Updates(&row).Error; err != nil {
 			return err
 		}

@@ -38,8 +38,11 @@ type campaignRow struct {
 	// LedgerEpoch is model.Campaign.Epoch: BumpEpoch moves it, and
 	// InsertOrders refuses orders decided under another one.
 	LedgerEpoch int64 `gorm:"column:ledger_epoch;not null;default:0"`
-	Paused      bool  `gorm:"not null;default:false"`
-	EndedEarly  bool  `gorm:"column:ended_early;not null;default:false"`
+	// ChallengeBits is model.Campaign.ChallengeBits; 0 (no challenge) for
+	// campaigns stored before it existed.
+	ChallengeBits int  `gorm:"column:challenge_bits;not null;default:0"`
+	Paused        bool `gorm:"not null;default:false"`
+	EndedEarly    bool `gorm:"column:ended_early;not null;default:false"`
 }
 
 func (campaignRow) TableName() string { return "campaigns" }
@@ -320,7 +323,7 @@ func (db *DB) Ping(ctx context.Context) error {
 func (db *DB) CreateCampaign(ctx context.Context, c model.Campaign) (model.Campaign, error) {
 	c = c.WithDefaults()
 	row := campaignRow{ID: c.ID, Name: c.Name, Stock: c.Stock, PerUserLimit: c.PerUserLimit,
-		Price: c.Price, PaymentWindowMS: c.PaymentWindow.Milliseconds(),
+		Price: c.Price, PaymentWindowMS: c.PaymentWindow.Milliseconds(), ChallengeBits: c.ChallengeBits,
 		StartAt: c.StartAt.UTC(), EndAt: c.EndAt.UTC()}
 	err := db.gdb.WithContext(ctx).Create(&row).Error
 	if errors.Is(err, gorm.ErrDuplicatedKey) {
@@ -349,7 +352,7 @@ func (r campaignRow) toModel() model.Campaign {
 	return model.Campaign{ID: r.ID, Name: r.Name, Stock: r.Stock, PerUserLimit: r.PerUserLimit,
 		Price: r.Price, PaymentWindow: time.Duration(r.PaymentWindowMS) * time.Millisecond,
 		StartAt: r.StartAt.UTC(), EndAt: r.EndAt.UTC(), CreatedAt: r.CreatedAt.UTC(),
-		Epoch: r.LedgerEpoch, Paused: r.Paused, EndedEarly: r.EndedEarly}
+		Epoch: r.LedgerEpoch, Paused: r.Paused, EndedEarly: r.EndedEarly, ChallengeBits: r.ChallengeBits}
 }
 
 // now is the time gorm and InsertOrders stamp rows with: UTC, at the

@@ -1,0 +1,165 @@
+package gateway
+
+import (
+	"crypto/sha256"
+	"errors"
+	"io"
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/flashsale/flashsale/internal/challenge"
+	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/store"
+	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/model"
+)
+
+var testGateSecret = []byte("challenge-test-secret-of-32-bytes!!")
+
+// newGatedService returns a Service whose open, preloaded campaign asks for
+// bits of proof of work, under limits.
+func newGatedService(t *testing.T, bits int, limits model.RateLimits) (*Service, *store.Store, model.Campaign) {
+	t.Helper()
+	st := store.New(testenv.Redis(t))
+	campaigns := &memCampaigns{c: model.Campaign{ID: testenv.Name(t, "gate"), Name: "t", Stock: 100, PerUserLimit: 2,
+		ChallengeBits: bits, StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}}
+	c := mustLoad(t, campaigns, st)
+	opts := Options{Topic: testenv.Topic(t), CampaignCacheTTL: time.Hour,
+		RateLimits: limits,
+		Gate:       challenge.NewPoW(testGateSecret, 0, nil)}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	return New(log, st, campaigns, newGatePublisher(false), metrics.New(), opts), st, c
+}
+
+// solve finds a nonce for token the slow way, as a browser does; tooFew
+// instead returns a solution with fewer than bits leading zero bits.
+func solve(token string, bits int, tooFew bool) string {
+	for n := 0; ; n++ {
+		s := token + "." + strconv.Itoa(n)
+		sum := sha256.Sum256([]byte(s))
+		if z := challenge.LeadingZeroBits(sum[:]); z >= bits != tooFew {
+			return s
+		}
+	}
+}
+
+func mustChallenge(t *testing.T, g Gate, user string, c model.Campaign) model.Challenge {
+	t.Helper()
+	ch, err := g.Challenge(user, c)
+	if err != nil {
+		t.Fatalf("challenge: %v", err)
+	}
+	return ch
+}
+
+func TestPurchaseChallenge(t *testing.T) {
+	const bits = 8
+	// A per-user burst of one: any budget a refusal spent would show on
+	// the user's next purchase.
+	svc, st, c := newGatedService(t, bits, model.RateLimits{UserRate: 1, UserBurst: 1})
+	gate := svc.opts.Gate
+	other := c
+	other.ID = c.ID + "x"
+	expiredGate := challenge.NewPoW(testGateSecret, time.Second, func() time.Time { return time.Now().Add(-time.Minute) })
+	easy := c
+	easy.ChallengeBits = bits - 4
+	spent := solve(mustChallenge(t, gate, "spender", c).Token, bits, false)
+	if _, err := svc.Purchase(t.Context(), Purchase{UserID: "spender", CampaignID: c.ID, Quantity: 1, Challenge: spent}, nil); err != nil {
+		t.Fatalf("first use of a solution: %v", err)
+	}
+	tampered := solve(mustChallenge(t, gate, "u", c).Token, bits, false)
+	cut := len(tampered) - len("0") - 3 // a character of the MAC
+	if tampered[cut] == 'A' {
+		tampered = tampered[:cut] + "B" + tampered[cut+1:]
+	} else {
+		tampered = tampered[:cut] + "A" + tampered[cut+1:]
+	}
+	cases := []struct {
+		name     string
+		solution func(user string) string
+	}{
+		{"missing", func(string) string { return "" }},
+		{"garbage", func(string) string { return "not.a.challenge" }},
+		{"wrong user", func(string) string { return solve(mustChallenge(t, gate, "someone-else", c).Token, bits, false) }},
+		{"wrong campaign", func(u string) string { return solve(mustChallenge(t, gate, u, other).Token, bits, false) }},
+		{"expired", func(u string) string { return solve(mustChallenge(t, expiredGate, u, c).Token, bits, false) }},
+		{"too few bits", func(u string) string { return solve(mustChallenge(t, gate, u, c).Token, bits, true) }},
+		{"issued easier", func(u string) string { return solve(mustChallenge(t, gate, u, easy).Token, bits-4, false) }},
+		{"tampered HMAC", func(string) string { return tampered }},
+		{"reused", func(string) string { return spent }},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			user := "u" + strconv.Itoa(i)
+			if tc.name == "tampered HMAC" {
+				user = "u"
+			}
+			before := mustStats(t, st, c.ID)
+			_, err := svc.Purchase(t.Context(), Purchase{UserID: user, CampaignID: c.ID, Quantity: 1, Challenge: tc.solution(user)}, nil)
+			if !errors.Is(err, model.ErrChallengeFailed) {
+				t.Fatalf("got %v, want %v", err, model.ErrChallengeFailed)
+			}
+			if after := mustStats(t, st, c.ID); after.Admitted != before.Admitted || after.Remaining != before.Remaining {
+				t.Fatalf("stats: got %+v, want %+v", after, before)
+			}
+			// The refusal spent none of the user's burst of one.
+			good := solve(mustChallenge(t, gate, user, c).Token, bits, false)
+			if _, err := svc.Purchase(t.Context(), Purchase{UserID: user, CampaignID: c.ID, Quantity: 1, Challenge: good}, nil); err != nil {
+				t.Fatalf("valid purchase after the refusal: got %v, want admitted", err)
+			}
+		})
+	}
+}
+
+func TestPurchaseChallengeReplay(t *testing.T) {
+	svc, _, c := newGatedService(t, 4, model.RateLimits{})
+	sol := solve(mustChallenge(t, svc.opts.Gate, "u1", c).Token, 4, false)
+	p := Purchase{UserID: "u1", CampaignID: c.ID, Quantity: 1, IdempotencyKey: "k1", Challenge: sol}
+	first, err := svc.Purchase(t.Context(), p, nil)
+	if err != nil || first.Existing {
+		t.Fatalf("first: got %+v, %v; want a new request", first, err)
+	}
+	again, err := svc.Purchase(t.Context(), p, nil)
+	if err != nil || !again.Existing || again.RequestID != first.RequestID {
+		t.Fatalf("replay: got %+v, %v; want request %s back", again, err, first.RequestID)
+	}
+	p.IdempotencyKey = "k2"
+	if _, err := svc.Purchase(t.Context(), p, nil); !errors.Is(err, model.ErrChallengeFailed) {
+		t.Fatalf("same solution, new key: got %v, want %v", err, model.ErrChallengeFailed)
+	}
+}
+
+func TestPurchaseUngatedIgnoresChallenge(t *testing.T) {
+	svc, _, c := newGatedService(t, 0, model.RateLimits{})
+	for i, sol := range []string{"", "junk"} {
+		if _, err := svc.Purchase(t.Context(), Purchase{UserID: "u" + strconv.Itoa(i), CampaignID: c.ID, Quantity: 1, Challenge: sol}, nil); err != nil {
+			t.Fatalf("challenge %q: got %v, want admitted", sol, err)
+		}
+	}
+}
+
+func TestChallengeWindow(t *testing.T) {
+	svc, _, c := newGatedService(t, 4, model.RateLimits{})
+	ch, err := svc.Challenge(t.Context(), "u", c.ID)
+	if err != nil || ch.Bits != 4 || !ch.ExpiresAt.After(time.Now()) {
+		t.Fatalf("open sale: got %+v, %v", ch, err)
+	}
+	if _, err := svc.Challenge(t.Context(), "u", c.ID+"-none"); !errors.Is(err, model.ErrNotFound) {
+		t.Fatalf("unknown campaign: got %v, want %v", err, model.ErrNotFound)
+	}
+	svc.opts.Now = func() time.Time { return c.StartAt.Add(-time.Second) }
+	if _, err := svc.Challenge(t.Context(), "u", c.ID); !errors.Is(err, model.ErrNotStarted) {
+		t.Fatalf("before the start: got %v, want %v", err, model.ErrNotStarted)
+	}
+}
+
+func mustStats(t *testing.T, st *store.Store, campaignID string) model.Stats {
+	t.Helper()
+	s, err := st.Stats(t.Context(), campaignID)
+	if err != nil {
+		t.Fatalf("stats: %v", err)
+	}
+	return s
+}
