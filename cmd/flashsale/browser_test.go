@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,6 +38,7 @@ func TestBrowser(t *testing.T) {
 	t.Run("flashsale.js reconnects after the socket is dropped", func(t *testing.T) { testBrowserReconnect(t, browser) })
 	t.Run("flashsale.js: a retried purchase, typed errors", func(t *testing.T) { testBrowserClientAPI(t, browser) })
 	t.Run("embedded default: dev token, a purchase", func(t *testing.T) { testBrowserEmbedded(t, browser) })
+	t.Run("bot gate: the page solves the challenge", func(t *testing.T) { testBrowserChallenge(t, browser) })
 }
 
 // testBrowserEmbedded: the one-command run (embedded default, development
@@ -174,6 +176,30 @@ func testBrowserBuy(t *testing.T, browser context.Context) {
 	orders := c.ordersInDB(id)
 	if len(orders) != 1 {
 		t.Errorf("orders in the database: got %d, want 1", len(orders))
+	}
+}
+
+// testBrowserChallenge: on a campaign with challenge_bits the page fetches
+// the puzzle, solves it in Web Workers (pow.js) and buys; the same purchase
+// without a solution is refused with 403 challenge_failed.
+func testBrowserChallenge(t *testing.T, browser context.Context) {
+	cfg := realConfig(t, "memqueue")
+	c := startSystem(t, cfg)
+	id := testenv.Name(t, "web-gate-")
+	c.openCampaignOf(campaignBody{ID: id, Name: "gated", Stock: 5, PerUserLimit: 1, ChallengeBits: 12,
+		StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)})
+
+	var refused purchaseBody
+	if code := c.do("POST", "/api/v1/campaigns/"+id+"/purchases", c.token("mallory"), `{"quantity":1}`, nil, &refused); code != http.StatusForbidden || refused.Code != "challenge_failed" {
+		t.Fatalf("a purchase without a solution: got %d %q, want 403 challenge_failed", code, refused.Code)
+	}
+	tab := openPage(t, browser, c.base+"/", c.token("grace"))
+	showCampaign(t, tab, id)
+	waitJS(t, tab, 30*time.Second, "the buy button opens", `!document.getElementById("buy").disabled`)
+	evalJS[bool](t, tab, `(document.getElementById("buy").click(), true)`)
+	waitJS(t, tab, 60*time.Second, "success", `document.getElementById("status").dataset.state === "success"`)
+	if orders := c.ordersInDB(id); len(orders) != 1 {
+		t.Errorf("orders in the database: got %d, want 1 (grace's)", len(orders))
 	}
 }
 
