@@ -36,27 +36,9 @@ STAGES=${BENCH_STAGES:-hello,admit,soldout,e2e}
 want() { [[ ",$STAGES," == *",$1,"* ]]; }
 REDIS_ADDR=127.0.0.1:6379
 
-say() { printf 'bench: %s\n' "$*" >&2; }
-die() { say "FATAL: $*"; exit 1; }
-
-# answers PORT: something accepts connections on 127.0.0.1:PORT.
-answers() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-# free_port: a port nothing listens on, picked at random above the
-# ephemeral range's usual start, so runs side by side and a stray server
-# left on a fixed port cannot answer for this run's processes.
-TAKEN=" "
-free_port() {
-  local p
-  for _ in $(seq 1 200); do
-    p=$((20000 + RANDOM % 12000))
-    if [[ $TAKEN != *" $p "* ]] && ! answers "$p"; then
-      TAKEN+="$p "
-      echo "$p"
-      return 0
-    fi
-  done
-  die "no free port found"
-}
+NAME=bench
+# shellcheck source=.ci/lib.sh
+source .ci/lib.sh
 PORT=$(free_port)
 HELLO_PORT=$(free_port)
 

@@ -32,23 +32,9 @@ WINDOW=${WSCROWD_WINDOW:-1s}
 STOCK=${WSCROWD_STOCK:-1000}
 REDIS_ADDR=127.0.0.1:6379
 
-say() { printf 'wscrowd: %s\n' "$*" >&2; }
-die() { say "FATAL: $*"; exit 1; }
-
-answers() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-TAKEN=" "
-free_port() {
-  local p
-  for _ in $(seq 1 200); do
-    p=$((20000 + RANDOM % 12000))
-    if [[ $TAKEN != *" $p "* ]] && ! answers "$p"; then
-      TAKEN+="$p "
-      echo "$p"
-      return 0
-    fi
-  done
-  die "no free port found"
-}
+NAME=wscrowd
+# shellcheck source=.ci/lib.sh
+source .ci/lib.sh
 
 redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG || die "Redis is not answering on $REDIS_ADDR (bash .ci/run starts it)"
 mariadb -h 127.0.0.1 -P 3306 -uroot -e "SELECT 1" >/dev/null 2>&1 || die "MariaDB is not answering on 127.0.0.1:3306 (bash .ci/run starts it)"

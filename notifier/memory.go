@@ -36,15 +36,8 @@ func abs(n int) int {
 
 // memoryLoop gives memory back after crowds, until ctx ends.
 func (n *Notifier) memoryLoop(ctx context.Context) {
-	t := time.NewTicker(memoryCheckInterval)
-	defer t.Stop()
 	released, last := 0, 0
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, memoryCheckInterval, func() {
 		n.mu.Lock()
 		open := n.open
 		n.mu.Unlock()
@@ -53,5 +46,5 @@ func (n *Notifier) memoryLoop(ctx context.Context) {
 			released = open
 		}
 		last = open
-	}
+	})
 }

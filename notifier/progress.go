@@ -93,16 +93,7 @@ func (n *Notifier) position(ctx context.Context, r model.Result) (ahead int64, e
 
 // progressLoop sends the waiting subscriptions their progress frames.
 func (n *Notifier) progressLoop(ctx context.Context) {
-	t := time.NewTicker(n.opts.ProgressInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			n.sendProgress(ctx)
-		}
-	}
+	every(ctx, n.opts.ProgressInterval, func() { n.sendProgress(ctx) })
 }
 
 // waiting is one request id with active subscriptions and a sequence

@@ -9,14 +9,19 @@ import (
 // longer than RecheckInterval, so a publication lost during a Redis reconnect
 // only delays a result.
 func (n *Notifier) recheckLoop(ctx context.Context) {
-	t := time.NewTicker(n.opts.RecheckInterval)
+	every(ctx, n.opts.RecheckInterval, func() { n.recheck(ctx, time.Now().Add(-n.opts.RecheckInterval)) })
+}
+
+// every calls fn every d until ctx ends.
+func every(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			n.recheck(ctx, time.Now().Add(-n.opts.RecheckInterval))
+			fn()
 		}
 	}
 }
