@@ -51,22 +51,7 @@ if ! command -v wrk >/dev/null; then
   { apt-get update -qq && apt-get install -y -qq wrk; } >/dev/null || die "could not install wrk (apt-get install wrk)"
 fi
 
-WORK=$(mktemp -d)
-PIDS=()
-RUN_ID=$(date +%s)$RANDOM
-DB=fs_bench_$RUN_ID
-TOPIC=bench-$RUN_ID
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  mariadb -h 127.0.0.1 -uroot -e "DROP DATABASE IF EXISTS $DB" 2>/dev/null || true
-  # The campaigns' keys and the queue's streams of this run only.
-  for pattern in "fs:{bench-$RUN_ID-*" "fsq:{$TOPIC*"; do
-    redis-cli -h 127.0.0.1 --scan --pattern "$pattern" | xargs -r -n 500 redis-cli -h 127.0.0.1 del >/dev/null
-  done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+# WORK, PIDS, RUN_ID, DB, TOPIC and the clean-up come from .ci/lib.sh.
 
 say "building"
 BUILD_FLAGS=()

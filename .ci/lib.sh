@@ -22,3 +22,22 @@ free_port() {
   done
   die "no free port found"
 }
+
+# A run's own names and its clean-up: a temporary folder (WORK), the
+# processes it starts (PIDS), a MariaDB database (DB) and the Redis keys of
+# its campaigns ("$NAME-$RUN_ID-…") and queue (TOPIC), all removed on exit.
+WORK=$(mktemp -d)
+PIDS=()
+RUN_ID=$(date +%s)$RANDOM
+DB=fs_${NAME}_$RUN_ID
+TOPIC=$NAME-$RUN_ID
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  mariadb -h 127.0.0.1 -uroot -e "DROP DATABASE IF EXISTS $DB" 2>/dev/null || true
+  for pattern in "fs:{$NAME-$RUN_ID-*" "fsq:{$TOPIC*"; do
+    redis-cli -h 127.0.0.1 --scan --pattern "$pattern" | xargs -r -n 500 redis-cli -h 127.0.0.1 del >/dev/null
+  done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT

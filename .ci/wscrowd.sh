@@ -45,21 +45,7 @@ fi
 largest=$(tr ',' '\n' <<<"$SIZES" | sort -n | tail -1)
 [ "$(ulimit -n)" -gt $((largest + 1000)) ] || die "open-file limit $(ulimit -n) is too low for $largest sockets (ulimit -n)"
 
-WORK=$(mktemp -d)
-PIDS=()
-RUN_ID=$(date +%s)$RANDOM
-DB=fs_wscrowd_$RUN_ID
-TOPIC=wscrowd-$RUN_ID
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  mariadb -h 127.0.0.1 -uroot -e "DROP DATABASE IF EXISTS $DB" 2>/dev/null || true
-  for pattern in "fs:{wscrowd-$RUN_ID-*" "fsq:{$TOPIC*"; do
-    redis-cli -h 127.0.0.1 --scan --pattern "$pattern" | xargs -r -n 500 redis-cli -h 127.0.0.1 del >/dev/null
-  done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+# WORK, PIDS, RUN_ID, DB, TOPIC and the clean-up come from .ci/lib.sh.
 
 say "building"
 go build -o "$WORK/flashsale" ./cmd/flashsale
