@@ -4,10 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flashsale/flashsale/internal/config"
 	"github.com/flashsale/flashsale/internal/testenv"
 )
 
@@ -60,4 +66,54 @@ func TestLoadtestCluster(t *testing.T) {
 	if !rep.OK || rep.Successes != 40 {
 		t.Fatalf("got ok %v, %d successes; want ok, 40: %+v", rep.OK, rep.Successes, rep.Invariants)
 	}
+}
+
+// TestOpenRedisFindsPromotedReplica: the cluster client openRedis builds
+// follows a failover within seconds: go-redis re-reads the slot map on
+// MOVED but not when a master stops answering, so without the short
+// redis.cluster_reload_interval it would keep failing on the dead master
+// for up to a minute.
+func TestOpenRedisFindsPromotedReplica(t *testing.T) {
+	c := testenv.PrivateCluster(t, 3, 1)
+	cfg := config.Default().Redis
+	cfg.Mode, cfg.Addrs = "cluster", c.Addrs()[:1]
+	sys := &system{}
+	defer func() {
+		for i := len(sys.closers) - 1; i >= 0; i-- {
+			_ = sys.closers[i]()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	rdb, err := openRedis(ctx, cfg, sys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		t.Fatalf("openRedis in cluster mode: got %T, want *redis.ClusterClient", rdb)
+	}
+	if err := cc.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	master, err := cc.MasterForKey(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The value reaches the replica before its master dies.
+	if n, err := master.Wait(ctx, 1, time.Second).Result(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1: got %d, %v", n, err)
+	}
+	port, _ := strconv.Atoi(master.Options().Addr[strings.LastIndex(master.Options().Addr, ":")+1:])
+	killed := time.Now()
+	if err := c.Kill(port); err != nil {
+		t.Fatal(err)
+	}
+	// The replica takes over after the node timeout (2 s) and an election;
+	// the client must find it well before go-redis's default reload (60 s).
+	testenv.Eventually(t, 25*time.Second, "the client to read k from the promoted replica", func() (bool, string) {
+		v, err := cc.Get(ctx, "k").Result()
+		return err == nil && v == "v", fmt.Sprintf("GET k: %q, %v", v, err)
+	})
+	t.Logf("served again %v after the kill", time.Since(killed).Round(100*time.Millisecond))
 }
