@@ -132,6 +132,10 @@ func TestResults(t *testing.T) {
 // whole and in order, many results to a Redis message.
 func TestResultsShareMessages(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
+		// A cluster client sends each keyless PUBLISH of a pipeline to a
+		// node of its own, so a batch's messages may arrive out of order;
+		// sharded pub/sub (SPUBLISH per campaign, issue 18) keeps them on one.
+		skipOnCluster(t, s, "results over plain PUBLISH on a cluster keep no order between messages")
 		c := newCampaign(t, 1, 1)
 		const n = 2*resultsPerMessage + 3
 		got := make(chan model.Result, n)
