@@ -366,9 +366,9 @@ func (s *Store) Result(ctx context.Context, requestID string) (model.Result, err
 func (s *Store) Results(ctx context.Context, requestIDs []string) ([]model.Result, error) {
 	out := make([]model.Result, len(requestIDs))
 	type read struct {
-		tag        string
-		at         []int // indexes into requestIDs
-		cmd        *redis.SliceCmd
+		tag string
+		at  []int // indexes into requestIDs
+		cmd *redis.SliceCmd
 	}
 	var reads []*read
 	byCampaign := map[string]*read{}
