@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/flashsale/flashsale/internal/config"
 	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
 )
@@ -74,7 +78,7 @@ func TestWholePathBuckets(t *testing.T) {
 					}
 				}
 			}()
-			st := runSkewedSale(t, c, campaign, stock, limit, buckets)
+			st, buyer, orderID := runSkewedSale(t, c, campaign, stock, limit, buckets)
 			stop()
 			<-sampled
 			if n := violations.Load(); n > 0 {
@@ -84,6 +88,41 @@ func TestWholePathBuckets(t *testing.T) {
 				t.Errorf("sold %d, %d remaining; want exactly %d sold (demand exceeded stock: no undersell)", st.Sold, st.Remaining, stock)
 			}
 			t.Logf("%d history samples", samples.Load())
+			reconcileAgrees(t, cfg, campaign)
+
+			// A cancelled order's unit goes back to its buyer's bucket,
+			// once, and the campaign is on sale again: a shopper of
+			// another bucket buys it (moved by a transfer).
+			ctx = t.Context()
+			buyerStock := "fs:{" + model.BucketTag(campaign, model.BucketOf(buyer, buckets), buckets) + "}:stock"
+			for i := range 2 {
+				// A repeated cancel answers as the first (idempotent) and
+				// must give nothing back again.
+				if code, _ := c.orderAction(c.token(buyer), orderID, "cancel"); code != http.StatusOK {
+					t.Fatalf("cancel %d: got %d, want 200", i+1, code)
+				}
+				if n, err := rdb.Get(ctx, buyerStock).Int64(); err != nil || n != 1 {
+					t.Fatalf("cancel %d: buyer's bucket holds %d (%v), want 1", i+1, n, err)
+				}
+				if st := c.stats(campaign); st.Remaining != 1 || st.SoldOut {
+					t.Fatalf("cancel %d: stats %+v, want 1 remaining, not sold out", i+1, st)
+				}
+			}
+			other := "late-" + buyer
+			for b := 0; model.BucketOf(other, buckets) == model.BucketOf(buyer, buckets) && buckets > 1; b++ {
+				other = fmt.Sprintf("late%d-%s", b, buyer)
+			}
+			var p purchaseBody
+			if code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", c.token(other), map[string]int{"quantity": 1}, nil, &p); code != http.StatusAccepted {
+				t.Fatalf("purchase after the release: got %d (%s), want 202", code, p.Code)
+			}
+			if r, err := c.wsResult(other, p.RequestID, 30*time.Second); err != nil || r.Status != "success" {
+				t.Fatalf("purchase after the release: got %+v, %v; want success", r, err)
+			}
+			if st := c.stats(campaign); st.Remaining != 0 || st.Sold != stock {
+				t.Fatalf("after the resale: stats %+v, want all %d sold", st, stock)
+			}
+			reconcileAgrees(t, cfg, campaign)
 		})
 	}
 }
@@ -91,7 +130,8 @@ func TestWholePathBuckets(t *testing.T) {
 // runSkewedSale fires 1,200 purchases from 900 shoppers (150 send 3), 60%
 // of them from shoppers whose bucket is 0, and checks every invariant once
 // the system settles.
-func runSkewedSale(t *testing.T, c *client, campaign string, stock, limit int64, buckets int) statsBody {
+// It returns the settled stats and one buyer with their order.
+func runSkewedSale(t *testing.T, c *client, campaign string, stock, limit int64, buckets int) (st statsBody, buyer, orderID string) {
 	t.Helper()
 	next := make([]int, max(buckets, 1)) // per bucket: the next candidate name
 	pick := func(b int) string {
@@ -140,7 +180,7 @@ func runSkewedSale(t *testing.T, c *client, campaign string, stock, limit int64,
 	close(start)
 	wg.Wait()
 
-	st := c.settle(campaign, 90*time.Second)
+	st = c.settle(campaign, 90*time.Second)
 	admitted := map[string]string{}
 	for _, o := range outcomes {
 		switch {
@@ -156,5 +196,22 @@ func runSkewedSale(t *testing.T, c *client, campaign string, stock, limit int64,
 	}
 	byStatus := verifySettled(t, c, campaign, stock, limit, admitted, st)
 	t.Logf("admitted %d, results %v", len(admitted), byStatus)
-	return st
+	for rid, u := range admitted {
+		if _, r := c.poll(u, rid); r.Status == "success" {
+			return st, u, r.OrderID
+		}
+	}
+	t.Fatal("no success among the admitted requests")
+	return
+}
+
+// reconcileAgrees runs `flashsale reconcile` on campaign: Redis (the
+// buckets' sum) and MySQL must agree.
+func reconcileAgrees(t *testing.T, cfg config.Config, campaign string) {
+	t.Helper()
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"reconcile", "--campaign", campaign}, &out, commandEnv(cfg), logTo(io.Discard))
+	if err != nil || !strings.Contains(out.String(), "0 differences") {
+		t.Fatalf("reconcile: got %v\n%s\nwant agreement", err, out.String())
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -60,18 +61,19 @@ func (s *Store) deductShort(ctx context.Context, tag string, batch []model.Deduc
 			// only once the campaign's flag is up.
 			soldOut := snap[bucket].remaining == 0
 			if soldOut {
-				if err := s.rdb.Set(ctx, campaignKeys(campaignID).soldout, "1", 0).Err(); err != nil {
-					return model.DeductReply{}, fmt.Errorf("sold-out flag %s: %w", campaignID, err)
+				if err := s.setSoldOut(ctx, campaignID, true); err != nil {
+					return model.DeductReply{}, err
 				}
 			}
 			out, st, err = s.deductOnce(ctx, tag, batch, strconv.FormatInt(snap[bucket].moves, 10))
 			if err != nil {
 				return model.DeductReply{}, err
 			}
-			if soldOut {
+			if soldOut || (st.buckets > 0 && st.shorts == 0) {
 				// A release may have landed between the scan and the
-				// flag: look again, and take the flag down if so.
-				if out.SoldOutNow, err = s.confirmSoldOut(ctx, campaignID, n); err != nil {
+				// flag: look again, and take the flag down if so (or,
+				// when this call emptied the bucket, put it up).
+				if out.SoldOutNow, err = s.markSoldOut(ctx, campaignID, n); err != nil {
 					return model.DeductReply{}, err
 				}
 			}
@@ -82,6 +84,11 @@ func (s *Store) deductShort(ctx context.Context, tag string, batch []model.Deduc
 			out, st, err = s.deductOnce(ctx, tag, batch, "")
 			if err != nil {
 				return model.DeductReply{}, err
+			}
+			if st.buckets > 0 && st.shorts == 0 {
+				if out.SoldOutNow, err = s.markSoldOut(ctx, campaignID, n); err != nil {
+					return model.DeductReply{}, err
+				}
 			}
 		}
 		if st.shorts == 0 {
@@ -102,24 +109,48 @@ func shortUnits(batch []model.Deduction, out model.DeductReply) int64 {
 	return max(n, 1)
 }
 
-// confirmSoldOut rescans a campaign whose sold-out flag was just set: if a
-// release brought units back meanwhile the flag comes down (a release
-// clears it after it adds its units, so one of the two sees the other).
-// It reports whether the flag stays.
-func (s *Store) confirmSoldOut(ctx context.Context, campaignID string, n int) (bool, error) {
-	snap, err := s.scan(ctx, campaignID, n)
-	if err != nil {
-		return false, err
-	}
-	for _, bs := range snap {
-		if bs.remaining > 0 {
-			if err := s.rdb.Del(ctx, campaignKeys(campaignID).soldout).Err(); err != nil {
-				return false, fmt.Errorf("sold-out flag %s: %w", campaignID, err)
+// markSoldOut sets the campaign's sold-out flag when a steady scan finds
+// every bucket empty, and takes it down otherwise; it reports whether the
+// flag is up. Setting it is followed by a second scan: a release that
+// landed meanwhile takes it down again (a release clears the flag after it
+// adds its units, so one of the two sees the other).
+func (s *Store) markSoldOut(ctx context.Context, campaignID string, n int) (bool, error) {
+	for pass := range 2 {
+		snap, err := s.scan(ctx, campaignID, n)
+		if err != nil {
+			return false, err
+		}
+		if slices.ContainsFunc(snap, func(b bucketState) bool { return b.remaining > 0 }) {
+			return false, s.setSoldOut(ctx, campaignID, false)
+		}
+		if pass == 0 {
+			if err := s.setSoldOut(ctx, campaignID, true); err != nil {
+				return false, err
 			}
-			return false, nil
 		}
 	}
 	return true, nil
+}
+
+// setSoldOut puts a campaign's own sold-out flag up (expiring with its
+// other keys) or takes it down.
+func (s *Store) setSoldOut(ctx context.Context, campaignID string, up bool) error {
+	k := campaignKeys(campaignID)
+	var err error
+	if !up {
+		err = s.rdb.Del(ctx, k.soldout).Err()
+	} else if err = s.rdb.Set(ctx, k.soldout, "1", 0).Err(); err == nil {
+		var at int64
+		if at, err = s.rdb.HGet(ctx, k.meta, "expire_at").Int64(); err == nil {
+			err = s.rdb.ExpireAt(ctx, k.soldout, time.Unix(at, 0)).Err()
+		} else if errors.Is(err, redis.Nil) {
+			err = nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("sold-out flag %s: %w", campaignID, unavailable(err))
+	}
+	return nil
 }
 
 // bucketState is one bucket as a scan read it.

@@ -137,17 +137,18 @@ func TestDeductBuckets(t *testing.T) {
 		tag := model.BucketTag(c.ID, 0, n)
 		for i, u := range users[:stock] {
 			r := mustDeduct(t, s, tag, []model.Deduction{{RequestID: newRequestID(tag), UserID: u, Quantity: 1, OrderID: fmt.Sprint("o", i)}})
-			if r.Results[0].Status != model.StatusSuccess || r.SoldOutNow || r.Results[0].CampaignID != c.ID {
-				t.Fatalf("purchase %d: got %+v, want success of %s", i, r, c.ID)
+			last := i == stock-1 // the campaign's last unit: sold out now
+			if r.Results[0].Status != model.StatusSuccess || r.SoldOutNow != last || r.Results[0].CampaignID != c.ID {
+				t.Fatalf("purchase %d: got %+v, want success of %s, sold out now %v", i, r, c.ID, last)
 			}
-			if mustSoldOut(t, s, c.ID) {
-				t.Fatalf("purchase %d: sold-out flag up while stock remains", i)
+			if mustSoldOut(t, s, c.ID) != last {
+				t.Fatalf("purchase %d: sold-out flag %v, want %v", i, !last, last)
 			}
 		}
 		wantUnits(t, s, c, []int64{0, 0, 0, 0}, 0)
 		r := mustDeduct(t, s, tag, []model.Deduction{{RequestID: newRequestID(tag), UserID: users[stock], Quantity: 1, OrderID: "last"}})
-		if r.Results[0].Status != model.StatusSoldOut || !r.SoldOutNow || !mustSoldOut(t, s, c.ID) {
-			t.Fatalf("after the stock: got %+v, flag %v; want sold_out, sold out now", r, mustSoldOut(t, s, c.ID))
+		if r.Results[0].Status != model.StatusSoldOut || !mustSoldOut(t, s, c.ID) {
+			t.Fatalf("after the stock: got %+v, flag %v; want sold_out, flag up", r, mustSoldOut(t, s, c.ID))
 		}
 		st := mustStats(t, s, c.ID)
 		if st.Stock != stock || st.Remaining != 0 || st.Sold != stock || st.FinishedByStatus[model.StatusSuccess] != stock || !st.SoldOut {

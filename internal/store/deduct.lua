@@ -39,7 +39,8 @@
 --   status       success | sold_out | limit_exceeded | rejected
 --   order_id     set for success, "" otherwise
 --   reason       set for rejected (insufficient_stock, bad_message, ended_early), "" otherwise
--- or, in a bucket of several when some request is short:
+-- or, in a bucket of several when some request is short or this call
+-- emptied the bucket:
 --   { 2, epoch, buckets, moves, status_1, order_id_1, reason_1, ... }
 --   status       as above, or short: this bucket lacks the units and
 --                others may hold them; nothing is written for it (its
@@ -263,7 +264,9 @@ if meta[4] then
     redis.call('EXPIREAT', KEYS[3], meta[4])
   end
 end
-if shorts > 0 then
+-- A bucket of several that this call emptied asks the caller to look at
+-- the others: when they are empty too the campaign is sold out.
+if shorts > 0 or (bucketed and sold > 0 and remaining == 0) then
   reply[1] = 2
   table.insert(reply, 3, tonumber(meta[6]))
   table.insert(reply, 4, tonumber(moves))

@@ -197,7 +197,13 @@ func (s *Store) Deduct(ctx context.Context, tag string, batch []model.Deduction)
 		return model.DeductReply{}, nil
 	}
 	out, st, err := s.deductOnce(ctx, tag, batch, "")
-	if err != nil || st.shorts == 0 {
+	switch {
+	case err != nil || st.buckets == 0:
+		return out, err
+	case st.shorts == 0:
+		// This batch emptied its bucket: the campaign may be sold out.
+		campaignID, _, _ := model.SplitTag(tag)
+		out.SoldOutNow, err = s.markSoldOut(ctx, campaignID, st.buckets)
 		return out, err
 	}
 	return s.deductShort(ctx, tag, batch, out, st)
@@ -298,9 +304,6 @@ func parseDeductReply(campaignID string, batch []model.Deduction, reply []any) (
 			RequestID: d.RequestID, CampaignID: campaignID, UserID: d.UserID,
 			Status: st, OrderID: f[1], Reason: f[2], Quantity: d.Quantity,
 		}
-	}
-	if head == 4 && st.shorts == 0 {
-		return model.DeductReply{}, st, errors.New("reply says short, no request is")
 	}
 	return out, st, nil
 }
