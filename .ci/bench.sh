@@ -10,6 +10,14 @@
 #      `flashsale serve` on the Redis-Streams queue, real Redis and MariaDB
 # Stages 1-3 are driven by wrk (installed if missing) with the same request;
 # stage 4 by the loadtest tool, which also checks every invariant.
+# Not in the default stages, "gate" (issue 17): the gateway, worker and
+# notifier as three processes, and BENCH_GATE_ROUNDS (5) rounds of three
+# loadtest sales of BENCH_GATE_SHOPPERS (20000) shoppers, every purchase
+# admitted, in turn (order reversed every other round): "off" (no gate),
+# "fetch" (a challenge fetched before each purchase, nothing checked: the
+# GET's cost) and "gate" (--challenge-bits BENCH_GATE_BITS, 4: fetched,
+# solved, verified and spent); it prints the gateway's CPU per admitted
+# purchase of each sale and the medians of the per-round ratios to "off".
 #
 # Not part of .ci/run. Tunables: BENCH_DURATION (10s), BENCH_CONNECTIONS (128),
 # BENCH_THREADS (1: wrk keeps at most one core), BENCH_SHOPPERS (100000),
@@ -228,6 +236,50 @@ if want admit; then
   wait "$GW" 2>/dev/null || true
 fi
 
+# The gate: its CPU per admitted purchase, A/B/C in one run.
+if want gate; then
+  GATE_ROUNDS=${BENCH_GATE_ROUNDS:-5} GATE_SHOPPERS=${BENCH_GATE_SHOPPERS:-20000} GATE_BITS=${BENCH_GATE_BITS:-4}
+  GATE_GW_PORT=$(free_port) GATE_NT_PORT=$(free_port) GATE_WK_PORT=$(free_port)
+  gate_role() { # role port: one role on its own port and topic
+    FLASHSALE_QUEUE_TOPIC=$TOPIC-gate FLASHSALE_HTTP_ADDR=127.0.0.1:$2 "$WORK/flashsale" "$1" --config "$CONFIG" >"$WORK/gate-$1.log" 2>&1 &
+    PIDS+=($!)
+    wait_http "http://127.0.0.1:$2/healthz" "$!"
+  }
+  gate_role gateway "$GATE_GW_PORT"
+  GATE_GW=${PIDS[-1]}
+  gate_role worker "$GATE_WK_PORT"
+  gate_role notifier "$GATE_NT_PORT"
+  declare -A GATE_US
+  gate_sale() { # variant round: one sale; records the gateway's us per admitted purchase
+    local flags=() s0 s1 r0 r1 admitted
+    case $1 in
+      fetch) flags=(--challenge-fetch) ;;
+      gate) flags=(--challenge-bits "$GATE_BITS") ;;
+    esac
+    s0=$(cpu_ticks "$GATE_GW") r0=$(cpu_ticks "$REDIS_PID")
+    "$WORK/flashsale" loadtest --url "http://127.0.0.1:$GATE_GW_PORT" --results-url "http://127.0.0.1:$GATE_NT_PORT" \
+      --campaign "bench-$RUN_ID-gate-$1-$2" --stock "$GATE_SHOPPERS" --shoppers "$GATE_SHOPPERS" --concurrency 128 \
+      --repeat 0 --idempotent-share 0 --results poll --settle 60 --progress=false --json "${flags[@]}" >"$WORK/gate-$1-$2.json" \
+      || die "gate stage: loadtest $1 failed (report in $WORK/gate-$1-$2.json)"
+    s1=$(cpu_ticks "$GATE_GW") r1=$(cpu_ticks "$REDIS_PID")
+    admitted=$(sed -n 's/^  "admitted": \([0-9]*\),$/\1/p' "$WORK/gate-$1-$2.json")
+    [ "${admitted:-0}" -gt 0 ] || die "gate stage: $1 admitted nothing"
+    GATE_US[$1,$2]=$(awk -v s="$((s1 - s0))" -v n="$admitted" -v hz="$HZ" 'BEGIN{printf "%.1f", 1e6*s/hz/n}')
+    say "gate round $2 $1: gateway ${GATE_US[$1,$2]} us per admitted purchase ($admitted admitted; redis $(awk -v r="$((r1 - r0))" -v n="$admitted" -v hz="$HZ" 'BEGIN{printf "%.1f", 1e6*r/hz/n}') us)"
+  }
+  for round in $(seq 1 "$GATE_ROUNDS"); do
+    order="off fetch gate"
+    if [ $((round % 2)) = 0 ]; then order="gate fetch off"; fi
+    for v in $order; do gate_sale "$v" "$round"; done
+  done
+  median() { sort -g | awk '{a[NR]=$1} END{if(NR%2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2]+a[NR/2+1])/2}'; }
+  GATE_FETCH=$(for r in $(seq 1 "$GATE_ROUNDS"); do awk -v a="${GATE_US[fetch,$r]}" -v b="${GATE_US[off,$r]}" 'BEGIN{printf "%.3f\n", a/b}'; done | median)
+  GATE_GATE=$(for r in $(seq 1 "$GATE_ROUNDS"); do awk -v a="${GATE_US[gate,$r]}" -v b="${GATE_US[off,$r]}" 'BEGIN{printf "%.3f\n", a/b}'; done | median)
+  GATE_VERIFY=$(for r in $(seq 1 "$GATE_ROUNDS"); do awk -v a="${GATE_US[gate,$r]}" -v b="${GATE_US[fetch,$r]}" 'BEGIN{printf "%.3f\n", a/b}'; done | median)
+  GATE_LINE="off $(for r in $(seq 1 "$GATE_ROUNDS"); do printf '%s ' "${GATE_US[off,$r]}"; done)| fetch $(for r in $(seq 1 "$GATE_ROUNDS"); do printf '%s ' "${GATE_US[fetch,$r]}"; done)| gate $(for r in $(seq 1 "$GATE_ROUNDS"); do printf '%s ' "${GATE_US[gate,$r]}"; done)"
+  for pid in "${PIDS[@]: -3}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+fi
+
 # 3 and 4 run on the whole system.
 if want soldout || want e2e; then
   "$WORK/flashsale" serve --config "$CONFIG" >"$WORK/serve.log" 2>&1 &
@@ -282,6 +334,12 @@ if want e2e; then
     printf '  %-22s %s\n' "$k" "$(json "$k")"
   done
   sed -n '/"time_to_result_ms"/,/}/p;/"admit_latency_ms"/,/}/p' "$WORK/e2e.json" | tr -d ' \n' | sed 's/}/}\n/g' | sed 's/^,//;s/^/  /'
+fi
+if want gate; then
+  echo
+  echo "gate (--challenge-bits $GATE_BITS), gateway CPU per admitted purchase, medians of $GATE_ROUNDS interleaved rounds:"
+  echo "  fetch/off $GATE_FETCH (the GET), gate/off $GATE_GATE (GET and check), gate/fetch $GATE_VERIFY (the check: verify and spend)"
+  echo "  us per admitted purchase by round: $GATE_LINE"
 fi
 if [ -n "${BENCH_PROFILE:-}" ]; then
   for pid in "${PROFILE_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done

@@ -16,6 +16,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -108,26 +109,53 @@ func Name(t testing.TB, prefix string) string {
 	issued.cleaned[strings.ToLower(name)] = true
 	issued.Unlock()
 	t.Cleanup(func() {
-		addr := os.Getenv(RedisAddrEnv)
-		if addr == "" {
-			return // nothing was written: the test was skipped or failed on it
-		}
-		c := redis.NewClient(&redis.Options{Addr: addr})
-		defer c.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if c.Ping(ctx).Err() != nil {
-			return // unreachable: the test was skipped (or failed) for it
-		}
-		keys, err := scan(ctx, c, "*"+globFold(name)+"*")
-		if err == nil {
-			err = del(ctx, c, keys)
-		}
+		err := eachServer(ctx, func(c *redis.Client) error {
+			keys, err := scan(ctx, c, "*"+globFold(name)+"*")
+			if err == nil {
+				err = del(ctx, c, keys)
+			}
+			return err
+		})
 		if err != nil {
 			t.Errorf("delete the Redis keys of %s: %v", name, err)
 		}
 	})
 	return name
+}
+
+// eachServer calls fn with a client of every server a test may have
+// written to: the test Redis and each master of the shared test cluster.
+// One that is not configured or does not answer is passed over: nothing
+// was written there (its tests were skipped or failed on it).
+func eachServer(ctx context.Context, fn func(c *redis.Client) error) error {
+	var addrs []string
+	if a := os.Getenv(RedisAddrEnv); a != "" {
+		addrs = append(addrs, a)
+	}
+	if seeds := os.Getenv(ClusterAddrsEnv); seeds != "" {
+		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(seeds, ","), MaxRetries: -1})
+		defer cc.Close()
+		var mu sync.Mutex
+		_ = cc.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
+			mu.Lock()
+			addrs = append(addrs, m.Options().Addr)
+			mu.Unlock()
+			return nil
+		})
+	}
+	var errs []error
+	for _, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
+		if c.Ping(ctx).Err() == nil {
+			if err := fn(c); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", a, err))
+			}
+		}
+		_ = c.Close()
+	}
+	return errors.Join(errs...)
 }
 
 // scan returns the keys matching the glob pattern.
@@ -184,45 +212,49 @@ func Main(m *testing.M) {
 
 // checkLeftKeys is Main's check.
 func checkLeftKeys() error {
-	addr := os.Getenv(RedisAddrEnv)
 	issued.Lock()
 	names := slices.Clone(issued.names)
 	cleaned := maps.Clone(issued.cleaned)
 	issued.Unlock()
-	if addr == "" || len(names) == 0 {
+	if len(names) == 0 {
 		return nil
 	}
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	all, err := scan(ctx, c, "*")
-	if err != nil {
-		return fmt.Errorf("scan the test Redis for keys left behind: %w", err)
-	}
 	for i, n := range names {
 		names[i] = strings.ToLower(n)
 	}
-	var left, late []string
-	for _, k := range all {
-		lower := strings.ToLower(k)
-		i := slices.IndexFunc(names, func(n string) bool { return strings.Contains(lower, n) })
-		switch {
-		case i < 0:
-		case cleaned[names[i]]:
-			late = append(late, k)
-		default:
-			left = append(left, k)
+	var left []string
+	err := eachServer(ctx, func(c *redis.Client) error {
+		all, err := scan(ctx, c, "*")
+		if err != nil {
+			return fmt.Errorf("scan the test Redis for keys left behind: %w", err)
 		}
-	}
-	if err := del(ctx, c, late); err != nil {
-		return fmt.Errorf("delete keys written after their test's cleanup: %w", err)
+		var late []string
+		for _, k := range all {
+			lower := strings.ToLower(k)
+			i := slices.IndexFunc(names, func(n string) bool { return strings.Contains(lower, n) })
+			switch {
+			case i < 0:
+			case cleaned[names[i]]:
+				late = append(late, k)
+			default:
+				left = append(left, k)
+				_ = c.Del(ctx, k).Err()
+			}
+		}
+		if err := del(ctx, c, late); err != nil {
+			return fmt.Errorf("delete keys written after their test's cleanup: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if len(left) == 0 {
 		return nil
 	}
 	slices.Sort(left)
-	_ = del(ctx, c, left)
 	return fmt.Errorf("the tests left %d Redis keys behind (now deleted); name what writes them with testenv.Name: %s",
 		len(left), strings.Join(left[:min(len(left), 20)], " "))
 }
