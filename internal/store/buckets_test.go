@@ -5,8 +5,26 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
 )
+
+// bucketBackends are backends plus the test Redis Cluster: a campaign's
+// buckets live on different slots there, and every script and pipeline of
+// buckets.go must work across them.
+func bucketBackends() []backend {
+	return append(backends(), backend{name: "cluster", store: func(t *testing.T) *Store {
+		return New(testenv.RedisCluster(t))
+	}})
+}
+
+// forEachBucketBackend runs fn as one subtest per bucket backend.
+func forEachBucketBackend(t *testing.T, fn func(t *testing.T, s *Store)) {
+	t.Helper()
+	for _, b := range bucketBackends() {
+		t.Run(b.name, func(t *testing.T) { fn(t, b.store(t)) })
+	}
+}
 
 // bucketed returns a loaded campaign of n buckets holding stock units.
 func bucketed(t *testing.T, s *Store, stock int64, n int) model.Campaign {
@@ -70,7 +88,7 @@ func mustComplete(t *testing.T, s *Store, c model.Campaign, from, to int, epoch 
 // between the steps is completed by the next scan exactly once; a load
 // under a new epoch voids an older transfer.
 func TestTransfer(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, s *Store) {
+	forEachBucketBackend(t, func(t *testing.T, s *Store) {
 		t.Run("idempotent", func(t *testing.T) {
 			c := bucketed(t, s, 10, 2)
 			wantUnits(t, s, c, []int64{5, 5}, 0)
@@ -129,7 +147,7 @@ func TestTransfer(t *testing.T) {
 // rather than say sold out; sold out (and the campaign's flag) only when
 // every bucket is empty; the per-user limit holds within the user's bucket.
 func TestDeductBuckets(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, s *Store) {
+	forEachBucketBackend(t, func(t *testing.T, s *Store) {
 		const n, stock = 4, 10
 		c := bucketed(t, s, stock, n)
 		c.PerUserLimit = 100
@@ -162,7 +180,13 @@ func TestDeductBuckets(t *testing.T) {
 // must succeed, since any sold_out would be answered while another bucket
 // held a unit. Then one more request per bucket: all sold out.
 func TestDeductBucketsRace(t *testing.T) {
-	s := backends()[0].store(t)
+	for _, b := range bucketBackends()[:1] {
+		t.Run(b.name, func(t *testing.T) { deductBucketsRace(t, b.store(t)) })
+	}
+	t.Run("cluster", func(t *testing.T) { deductBucketsRace(t, bucketBackends()[2].store(t)) })
+}
+
+func deductBucketsRace(t *testing.T, s *Store) {
 	const n, stock = 4, 40
 	crowds := []int{28, 4, 4, 4}
 	c := bucketed(t, s, stock, n)
@@ -198,7 +222,7 @@ func TestDeductBucketsRace(t *testing.T) {
 // TestReleaseBuckets: a unit given back goes to the buyer's bucket, once,
 // and takes the campaign's sold-out flag down.
 func TestReleaseBuckets(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, s *Store) {
+	forEachBucketBackend(t, func(t *testing.T, s *Store) {
 		const n = 4
 		c := bucketed(t, s, 4, n)
 		buyer := usersOf(2, n, 1, "b")[0]
