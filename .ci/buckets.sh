@@ -6,7 +6,9 @@
 # order 1,4,16,16,4,1,… so a machine that gets busier or quieter during the
 # run favours none. It prints, per run, the load tool's decided requests
 # per second (every purchase answered: admitted and decided, or refused),
-# the time to sell out and to the last result, and the ratio to buckets=1.
+# the deductions per second (admitted requests over the time to the last
+# result: every one was decided by a worker), the time to sell out and to
+# the last result, and the ratios to buckets=1.
 #
 # Tunables: BUCKETS_SHOPPERS (30000), BUCKETS_STOCK (3000), BUCKETS_LIST
 # ("1 4 16"), BUCKETS_ROUNDS (2). Not part of .ci/run.
@@ -54,9 +56,9 @@ for ((r = 0; r < ROUNDS; r++)); do
   else for b in $(echo "$LIST" | tr ' ' '\n' | tac); do order+=("$b"); done; fi
 done
 json() { sed -n "s/^  \"$1\": \\([^,]*\\),\\{0,1\\}\$/\\1/p" "$2" | head -1; }
-declare -A RPS N
+declare -A RPS DPS N
 i=0
-printf '%-8s %12s %14s %14s %6s\n' buckets "req/s" "sold out ms" "all results ms" ok
+printf '%-8s %10s %12s %12s %14s %6s\n' buckets "req/s" "deducted/s" "sold out ms" "all results ms" ok
 for b in "${order[@]}"; do
   i=$((i + 1))
   out=$WORK/run-$i.json
@@ -66,13 +68,16 @@ for b in "${order[@]}"; do
   status=$?
   set -e
   rps=$(json requests_per_second "$out")
-  printf '%-8s %12.0f %14s %14s %6s\n' "$b" "$rps" "$(json time_to_sell_out_ms "$out")" "$(json all_results_ms "$out")" \
+  dps=$(awk -v a="$(json admitted "$out")" -v ms="$(json all_results_ms "$out")" 'BEGIN{printf "%.0f", ms > 0 ? a * 1000 / ms : 0}')
+  printf '%-8s %10.0f %12s %12s %14s %6s\n' "$b" "$rps" "$dps" "$(json time_to_sell_out_ms "$out")" "$(json all_results_ms "$out")" \
     "$([ "$status" = 0 ] && echo yes || echo NO)"
   RPS[$b]=$(awk -v a="${RPS[$b]:-0}" -v r="$rps" 'BEGIN{print a + r}')
+  DPS[$b]=$(awk -v a="${DPS[$b]:-0}" -v r="$dps" 'BEGIN{print a + r}')
   N[$b]=$((${N[$b]:-0} + 1))
 done
 base=$(awk -v s="${RPS[1]:-0}" -v n="${N[1]:-1}" 'BEGIN{print s / n}')
+dbase=$(awk -v s="${DPS[1]:-0}" -v n="${N[1]:-1}" 'BEGIN{print s / n}')
 for b in $LIST; do
-  awk -v b="$b" -v s="${RPS[$b]}" -v n="${N[$b]}" -v base="$base" \
-    'BEGIN{printf "buckets=%-3s mean %.0f req/s, ratio to buckets=1: %.2f\n", b, s / n, (base > 0 ? s / n / base : 0)}'
+  awk -v b="$b" -v s="${RPS[$b]}" -v d="${DPS[$b]}" -v n="${N[$b]}" -v base="$base" -v dbase="$dbase" \
+    'BEGIN{printf "buckets=%-3s mean %.0f req/s (%.2f), %.0f deducted/s (%.2f) of buckets=1\n", b, s / n, (base > 0 ? s / n / base : 0), d / n, (dbase > 0 ? d / n / dbase : 0)}'
 done
