@@ -68,7 +68,7 @@ for b in "${order[@]}"; do
   status=$?
   set -e
   rps=$(json requests_per_second "$out")
-  dps=$(awk -v a="$(json admitted "$out")" -v ms="$(json all_results_ms "$out")" 'BEGIN{printf "%.0f", ms > 0 ? a * 1000 / ms : 0}')
+  dps=$(awk -v a="$(json admitted "$out")" -v ms="$(json all_results_ms "$out")" 'BEGIN{printf "%.0f", (ms > 0 ? a * 1000 / ms : 0)}')
   printf '%-8s %10.0f %12s %12s %14s %6s\n' "$b" "$rps" "$dps" "$(json time_to_sell_out_ms "$out")" "$(json all_results_ms "$out")" \
     "$([ "$status" = 0 ] && echo yes || echo NO)"
   RPS[$b]=$(awk -v a="${RPS[$b]:-0}" -v r="$rps" 'BEGIN{print a + r}')
