@@ -44,15 +44,19 @@ func (s *Store) deductShort(ctx context.Context, tag string, batch []model.Deduc
 	campaignID, bucket, _ := model.SplitTag(tag)
 	n := st.buckets
 	for range maxShortRounds {
-		snap, err := s.scan(ctx, campaignID, n)
+		// One read is enough to pick donors (take.lua checks what each
+		// holds); only a conclusion that the others are empty needs a
+		// steady scan.
+		snap, err := s.readBuckets(ctx, campaignID, n)
 		if err != nil {
 			return model.DeductReply{}, err
 		}
-		var others int64
-		for b, bs := range snap {
-			if b != bucket {
-				others += bs.remaining
+		others := otherUnits(snap, bucket)
+		if others == 0 || hasPending(snap) {
+			if snap, err = s.scan(ctx, campaignID, n); err != nil {
+				return model.DeductReply{}, err
 			}
+			others = otherUnits(snap, bucket)
 		}
 		if others == 0 {
 			// Every other bucket was empty as scanned: what this one holds
@@ -98,6 +102,25 @@ func (s *Store) deductShort(ctx context.Context, tag string, batch []model.Deduc
 	return model.DeductReply{}, fmt.Errorf("deduct %s: still short after %d transfers: %w", tag, maxShortRounds, model.ErrUnavailable)
 }
 
+// otherUnits is what the buckets other than b hold in snap.
+func otherUnits(snap []bucketState, b int) int64 {
+	var n int64
+	for i, bs := range snap {
+		if i != b {
+			n += bs.remaining
+		}
+	}
+	return n
+}
+
+func hasPending(snap []bucketState) bool {
+	return slices.ContainsFunc(snap, func(b bucketState) bool { return len(b.pending) > 0 })
+}
+
+func hasUnits(snap []bucketState) bool {
+	return slices.ContainsFunc(snap, func(b bucketState) bool { return b.remaining > 0 })
+}
+
 // shortUnits is the units the short requests of a batch ask for, at least 1.
 func shortUnits(batch []model.Deduction, out model.DeductReply) int64 {
 	var n int64
@@ -115,12 +138,19 @@ func shortUnits(batch []model.Deduction, out model.DeductReply) int64 {
 // landed meanwhile takes it down again (a release clears the flag after it
 // adds its units, so one of the two sees the other).
 func (s *Store) markSoldOut(ctx context.Context, campaignID string, n int) (bool, error) {
+	// A bucket seen holding units in one read is enough to say no (the
+	// usual answer while transfers even the buckets out).
+	if snap, err := s.readBuckets(ctx, campaignID, n); err != nil {
+		return false, err
+	} else if hasUnits(snap) {
+		return false, s.setSoldOut(ctx, campaignID, false)
+	}
 	for pass := range 2 {
 		snap, err := s.scan(ctx, campaignID, n)
 		if err != nil {
 			return false, err
 		}
-		if slices.ContainsFunc(snap, func(b bucketState) bool { return b.remaining > 0 }) {
+		if hasUnits(snap) {
 			return false, s.setSoldOut(ctx, campaignID, false)
 		}
 		if pass == 0 {
@@ -172,7 +202,7 @@ func (s *Store) scan(ctx context.Context, campaignID string, n int) ([]bucketSta
 		return nil, err
 	}
 	for range 64 {
-		if pending := slices.ContainsFunc(prev, func(b bucketState) bool { return len(b.pending) > 0 }); pending {
+		if hasPending(prev) {
 			if err := s.recoverPending(ctx, campaignID, n, prev); err != nil {
 				return nil, err
 			}
