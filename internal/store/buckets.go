@@ -73,10 +73,15 @@ func (s *Store) deductShort(ctx context.Context, tag string, batch []model.Deduc
 			if err != nil {
 				return model.DeductReply{}, err
 			}
-			if soldOut || (st.buckets > 0 && st.shorts == 0) {
+			switch {
+			case soldOut:
 				// A release may have landed between the scan and the
-				// flag: look again, and take the flag down if so (or,
-				// when this call emptied the bucket, put it up).
+				// flag: look again, and take the flag down if so.
+				if out.SoldOutNow, err = s.confirmSoldOut(ctx, campaignID, n); err != nil {
+					return model.DeductReply{}, err
+				}
+			case st.buckets > 0 && st.shorts == 0:
+				// This call emptied the bucket: all may be empty now.
 				if out.SoldOutNow, err = s.markSoldOut(ctx, campaignID, n); err != nil {
 					return model.DeductReply{}, err
 				}
@@ -162,6 +167,20 @@ func (s *Store) markSoldOut(ctx context.Context, campaignID string, n int) (bool
 	return true, nil
 }
 
+// confirmSoldOut takes the campaign's sold-out flag, just put up, down
+// again unless a steady scan still finds every bucket empty; it reports
+// whether the flag stays.
+func (s *Store) confirmSoldOut(ctx context.Context, campaignID string, n int) (bool, error) {
+	snap, err := s.scan(ctx, campaignID, n)
+	if err != nil {
+		return false, err
+	}
+	if hasUnits(snap) {
+		return false, s.setSoldOut(ctx, campaignID, false)
+	}
+	return true, nil
+}
+
 // setSoldOut puts a campaign's own sold-out flag up (expiring with its
 // other keys) or takes it down.
 func (s *Store) setSoldOut(ctx context.Context, campaignID string, up bool) error {
@@ -169,7 +188,9 @@ func (s *Store) setSoldOut(ctx context.Context, campaignID string, up bool) erro
 	var err error
 	if !up {
 		err = s.rdb.Del(ctx, k.soldout).Err()
-	} else if err = s.rdb.Set(ctx, k.soldout, "1", 0).Err(); err == nil {
+	} else if set, serr := s.rdb.SetNX(ctx, k.soldout, "1", 0).Result(); serr != nil {
+		err = serr
+	} else if set { // new: it expires with the campaign (one up already does)
 		var at int64
 		if at, err = s.rdb.HGet(ctx, k.meta, "expire_at").Int64(); err == nil {
 			err = s.rdb.ExpireAt(ctx, k.soldout, time.Unix(at, 0)).Err()
