@@ -123,6 +123,21 @@ func TestWholePathBuckets(t *testing.T) {
 				t.Fatalf("after the resale: stats %+v, want all %d sold", st, stock)
 			}
 			reconcileAgrees(t, cfg, campaign)
+
+			// The ledger rebuild writes every bucket from MySQL under a
+			// new epoch (each order's units in its buyer's bucket, the
+			// cancelled one released there), and the campaign stays one.
+			if code := c.do("POST", "/admin/v1/campaigns/"+campaign+"/pause", c.admin, nil, nil, nil); code != http.StatusOK {
+				t.Fatalf("pause: got %d", code)
+			}
+			var out bytes.Buffer
+			if err := run(context.Background(), []string{"reconcile", "--campaign", campaign, "--repair"}, &out, commandEnv(cfg), logTo(io.Discard)); err != nil {
+				t.Fatalf("repair: %v\n%s", err, out.String())
+			}
+			reconcileAgrees(t, cfg, campaign)
+			if st := c.stats(campaign); st.Remaining != 0 || st.Sold != stock || !st.SoldOut {
+				t.Fatalf("after the rebuild: stats %+v, want all %d sold, sold out", st, stock)
+			}
 		})
 	}
 }
