@@ -34,6 +34,9 @@ type Stock interface {
 	PublishResults(ctx context.Context, results []model.Result) error
 	PublishEvent(ctx context.Context, e model.Event) error
 	SweepUnknown(ctx context.Context, topic string, maxDelay time.Duration) ([]model.Result, error)
+	// RecoverTransfers completes stock transfers between a campaign's
+	// buckets that a worker left half done.
+	RecoverTransfers(ctx context.Context) error
 }
 
 // Orders is what the worker needs from the relational model: it stores

@@ -319,6 +319,11 @@ func (s *Store) refill(ctx context.Context, campaignID string, to int, snap []bu
 // fresh transfer id, and reports how many moved (0: the donor had none
 // left, or the epoch moved on).
 func (s *Store) transfer(ctx context.Context, campaignID string, n, from, to int, epoch, want int64) (int64, error) {
+	// Indexed first, so RecoverTransfers finds a transfer this process
+	// dies in the middle of even if no scan of the campaign comes again.
+	if err := s.rdb.SAdd(ctx, transfersIndex, campaignID).Err(); err != nil {
+		return 0, fmt.Errorf("transfer in %s: index: %w", campaignID, unavailable(err))
+	}
 	var id [12]byte
 	_, _ = rand.Read(id[:])
 	xid := strconv.FormatInt(epoch, 10) + "-" + hex.EncodeToString(id[:])
@@ -365,6 +370,55 @@ func (s *Store) completeTransfer(ctx context.Context, campaignID string, n, from
 	kf := campaignKeys(model.BucketTag(campaignID, from, n))
 	if err := s.settle.Run(ctx, s.rdb, []string{kf.xfer, kf.xpend, kf.meta}, xid, state).Err(); err != nil {
 		return fmt.Errorf("settle transfer %s of %s: %w", xid, campaignID, err)
+	}
+	return nil
+}
+
+// transfersIndex is the set of campaigns that made transfers some of which
+// may still be pending. It has no hash tag: one key, on one node.
+const transfersIndex = "fs:transfers"
+
+// RecoverTransfers completes the transfers left pending in every campaign
+// that made any (a worker that died between a transfer's steps): one read
+// of its buckets each. A campaign leaves the index when Redis no longer
+// holds it (its keys expired, or it was removed): before that, a transfer
+// may start at any moment, and an index entry taken off between its
+// indexing and its first step would hide it if it died there. Every worker
+// process runs it periodically (worker.SweepUnknown's loop); a scan of the
+// campaign does the same sooner, when one of its buckets runs short.
+func (s *Store) RecoverTransfers(ctx context.Context) error {
+	campaigns, err := s.rdb.SMembers(ctx, transfersIndex).Result()
+	if err != nil {
+		return fmt.Errorf("recover transfers: %w", unavailable(err))
+	}
+	var errs []error
+	for _, c := range campaigns {
+		if err := s.recoverCampaign(ctx, c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Store) recoverCampaign(ctx context.Context, campaignID string) error {
+	n, err := s.rdb.HGet(ctx, campaignKeys(campaignID).meta, "buckets").Int()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("recover transfers of %s: %w", campaignID, unavailable(err))
+	}
+	if n > 1 {
+		snap, err := s.readBuckets(ctx, campaignID, n)
+		switch {
+		case errors.Is(err, model.ErrNotLoaded):
+			return nil // a rebuild writes it again, voiding what was pending
+		case err != nil:
+			return err
+		case hasPending(snap):
+			return s.recoverPending(ctx, campaignID, n, snap)
+		}
+		return nil
+	}
+	if err := s.rdb.SRem(ctx, transfersIndex, campaignID).Err(); err != nil {
+		return fmt.Errorf("recover transfers of %s: index: %w", campaignID, unavailable(err))
 	}
 	return nil
 }
