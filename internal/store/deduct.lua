@@ -143,6 +143,7 @@ for i = 1, n do
   local qty = tonumber(ARGV[4 * i])
   local oid = ARGV[1 + 4 * i]
   local status, order, reason = nil, '', ''
+  local seq = nil -- the admission number of a queued request
 
   local earlier = decided[rid]
   if earlier then
@@ -152,10 +153,7 @@ for i = 1, n do
     if s and s ~= 'queued' then
       status, order, reason = s, o, r
     elseif s then
-      local seq = tonumber(r)
-      if seq and seq > top then
-        top = seq
-      end
+      seq = tonumber(r)
     end
   end
 
@@ -184,6 +182,9 @@ for i = 1, n do
         bought_now[user] = true
         buyers[#buyers + 1] = user
       end
+    end
+    if status ~= 'short' and seq and seq > top then
+      top = seq -- a short request is not decided: it stays ahead
     end
     if status == 'short' then
       shorts = shorts + 1
