@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -58,8 +59,9 @@ type admitAnswer struct {
 func (s *Service) enqueue(ctx context.Context, p Purchase) (Admitted, error) {
 	id := uuid.Must(uuid.NewV7())
 	a := model.AdmitRequest{
-		RequestID:      model.FormatRequestID(p.CampaignID, hex.EncodeToString(id[:])),
+		RequestID:      model.FormatRequestID(cmp.Or(p.tag, p.CampaignID), hex.EncodeToString(id[:])),
 		CampaignID:     p.CampaignID,
+		Tag:            p.tag,
 		UserID:         p.UserID,
 		Quantity:       p.Quantity,
 		IdempotencyKey: p.IdempotencyKey,
@@ -154,7 +156,8 @@ func (s *Service) flush(batch []*pendingPurchase) {
 
 	msgs := make([]queue.Message, len(fresh))
 	for i, p := range fresh {
-		msgs[i] = queue.Message{ID: p.req.RequestID, Key: p.req.CampaignID, Body: p.body}
+		// A bucket's requests are one partition: its own worker decides them.
+		msgs[i] = queue.Message{ID: p.req.RequestID, Key: p.req.KeyTag(), Body: p.body}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
 	defer cancel()
@@ -224,7 +227,7 @@ func (s *Service) admitGroup(group []*pendingPurchase) []*pendingPurchase {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
 	defer cancel()
-	replies, err := s.stock.Admit(ctx, reqs[0].CampaignID, reqs, s.opts.RateLimits)
+	replies, err := s.stock.Admit(ctx, reqs[0].KeyTag(), reqs, s.opts.RateLimits)
 	if err != nil {
 		for _, p := range group {
 			p.done <- admitAnswer{err: s.refuse("unavailable", fmt.Errorf("%w: %v", model.ErrUnavailable, err))}
@@ -254,18 +257,19 @@ func (s *Service) admitGroup(group []*pendingPurchase) []*pendingPurchase {
 	return fresh
 }
 
-// groupByCampaign splits a batch by campaign, keeping arrival order.
+// groupByCampaign splits a batch by campaign (by bucket in a campaign of
+// several), keeping arrival order.
 func groupByCampaign(batch []*pendingPurchase) [][]*pendingPurchase {
-	if first := batch[0].req.CampaignID; allCampaign(batch, first) {
+	if first := batch[0].req.KeyTag(); allCampaign(batch, first) {
 		return [][]*pendingPurchase{batch}
 	}
 	var groups [][]*pendingPurchase
 	index := map[string]int{}
 	for _, p := range batch {
-		i, ok := index[p.req.CampaignID]
+		i, ok := index[p.req.KeyTag()]
 		if !ok {
 			i = len(groups)
-			index[p.req.CampaignID] = i
+			index[p.req.KeyTag()] = i
 			groups = append(groups, nil)
 		}
 		groups[i] = append(groups[i], p)
@@ -275,7 +279,7 @@ func groupByCampaign(batch []*pendingPurchase) [][]*pendingPurchase {
 
 func allCampaign(batch []*pendingPurchase, id string) bool {
 	for _, p := range batch {
-		if p.req.CampaignID != id {
+		if p.req.KeyTag() != id {
 			return false
 		}
 	}

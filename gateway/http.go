@@ -55,6 +55,8 @@ type campaignRequest struct {
 	StartAt       time.Time `json:"start_at"`
 	EndAt         time.Time `json:"end_at"`
 	ChallengeBits int       `json:"challenge_bits"`
+	// Buckets splits the stock (model.Campaign.Buckets); 0 or absent: 1.
+	Buckets int `json:"buckets"`
 }
 
 func (r campaignRequest) toModel() (model.Campaign, error) {
@@ -66,7 +68,7 @@ func (r campaignRequest) toModel() (model.Campaign, error) {
 		}
 	}
 	return model.Campaign{ID: r.ID, Name: r.Name, Stock: r.Stock, PerUserLimit: r.PerUserLimit, Price: r.Price,
-		PaymentWindow: window, StartAt: r.StartAt, EndAt: r.EndAt, ChallengeBits: r.ChallengeBits}, nil
+		PaymentWindow: window, StartAt: r.StartAt, EndAt: r.EndAt, ChallengeBits: r.ChallengeBits, Buckets: r.Buckets}, nil
 }
 
 type campaignResponse struct {
@@ -80,12 +82,13 @@ type campaignResponse struct {
 	EndAt         time.Time `json:"end_at"`
 	CreatedAt     time.Time `json:"created_at"`
 	ChallengeBits int       `json:"challenge_bits"`
+	Buckets       int       `json:"buckets"`
 }
 
 func toCampaignResponse(c model.Campaign) campaignResponse {
 	return campaignResponse{ID: c.ID, Name: c.Name, Stock: c.Stock, PerUserLimit: c.PerUserLimit, Price: c.Price,
 		PaymentWindow: c.PaymentWindow.String(), StartAt: c.StartAt, EndAt: c.EndAt, CreatedAt: c.CreatedAt,
-		ChallengeBits: c.ChallengeBits}
+		ChallengeBits: c.ChallengeBits, Buckets: max(c.Buckets, 1)}
 }
 
 func (h *Handlers) createCampaign(c *gin.Context) {

@@ -74,6 +74,10 @@ type Purchase struct {
 	// Challenge is the solved challenge a gated campaign asks for
 	// (challenge.go).
 	Challenge string
+
+	// tag is the shopper's bucket's tag (model.UserTag), set once the
+	// campaign is known: their request's keys and queue partition.
+	tag string
 }
 
 var idempotencyKeyPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
@@ -119,6 +123,7 @@ func (s *Service) Purchase(ctx context.Context, p Purchase, read func() (quantit
 	if err != nil {
 		return Admitted{}, s.refuse("campaign", err)
 	}
+	p.tag = model.UserTag(c, p.UserID)
 	if p.Quantity > c.PerUserLimit {
 		return Admitted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("exceeds the per-user limit of %d", c.PerUserLimit)))
 	}
@@ -167,7 +172,7 @@ func (s *Service) earlier(ctx context.Context, p Purchase) (Admitted, bool, erro
 	if p.IdempotencyKey == "" {
 		return Admitted{}, false, nil
 	}
-	a, ok, err := s.stock.IdempotentRequest(ctx, model.AdmitRequest{CampaignID: p.CampaignID, UserID: p.UserID,
+	a, ok, err := s.stock.IdempotentRequest(ctx, model.AdmitRequest{CampaignID: p.CampaignID, Tag: p.tag, UserID: p.UserID,
 		Quantity: p.Quantity, IdempotencyKey: p.IdempotencyKey})
 	if err != nil {
 		return Admitted{}, false, s.refuse("unavailable", err)

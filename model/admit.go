@@ -20,8 +20,11 @@ type RateLimits struct {
 // AdmitRequest is one purchase request to admit: rate-limit, deduplicate by
 // its Idempotency-Key and store as queued.
 type AdmitRequest struct {
-	RequestID      string
-	CampaignID     string
+	RequestID  string
+	CampaignID string
+	// Tag is the shopper's bucket's tag in a campaign of several
+	// (model.UserTag); "" in one of one: KeyTag is then CampaignID.
+	Tag            string
 	UserID         string
 	Quantity       int64
 	IdempotencyKey string // optional
@@ -61,4 +64,13 @@ type AdmitReply struct {
 	Result Result
 	// RetryAfter is set for the rate-limited codes.
 	RetryAfter time.Duration
+}
+
+// KeyTag returns the tag the request's keys and queue partition live
+// under: its bucket's, or its campaign's.
+func (a AdmitRequest) KeyTag() string {
+	if a.Tag != "" {
+		return a.Tag
+	}
+	return a.CampaignID
 }

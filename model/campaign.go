@@ -9,6 +9,9 @@ import (
 const (
 	MaxStock      = 10_000_000
 	MaxCampaignID = 64
+	// MaxBuckets caps a campaign's stock buckets (Campaign.Buckets): more
+	// buckets than shards buys nothing but transfers.
+	MaxBuckets = 64
 	// MaxChallengeBits caps a campaign's proof-of-work difficulty: 2^28
 	// hashes take a browser minutes, past any sale's patience.
 	MaxChallengeBits = 28
@@ -43,6 +46,11 @@ type Campaign struct {
 	// ChallengeBits is the proof-of-work a purchase must carry (leading
 	// zero bits of its solution's SHA-256); 0: no challenge.
 	ChallengeBits int
+	// Buckets splits the stock into this many buckets, each with its own
+	// hash tag, queue partition and worker (BucketTag); 0 or 1: one, the
+	// campaign's own tag. Fixed at creation: a shopper's bucket is
+	// BucketOf(user, Buckets), and their orders' request ids name it.
+	Buckets int
 }
 
 // ValidCampaignID reports whether id may name a campaign. Campaign ids end up
@@ -71,6 +79,8 @@ func (c Campaign) Validate() error {
 		return Invalid("payment_window", "must be whole milliseconds")
 	case c.ChallengeBits < 0 || c.ChallengeBits > MaxChallengeBits:
 		return Invalid("challenge_bits", "must be between 0 and 28")
+	case c.Buckets < 0 || c.Buckets > MaxBuckets:
+		return Invalid("buckets", "must be between 1 and 64 (0 means 1)")
 	case c.StartAt.IsZero():
 		return Invalid("start_at", "is required")
 	case c.EndAt.IsZero():

@@ -13,6 +13,8 @@ import (
 var (
 	refCampaignID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 	refHexTail    = regexp.MustCompile(`^[0-9a-f]{32}$`)
+	// A bucket's tag: the campaign id, ':' and 0..63 without a leading zero.
+	refBucketTag = regexp.MustCompile(`^([A-Za-z0-9_-]{1,64}):([0-9]|[1-5][0-9]|6[0-3])$`)
 )
 
 // refValidUserID is CheckUserID's rule the plain way: 1 to 255 bytes of
@@ -23,7 +25,13 @@ func refValidUserID(s string) bool {
 
 func refCampaignOfRequest(id string) (string, bool) {
 	i := strings.LastIndexByte(id, '.')
-	if i < 0 || !refCampaignID.MatchString(id[:i]) || !refHexTail.MatchString(id[i+1:]) {
+	if i < 0 || !refHexTail.MatchString(id[i+1:]) {
+		return "", false
+	}
+	if m := refBucketTag.FindStringSubmatch(id[:i]); m != nil {
+		return m[1], true
+	}
+	if !refCampaignID.MatchString(id[:i]) {
 		return "", false
 	}
 	return id[:i], true

@@ -3,7 +3,6 @@ package model
 import (
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -130,24 +129,23 @@ func decodePurchaseRequestJSON(b []byte) (PurchaseRequest, error) {
 	return p, nil
 }
 
-// A request id is "<campaign id>.<32 hex digits>". Carrying the campaign lets
-// any instance find the request's result under the campaign's hash tag without
-// a global index; '.' never occurs in a campaign id, so the split is unambiguous.
+// A request id is "<tag>.<32 hex digits>", the tag being the campaign id
+// or its bucket's tag (BucketTag). Carrying it lets any instance find the
+// request's result under its hash tag without a global index; '.' never
+// occurs in a tag, so the split is unambiguous.
 const requestIDTailLen = 32
 
-// FormatRequestID joins a campaign id and 32 lowercase hex digits.
-func FormatRequestID(campaignID, hex32 string) string { return campaignID + "." + hex32 }
+// FormatRequestID joins a tag (a campaign id or a bucket's tag) and 32
+// lowercase hex digits.
+func FormatRequestID(tag, hex32 string) string { return tag + "." + hex32 }
 
 // CampaignOfRequest returns the campaign a request id belongs to. The tail
 // must be exactly 32 lowercase hex digits.
 func CampaignOfRequest(requestID string) (string, bool) {
-	i := strings.LastIndexByte(requestID, '.')
-	if i < 0 {
+	tag, ok := TagOfRequest(requestID)
+	if !ok {
 		return "", false
 	}
-	c, tail := requestID[:i], requestID[i+1:]
-	if !ValidCampaignID(c) || !allInSet(tail, requestIDTailLen, requestIDTailLen, hexLow, hexHigh) {
-		return "", false
-	}
+	c, _, _ := SplitTag(tag)
 	return c, true
 }

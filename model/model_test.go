@@ -2,6 +2,7 @@ package model
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -71,6 +72,14 @@ func TestCampaignOfRequest(t *testing.T) {
 		{id: "a.b." + hex, wantOK: false},
 		{id: strings.Repeat("a", 65) + "." + hex, wantOK: false},
 		{id: "{x}." + hex, wantOK: false},
+		// A bucket's request names its bucket's tag (BucketTag).
+		{id: "spring-sale:0." + hex, want: "spring-sale", wantOK: true},
+		{id: "spring-sale:63." + hex, want: "spring-sale", wantOK: true},
+		{id: "spring-sale:64." + hex, wantOK: false},
+		{id: "spring-sale:07." + hex, wantOK: false},
+		{id: "spring-sale:." + hex, wantOK: false},
+		{id: "spring-sale:1:2." + hex, wantOK: false},
+		{id: ":1." + hex, wantOK: false},
 	}
 	for _, tc := range tests {
 		got, ok := CampaignOfRequest(tc.id)
@@ -160,4 +169,44 @@ func FuzzDecodePurchaseRequest(f *testing.F) {
 			t.Fatalf("round trip changed %+v into %+v (%v)", p, p2, err)
 		}
 	})
+}
+
+func TestBuckets(t *testing.T) {
+	hex := strings.Repeat("0f", 16)
+	tests := []struct {
+		name     string
+		campaign string
+		buckets  int
+	}{
+		{name: "one", campaign: "c", buckets: 1},
+		{name: "unset", campaign: "c", buckets: 0},
+		{name: "four", campaign: "c", buckets: 4},
+		{name: "most", campaign: "spring-sale", buckets: MaxBuckets},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			seen := map[int]bool{}
+			for i := range 1000 {
+				u := fmt.Sprint("user", i)
+				b := BucketOf(u, tt.buckets)
+				if b < 0 || b >= max(tt.buckets, 1) || b != BucketOf(u, tt.buckets) {
+					t.Fatalf("BucketOf(%q, %d) = %d, want a stable bucket below %d", u, tt.buckets, b, max(tt.buckets, 1))
+				}
+				seen[b] = true
+				tag := UserTag(Campaign{ID: tt.campaign, Buckets: tt.buckets}, u)
+				rid := FormatRequestID(tag, hex)
+				gotTag, ok := TagOfRequest(rid)
+				c, gotB, okSplit := SplitTag(gotTag)
+				if !ok || !okSplit || gotTag != tag || c != tt.campaign || gotB != b {
+					t.Fatalf("request %q: tag %q (%v), split %q %d (%v); want %q, %s bucket %d", rid, gotTag, ok, c, gotB, okSplit, tag, tt.campaign, b)
+				}
+				if tt.buckets <= 1 && tag != tt.campaign {
+					t.Fatalf("one bucket: tag %q, want the campaign id %q", tag, tt.campaign)
+				}
+			}
+			if len(seen) != max(tt.buckets, 1) {
+				t.Errorf("1000 users reached %d buckets, want all %d", len(seen), max(tt.buckets, 1))
+			}
+		})
+	}
 }

@@ -76,16 +76,21 @@ func (n *Notifier) position(ctx context.Context, r model.Result) (ahead int64, e
 		return 0, 0, false
 	}
 	now := time.Now()
-	p, ok := n.progress.get(r.CampaignID, now)
+	// Sequence numbers are per bucket in a campaign of several.
+	tag, tagged := model.TagOfRequest(r.RequestID)
+	if !tagged {
+		tag = r.CampaignID
+	}
+	p, ok := n.progress.get(tag, now)
 	if !ok {
 		rctx, cancel := context.WithTimeout(ctx, storeTimeout)
-		ps, err := n.src.Progress(rctx, []string{r.CampaignID})
+		ps, err := n.src.Progress(rctx, []string{tag})
 		cancel()
 		if err != nil {
 			n.log.Warn("read queue progress", "campaign_id", r.CampaignID, "err", err)
 			return 0, 0, false
 		}
-		p = n.progress.put(r.CampaignID, ps[0], now)
+		p = n.progress.put(tag, ps[0], now)
 	}
 	ahead = p.Ahead(r.Seq)
 	return ahead, p.ETA(ahead), true
@@ -180,7 +185,7 @@ func (n *Notifier) sendProgress(ctx context.Context) {
 	index := map[string]int{}
 	var campaigns []string
 	for _, w := range ws {
-		c, _ := model.CampaignOfRequest(w.e.requestID)
+		c, _ := model.TagOfRequest(w.e.requestID) // numbers are per bucket
 		if _, ok := index[c]; !ok {
 			index[c] = len(campaigns)
 			campaigns = append(campaigns, c)
@@ -203,7 +208,7 @@ func (n *Notifier) sendProgress(ctx context.Context) {
 	}
 	n.lastProgress = progressRound{activations: activations, campaigns: campaigns, decided: decided}
 	for _, w := range ws {
-		c, _ := model.CampaignOfRequest(w.e.requestID)
+		c, _ := model.TagOfRequest(w.e.requestID) // numbers are per bucket
 		p := ps[index[c]]
 		ahead := p.Ahead(w.seq)
 		if w.e.ahead >= 0 && w.e.ahead < ahead {

@@ -38,6 +38,11 @@ func (w *Worker) SweepUnknown(ctx context.Context, topic string, maxDelay time.D
 }
 
 func (w *Worker) sweepUnknown(ctx context.Context, topic string, maxDelay time.Duration) {
+	// The same loop finishes the stock transfers a dead worker left half
+	// done (the buckets of a campaign, store.RecoverTransfers).
+	if err := w.stock.RecoverTransfers(ctx); err != nil && ctx.Err() == nil {
+		w.log.Warn("recover stock transfers", "err", err)
+	}
 	results, err := w.stock.SweepUnknown(ctx, topic, maxDelay)
 	if err != nil && ctx.Err() == nil {
 		w.log.Warn("sweep requests of unknown publish outcome", "err", err)

@@ -34,6 +34,9 @@ type Stock interface {
 	PublishResults(ctx context.Context, results []model.Result) error
 	PublishEvent(ctx context.Context, e model.Event) error
 	SweepUnknown(ctx context.Context, topic string, maxDelay time.Duration) ([]model.Result, error)
+	// RecoverTransfers completes stock transfers between a campaign's
+	// buckets that a worker left half done.
+	RecoverTransfers(ctx context.Context) error
 }
 
 // Orders is what the worker needs from the relational model: it stores
@@ -105,8 +108,11 @@ func (w *Worker) Run(ctx context.Context, c queue.Consumer, topic string) error 
 // campaignBatch is one campaign's share of a delivered batch, in arrival order.
 type campaignBatch struct {
 	campaignID string
-	requests   []model.PurchaseRequest
-	attempts   []int
+	// tag is the requests' bucket's tag in a campaign of several (the
+	// queue partition the gateway keyed them by), else campaignID.
+	tag      string
+	requests []model.PurchaseRequest
+	attempts []int
 }
 
 // Decide is the queue.PipelineHandler: it decides the batch in Redis and
@@ -125,6 +131,11 @@ func (w *Worker) Decide(ctx context.Context, msgs []queue.Message) (queue.Finish
 			return nil, err
 		}
 		results = append(results, rs...)
+		if was, ok := epochs[b.campaignID]; ok && was != epoch {
+			// Two buckets of one campaign decided across a load: an epoch
+			// MySQL never has stores nothing, and both are decided again.
+			epoch = -2
+		}
 		epochs[b.campaignID] = epoch
 	}
 	return func(ctx context.Context) error { return w.finish(ctx, results, epochs) }, nil
@@ -214,19 +225,23 @@ func (w *Worker) group(msgs []queue.Message) []*campaignBatch {
 		}
 		// A partition is keyed by campaign, so a batch is nearly always one
 		// campaign's: the map is only needed when that is not so.
+		tag, ok := model.TagOfRequest(req.RequestID)
+		if c, _, _ := model.SplitTag(tag); !ok || c != req.CampaignID {
+			tag = req.CampaignID
+		}
 		b := last
-		if b == nil || b.campaignID != req.CampaignID {
+		if b == nil || b.tag != tag {
 			if byCampaign == nil && last != nil {
-				byCampaign = map[string]*campaignBatch{last.campaignID: last}
+				byCampaign = map[string]*campaignBatch{last.tag: last}
 			}
-			b = byCampaign[req.CampaignID]
+			b = byCampaign[tag]
 			if b == nil {
-				b = &campaignBatch{campaignID: req.CampaignID}
+				b = &campaignBatch{campaignID: req.CampaignID, tag: tag}
 				if order == nil { // sized for the usual single-campaign batch
 					b.requests, b.attempts = make([]model.PurchaseRequest, 0, len(msgs)), make([]int, 0, len(msgs))
 				}
 				if byCampaign != nil {
-					byCampaign[req.CampaignID] = b
+					byCampaign[tag] = b
 				}
 				order = append(order, b)
 			}
@@ -257,12 +272,12 @@ func (w *Worker) decide(ctx context.Context, b *campaignBatch) ([]model.Result, 
 		exhausted = exhausted || b.attempts[i] > w.opts.MaxAttempts
 	}
 	w.m.WorkerBatchSize.Observe(float64(len(deductions)))
-	reply, err := w.stock.Deduct(ctx, b.campaignID, deductions)
+	reply, err := w.stock.Deduct(ctx, b.tag, deductions)
 	if err != nil {
 		if !exhausted || held(err) {
 			return nil, 0, fmt.Errorf("worker: %w", err)
 		}
-		return w.giveUp(ctx, b.campaignID, deductions, err)
+		return w.giveUp(ctx, b.tag, deductions, err)
 	}
 	if reply.SoldOutNow {
 		// Best effort: gateways also re-check the flag periodically.

@@ -209,6 +209,7 @@ type campaignBody struct {
 	StartAt       time.Time `json:"start_at"`
 	EndAt         time.Time `json:"end_at"`
 	ChallengeBits int       `json:"challenge_bits,omitempty"`
+	Buckets       int       `json:"buckets,omitempty"`
 }
 
 // openCampaign creates and preloads a campaign whose sale is open.

@@ -23,6 +23,7 @@ import (
 
 	"github.com/flashsale/flashsale/internal/auth"
 	"github.com/flashsale/flashsale/internal/config"
+	"github.com/flashsale/flashsale/model"
 )
 
 // loadtest is the flash-sale simulator: it sets up a campaign through the
@@ -41,6 +42,7 @@ type loadtestOptions struct {
 	campaign        string
 	stock           int64
 	perUserLimit    int64
+	buckets         int // the campaign's stock buckets (model.Campaign.Buckets)
 	shoppers        int
 	concurrency     int
 	rate            float64
@@ -145,6 +147,7 @@ func parseLoadtestFlags(args []string, stdout io.Writer, env map[string]string) 
 	fs.StringVar(&o.campaign, "campaign", "", "campaign id to create (default: a fresh random id)")
 	fs.Int64Var(&o.stock, "stock", 1000, "units on sale")
 	fs.Int64Var(&o.perUserLimit, "per-user-limit", 1, "units one shopper may buy")
+	fs.IntVar(&o.buckets, "buckets", 1, "stock buckets of the campaign (1 to 64): each its own Redis hash tag, queue partition and worker")
 	fs.IntVar(&o.shoppers, "shoppers", 10_000, "distinct shoppers (users), each buys one unit")
 	fs.IntVar(&o.concurrency, "concurrency", 256, "closed loop: shoppers buying at once")
 	fs.Float64Var(&o.rate, "rate", 0, "open loop: shoppers started per second, whatever the server's speed (0 = closed loop)")
@@ -215,6 +218,8 @@ func (o loadtestOptions) validate() error {
 		return bad("stock", "must be at least 1")
 	case o.perUserLimit < 1:
 		return bad("per-user-limit", "must be at least 1")
+	case o.buckets < 1 || o.buckets > model.MaxBuckets:
+		return bad("buckets", "must be between 1 and 64")
 	case o.shoppers < 1:
 		return bad("shoppers", "must be at least 1")
 	case o.concurrency < 1:

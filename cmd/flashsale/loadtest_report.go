@@ -183,6 +183,7 @@ type report struct {
 	Campaign          string           `json:"campaign"`
 	Stock             int64            `json:"stock"`
 	PerUserLimit      int64            `json:"per_user_limit"`
+	Buckets           int              `json:"buckets"`
 	Shoppers          int              `json:"shoppers"`
 	Mode              string           `json:"mode"`
 	Results           string           `json:"results_channel"`
@@ -289,7 +290,7 @@ func (r *recorder) report(st serverStats, lc *lifecycleState) *report {
 	defer r.mu.Unlock()
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	fire := r.firedAt.Sub(r.t0)
-	rep := &report{URL: r.o.url, ResultsURL: r.o.resultsURL, Campaign: r.o.campaign, Stock: r.o.stock, PerUserLimit: r.o.perUserLimit,
+	rep := &report{URL: r.o.url, ResultsURL: r.o.resultsURL, Campaign: r.o.campaign, Stock: r.o.stock, PerUserLimit: r.o.perUserLimit, Buckets: r.o.buckets,
 		Shoppers: r.o.shoppers, Results: r.o.results, Sockets: socketBudget{HTTPConns: r.httpConns, WebSockets: r.wsCap, WebSocketsOpened: r.wsOpened},
 		Requests: r.requests, FireSeconds: fire.Seconds(), Admitted: r.admittedN, Replayed: r.replayedN,
 		Refused: r.refused, TransportErrors: r.transport, AllAnsweredMs: ms(r.lastAnswerAt.Sub(r.t0)),
@@ -454,7 +455,7 @@ func (rep *report) writeText(w io.Writer) {
 	}
 	loud()
 	p("flashsale loadtest: %s (results from %s), campaign %s", rep.URL, rep.ResultsURL, rep.Campaign)
-	p("  sale            %d units, limit %d per user, %d shoppers, %s", rep.Stock, rep.PerUserLimit, rep.Shoppers, rep.Mode)
+	p("  sale            %d units in %d bucket(s), limit %d per user, %d shoppers, %s", rep.Stock, max(rep.Buckets, 1), rep.PerUserLimit, rep.Shoppers, rep.Mode)
 	p("  requests        %d in %.2f s: %.0f req/s, admitted %d (%.0f/s), replays answered %d", rep.Requests,
 		rep.FireSeconds, rep.RequestsPerSec, rep.Admitted, rep.AdmittedPerSec, rep.Replayed)
 	p("  refused         %s", countsText(rep.Refused))

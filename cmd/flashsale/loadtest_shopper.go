@@ -374,6 +374,9 @@ func (lt *loadtest) setUp(ctx context.Context) error {
 	now := time.Now().UTC()
 	c := map[string]any{"id": lt.o.campaign, "name": "loadtest " + lt.o.campaign, "stock": lt.o.stock,
 		"per_user_limit": lt.o.perUserLimit, "start_at": now.Add(-time.Second), "end_at": now.Add(24 * time.Hour)}
+	if lt.o.buckets > 1 {
+		c["buckets"] = lt.o.buckets
+	}
 	if lt.o.challenge.bits > 0 {
 		c["challenge_bits"] = lt.o.challenge.bits
 	}

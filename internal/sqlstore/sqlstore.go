@@ -40,9 +40,12 @@ type campaignRow struct {
 	LedgerEpoch int64 `gorm:"column:ledger_epoch;not null;default:0"`
 	// ChallengeBits is model.Campaign.ChallengeBits; 0 (no challenge) for
 	// campaigns stored before it existed.
-	ChallengeBits int  `gorm:"column:challenge_bits;not null;default:0"`
-	Paused        bool `gorm:"not null;default:false"`
-	EndedEarly    bool `gorm:"column:ended_early;not null;default:false"`
+	ChallengeBits int `gorm:"column:challenge_bits;not null;default:0"`
+	// Buckets is model.Campaign.Buckets; 1 (one bucket, as before
+	// buckets) for rows created before the column.
+	Buckets    int  `gorm:"column:buckets;not null;default:1"`
+	Paused     bool `gorm:"not null;default:false"`
+	EndedEarly bool `gorm:"column:ended_early;not null;default:false"`
 }
 
 func (campaignRow) TableName() string { return "campaigns" }
@@ -323,7 +326,7 @@ func (db *DB) Ping(ctx context.Context) error {
 func (db *DB) CreateCampaign(ctx context.Context, c model.Campaign) (model.Campaign, error) {
 	c = c.WithDefaults()
 	row := campaignRow{ID: c.ID, Name: c.Name, Stock: c.Stock, PerUserLimit: c.PerUserLimit,
-		Price: c.Price, PaymentWindowMS: c.PaymentWindow.Milliseconds(), ChallengeBits: c.ChallengeBits,
+		Price: c.Price, PaymentWindowMS: c.PaymentWindow.Milliseconds(), ChallengeBits: c.ChallengeBits, Buckets: max(c.Buckets, 1),
 		StartAt: c.StartAt.UTC(), EndAt: c.EndAt.UTC()}
 	err := db.gdb.WithContext(ctx).Create(&row).Error
 	if errors.Is(err, gorm.ErrDuplicatedKey) {
@@ -352,7 +355,7 @@ func (r campaignRow) toModel() model.Campaign {
 	return model.Campaign{ID: r.ID, Name: r.Name, Stock: r.Stock, PerUserLimit: r.PerUserLimit,
 		Price: r.Price, PaymentWindow: time.Duration(r.PaymentWindowMS) * time.Millisecond,
 		StartAt: r.StartAt.UTC(), EndAt: r.EndAt.UTC(), CreatedAt: r.CreatedAt.UTC(),
-		Epoch: r.LedgerEpoch, Paused: r.Paused, EndedEarly: r.EndedEarly, ChallengeBits: r.ChallengeBits}
+		Epoch: r.LedgerEpoch, Paused: r.Paused, EndedEarly: r.EndedEarly, ChallengeBits: r.ChallengeBits, Buckets: max(r.Buckets, 1)}
 }
 
 // now is the time gorm and InsertOrders stamp rows with: UTC, at the

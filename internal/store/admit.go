@@ -59,8 +59,8 @@ func (s *Store) Admit(ctx context.Context, campaignID string, batch []model.Admi
 	args = append(args, len(batch), limits.UserRate, limits.UserBurst, limits.CampaignRate, limits.CampaignBurst,
 		limits.IPRate, limits.IPBurst)
 	for _, a := range batch {
-		if a.CampaignID != campaignID {
-			return nil, fmt.Errorf("admit %s: request %s belongs to campaign %s", campaignID, a.RequestID, a.CampaignID)
+		if a.KeyTag() != campaignID {
+			return nil, fmt.Errorf("admit %s: request %s belongs to %s", campaignID, a.RequestID, a.KeyTag())
 		}
 		// admit.lua appends the sequence number and the user id.
 		queued := string(model.StatusQueued) + "|" + strconv.FormatInt(a.Quantity, 10) + "||"
@@ -159,7 +159,7 @@ func (s *Store) Withdraw(ctx context.Context, batch []model.AdmitRequest) error 
 	// matters.
 	cmds, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, a := range batch {
-			k := campaignKeys(a.CampaignID)
+			k := campaignKeys(a.KeyTag())
 			s.withdraw.Eval(ctx, p, []string{k.results, k.idem, k.counters}, a.RequestID, idemField(a.UserID, a.IdempotencyKey))
 		}
 		return nil

@@ -23,14 +23,29 @@
 --                   has seen them (sweep.lua then leaves them alone)
 -- ARGV[1]           number of requests n
 -- ARGV[2+4i .. 5+4i] request i: request id, user id, quantity, order id to use on success
+-- ARGV[2+4n]        (a bucket of a campaign of several, meta buckets > 1)
+--                   optional: the bucket's moves counter (meta) as the
+--                   caller's scan found every other bucket empty; while it
+--                   still is that, a request this bucket cannot serve is
+--                   decided (sold_out, insufficient_stock), else it is
+--                   short (see buckets.go)
 --
 -- Reply: { soldout_now, epoch, status_1, order_id_1, reason_1, ..., status_n, order_id_n, reason_n }
 --   soldout_now  1 when this call took the stock to zero, else 0
+--                (never in a bucket of several: the campaign is sold out
+--                only when every bucket is, buckets.go decides it)
 --   epoch        the campaign's epoch in meta (0 when it has none): the
 --                worker stores the successes only while MySQL is at it
 --   status       success | sold_out | limit_exceeded | rejected
 --   order_id     set for success, "" otherwise
 --   reason       set for rejected (insufficient_stock, bad_message, ended_early), "" otherwise
+-- or, in a bucket of several when some request is short or this call
+-- emptied the bucket:
+--   { 2, epoch, buckets, moves, status_1, order_id_1, reason_1, ... }
+--   status       as above, or short: this bucket lacks the units and
+--                others may hold them; nothing is written for it (its
+--                queued marker stays) and the caller moves stock and
+--                asks again
 -- or, deciding nothing (the worker holds the batch):
 --   { -1 }       not loaded: Redis has no stock for the campaign. It was
 --                never loaded, or Redis lost it and a preload will rebuild
@@ -57,7 +72,7 @@ redis.replicate_commands()
 local n = tonumber(ARGV[1])
 local progress_window_ms = 5000
 local remaining = redis.call('GET', KEYS[1])
-local meta = redis.call('HMGET', KEYS[6], 'limit', 'epoch', 'paused', 'expire_at', 'ended_early')
+local meta = redis.call('HMGET', KEYS[6], 'limit', 'epoch', 'paused', 'expire_at', 'ended_early', 'buckets', 'moves')
 if not remaining or not meta[1] then
   return { -1 }
 end
@@ -78,6 +93,13 @@ end
 remaining = tonumber(remaining)
 local limit = tonumber(meta[1])
 local reply = { 0, tonumber(meta[2] or '0') }
+-- In a bucket of several, an empty bucket is not a sold-out campaign: a
+-- request it cannot serve stays undecided (short) unless the caller saw
+-- every other bucket empty and no transfer touched this one since.
+local bucketed = tonumber(meta[6] or '1') > 1
+local moves = meta[7] or '0'
+local short = bucketed and ARGV[2 + 4 * n] ~= moves
+local shorts = 0
 
 local rids, users = {}, {}
 local seen_user, distinct_users = {}, {}
@@ -121,6 +143,7 @@ for i = 1, n do
   local qty = tonumber(ARGV[4 * i])
   local oid = ARGV[1 + 4 * i]
   local status, order, reason = nil, '', ''
+  local seq = nil -- the admission number of a queued request
 
   local earlier = decided[rid]
   if earlier then
@@ -130,10 +153,7 @@ for i = 1, n do
     if s and s ~= 'queued' then
       status, order, reason = s, o, r
     elseif s then
-      local seq = tonumber(r)
-      if seq and seq > top then
-        top = seq
-      end
+      seq = tonumber(r)
     end
   end
 
@@ -145,6 +165,8 @@ for i = 1, n do
       status, reason = 'rejected', 'bad_message'
     elseif ended_early then
       status, reason = 'rejected', 'ended_early'
+    elseif short and qty > remaining then
+      status = 'short'
     elseif remaining <= 0 then
       status = 'sold_out'
     elseif qty > remaining then
@@ -161,10 +183,20 @@ for i = 1, n do
         buyers[#buyers + 1] = user
       end
     end
-    results[#results + 1] = rid
-    results[#results + 1] = status .. '|' .. (qty or 0) .. '|' .. order .. '|' .. reason .. '|' .. user
-    fin[status] = (fin[status] or 0) + 1
-    decided[rid] = { status, order, reason }
+    if status ~= 'short' and seq and seq > top then
+      top = seq -- a short request is not decided: it stays ahead
+    end
+    if status == 'short' then
+      shorts = shorts + 1
+      if not stored[i] then
+        unmarked = unmarked - 1 -- counted when it is decided
+      end
+    else
+      results[#results + 1] = rid
+      results[#results + 1] = status .. '|' .. (qty or 0) .. '|' .. order .. '|' .. reason .. '|' .. user
+      fin[status] = (fin[status] or 0) + 1
+      decided[rid] = { status, order, reason }
+    end
   end
   reply[#reply + 1] = status
   reply[#reply + 1] = order
@@ -186,7 +218,7 @@ if sold > 0 then
     units[#units + 1] = bought[user]
   end
   hset_all(KEYS[2], units)
-  if remaining == 0 then
+  if remaining == 0 and not bucketed then
     redis.call('SET', KEYS[4], '1')
     reply[1] = 1
   end
@@ -225,12 +257,19 @@ end
 if meta[4] then
   if sold > 0 then
     redis.call('EXPIREAT', KEYS[2], meta[4])
-    if remaining == 0 then
+    if remaining == 0 and not bucketed then
       redis.call('EXPIREAT', KEYS[4], meta[4])
     end
   end
   if #results > 0 then
     redis.call('EXPIREAT', KEYS[3], meta[4])
   end
+end
+-- A bucket of several that this call emptied asks the caller to look at
+-- the others: when they are empty too the campaign is sold out.
+if shorts > 0 or (bucketed and sold > 0 and remaining == 0) then
+  reply[1] = 2
+  table.insert(reply, 3, tonumber(meta[6]))
+  table.insert(reply, 4, tonumber(moves))
 end
 return reply

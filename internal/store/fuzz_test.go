@@ -47,7 +47,7 @@ func FuzzParseDeductReply(f *testing.F) {
 		}
 		// Also try a reply one element short.
 		for _, rep := range [][]any{reply, reply[:len(reply)-1]} {
-			out, err := parseDeductReply("c", batch, rep)
+			out, _, err := parseDeductReply("c", batch, rep)
 			if err != nil {
 				continue
 			}

@@ -53,24 +53,67 @@ func (s *Store) Projection(ctx context.Context, campaignID string) (model.Projec
 // later one: a concurrent load that read the ledger after this one. More
 // active units than c.Stock is model.ErrConflict, with nothing changed.
 func (s *Store) Rebuild(ctx context.Context, c model.Campaign, orders []model.Order) (loaded bool, err error) {
+	n := max(c.Buckets, 1)
+	parts := make([]rebuildPart, n)
 	var sold int64
-	units := map[string]int64{}
-	results := make([]any, 0, 2*len(orders))
-	var released []any
 	for _, o := range orders {
-		results = append(results, o.RequestID, encodeStored(model.Result{Status: model.StatusSuccess,
+		// The order's request id names the bucket its result and release
+		// go to; the buyer's units go to their bucket, the same one.
+		b := 0
+		if tag, ok := model.TagOfRequest(o.RequestID); ok && n > 1 {
+			_, b, _ = model.SplitTag(tag)
+		}
+		if b >= n {
+			b = model.BucketOf(o.UserID, n)
+		}
+		p := &parts[b]
+		p.results = append(p.results, o.RequestID, encodeStored(model.Result{Status: model.StatusSuccess,
 			Quantity: o.Quantity, OrderID: o.ID, UserID: o.UserID}))
 		// An order in no final state holds its units, whatever it is.
 		if o.Status.Final() {
-			released = append(released, o.ID, o.Quantity)
+			p.released = append(p.released, o.ID, o.Quantity)
 			continue
 		}
 		sold += o.Quantity
-		units[o.UserID] += o.Quantity
+		p.sold += o.Quantity
+		if p.units == nil {
+			p.units = map[string]int64{}
+		}
+		p.units[o.UserID] += o.Quantity
 	}
 	if sold > c.Stock {
 		return false, fmt.Errorf("rebuild %s: active orders hold %d units, stock is %d: %w", c.ID, sold, c.Stock, model.ErrConflict)
 	}
+	if n == 1 {
+		parts[0].remaining = c.Stock - sold
+		return s.rebuildTag(ctx, c.ID, c, n, parts[0])
+	}
+	// Each bucket starts with an even share of what remains; transfers
+	// (buckets.go) even out whatever the shoppers do not. The campaign's
+	// own tag is written last: its meta is the Projection a preload
+	// compares, so it says loaded only once every bucket is.
+	rem := c.Stock - sold
+	for b := range parts {
+		parts[b].remaining = rem / int64(n)
+		if int64(b) < rem%int64(n) {
+			parts[b].remaining++
+		}
+		ok, err := s.rebuildTag(ctx, model.BucketTag(c.ID, b, n), c, n, parts[b])
+		if err != nil || !ok {
+			return false, err
+		}
+	}
+	return s.rebuildTag(ctx, c.ID, c, n, rebuildPart{remaining: rem, sold: sold})
+}
+
+// rebuildPart is what one tag's rebuild.lua call writes.
+type rebuildPart struct {
+	remaining, sold   int64
+	units             map[string]int64
+	results, released []any
+}
+
+func (s *Store) rebuildTag(ctx context.Context, tag string, c model.Campaign, buckets int, p rebuildPart) (bool, error) {
 	paused := "0"
 	if c.Paused {
 		paused = "1"
@@ -79,20 +122,21 @@ func (s *Store) Rebuild(ctx context.Context, c model.Campaign, orders []model.Or
 	if c.EndedEarly {
 		endedEarly = "1"
 	}
-	args := make([]any, 0, 12+2*len(units)+len(results)+len(released))
+	args := make([]any, 0, 14+2*len(p.units)+len(p.results)+len(p.released))
 	args = append(args, c.Epoch, c.Stock, c.PerUserLimit, c.StartAt.UnixMilli(), c.EndAt.UnixMilli(), paused,
-		c.Stock-sold, sold, s.expireAt(c, time.Now()), endedEarly, len(units))
-	for u, n := range units {
+		p.remaining, p.sold, s.expireAt(c, time.Now()), endedEarly, buckets, len(p.units))
+	for u, n := range p.units {
 		args = append(args, u, n)
 	}
-	args = append(args, len(orders))
-	args = append(args, results...)
-	args = append(args, released...)
-	k := campaignKeys(c.ID)
+	args = append(args, len(p.results)/2)
+	args = append(args, p.results...)
+	args = append(args, p.released...)
+	k := campaignKeys(tag)
 	code, err := s.rebuild.Run(ctx, s.rdb,
-		[]string{k.meta, k.stock, k.soldout, k.counters, k.users, k.results, k.idem, k.released, k.userLimits, k.ipLimits, k.unknown}, args...).Int()
+		[]string{k.meta, k.stock, k.soldout, k.counters, k.users, k.results, k.idem, k.released, k.userLimits, k.ipLimits, k.unknown,
+			k.xfer, k.xpend, k.got}, args...).Int()
 	if err != nil {
-		return false, fmt.Errorf("rebuild %s: %w", c.ID, err)
+		return false, fmt.Errorf("rebuild %s: %w", tag, err)
 	}
 	switch code {
 	case 1:
@@ -100,7 +144,7 @@ func (s *Store) Rebuild(ctx context.Context, c model.Campaign, orders []model.Or
 	case 0:
 		return false, nil
 	}
-	return false, fmt.Errorf("rebuild %s: unexpected reply %d", c.ID, code)
+	return false, fmt.Errorf("rebuild %s: unexpected reply %d", tag, code)
 }
 
 // expireAt is when the keys of c expire, in unix seconds: the retention
@@ -130,9 +174,12 @@ func (s *Store) SetPaused(ctx context.Context, c model.Campaign) (written bool, 
 	if c.Paused {
 		paused = "1"
 	}
-	code, err := s.paused.Run(ctx, s.rdb, []string{campaignKeys(c.ID).meta}, c.Epoch, paused).Int()
-	if err != nil {
-		return false, fmt.Errorf("set paused %s: %w", c.ID, err)
+	// Buckets first, the campaign's own tag (its Projection) last.
+	var code int
+	for _, tag := range tagsOf(c) {
+		if code, err = s.paused.Run(ctx, s.rdb, []string{campaignKeys(tag).meta}, c.Epoch, paused).Int(); err != nil {
+			return false, fmt.Errorf("set paused %s: %w", tag, err)
+		}
 	}
 	return code == 1, nil
 }
@@ -142,9 +189,33 @@ func (s *Store) SetPaused(ctx context.Context, c model.Campaign) (written bool, 
 // from then on deduct.lua rejects every request not decided yet
 // (model.ReasonEndedEarly). written says whether it did.
 func (s *Store) EndEarly(ctx context.Context, c model.Campaign) (written bool, err error) {
-	code, err := s.endEarly.Run(ctx, s.rdb, []string{campaignKeys(c.ID).meta}, c.Epoch, c.EndAt.UnixMilli()).Int()
-	if err != nil {
-		return false, fmt.Errorf("end %s early: %w", c.ID, err)
+	var code int
+	for _, tag := range tagsOf(c) {
+		if code, err = s.endEarly.Run(ctx, s.rdb, []string{campaignKeys(tag).meta}, c.Epoch, c.EndAt.UnixMilli()).Int(); err != nil {
+			return false, fmt.Errorf("end %s early: %w", tag, err)
+		}
 	}
 	return code == 1, nil
+}
+
+// tagsOf returns the tags Redis holds campaign c under: its buckets' (when
+// it has several), then its own.
+func tagsOf(c model.Campaign) []string {
+	return bucketTags(c.ID, c.Buckets, true)
+}
+
+// bucketTags returns the tags of a campaign's n buckets, followed by the
+// campaign's own when withOwn (a campaign of one bucket has only its own).
+func bucketTags(campaignID string, n int, withOwn bool) []string {
+	if n <= 1 {
+		return []string{campaignID}
+	}
+	tags := make([]string, 0, n+1)
+	for b := range n {
+		tags = append(tags, model.BucketTag(campaignID, b, n))
+	}
+	if withOwn {
+		tags = append(tags, campaignID)
+	}
+	return tags
 }

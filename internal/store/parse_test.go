@@ -39,7 +39,7 @@ func TestParseDeductReply(t *testing.T) {
 		{name: "one field too many", reply: append(append([]any(nil), ok...), ""), wantErr: "has 9 elements"},
 		{name: "flag is a string", reply: with(0, "1"), wantErr: "reply[0]"},
 		{name: "flag is nil", reply: with(0, nil), wantErr: "reply[0]"},
-		{name: "flag unknown", reply: with(0, int64(2)), wantErr: "reply[0]"},
+		{name: "flag unknown", reply: with(0, int64(3)), wantErr: "reply[0]"},
 		{name: "hold with results", reply: with(0, int64(-1)), wantErr: "reply[0]"},
 		{name: "epoch is a string", reply: with(1, "3"), wantErr: "reply[1]"},
 		{name: "epoch negative", reply: with(1, int64(-1)), wantErr: "reply[1]"},
@@ -52,7 +52,7 @@ func TestParseDeductReply(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseDeductReply("c", batch, tt.reply)
+			got, _, err := parseDeductReply("c", batch, tt.reply)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("got (%+v, %v), want error containing %q", got, err, tt.wantErr)
@@ -90,7 +90,7 @@ func TestParseDeductReplyFlag(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseDeductReply("c", nil, tt.reply)
+			got, _, err := parseDeductReply("c", nil, tt.reply)
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("got error %v, want %v", err, tt.wantErr)
 			}

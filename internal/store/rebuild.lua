@@ -12,13 +12,17 @@
 -- KEYS[9] user rate limits, KEYS[10] client IP rate limits
 -- KEYS[11] unknown (the requests sweep.lua may reject: their queued markers
 -- go here, so they go too)
+-- KEYS[12] xfer, KEYS[13] xpend, KEYS[14] got: the stock transfers of a
+-- bucket (take.lua, give.lua): a new epoch voids every older one
 -- ARGV[1] epoch, ARGV[2] stock, ARGV[3] limit, ARGV[4] start_ms,
 -- ARGV[5] end_ms, ARGV[6] paused ("1" or "0"),
 -- ARGV[7] remaining: stock - units of active orders (>= 0),
 -- ARGV[8] sold: units of active orders,
 -- ARGV[9] expire_at: when every key of the campaign expires (unix seconds),
 -- ARGV[10] ended_early ("1" or "0"),
--- ARGV[11] u, then u pairs: user id, units of their active orders,
+-- ARGV[11] buckets: how many buckets the campaign has (this is one of
+--   them, or the campaign's own tag holding their aggregate),
+-- ARGV[12] u, then u pairs: user id, units of their active orders,
 -- then r, then r pairs: request id, its stored success result (one for
 --   every order, active or not, so a polled result stays what it was),
 -- then pairs to the end: order id, units of an order no longer active
@@ -47,15 +51,15 @@ local function hset_pairs(key, from, to)
   end
 end
 
-redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[11])
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[11], KEYS[12], KEYS[13], KEYS[14])
 redis.call('HSET', KEYS[1], 'stock', ARGV[2], 'limit', ARGV[3], 'start_ms', ARGV[4], 'end_ms', ARGV[5],
-  'epoch', ARGV[1], 'paused', ARGV[6], 'expire_at', ARGV[9], 'ended_early', ARGV[10])
+  'epoch', ARGV[1], 'paused', ARGV[6], 'expire_at', ARGV[9], 'ended_early', ARGV[10], 'buckets', ARGV[11])
 redis.call('SET', KEYS[2], ARGV[7])
 if tonumber(ARGV[7]) == 0 then
   redis.call('SET', KEYS[3], '1')
 end
 
-local at = 11
+local at = 12
 local users = tonumber(ARGV[at])
 hset_pairs(KEYS[5], at + 1, at + 2 * users)
 at = at + 2 * users + 1

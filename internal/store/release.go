@@ -2,7 +2,10 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale/flashsale/model"
 )
@@ -17,12 +20,25 @@ func (s *Store) Release(ctx context.Context, campaignID, orderID, userID string,
 	if units < 1 {
 		return false, fmt.Errorf("release order %s: %w", orderID, model.Invalid("units", "must be at least 1"))
 	}
-	k := campaignKeys(campaignID)
+	// A campaign of several buckets takes the units back into the buyer's
+	// bucket, where their units and the order's id live (model.UserTag).
+	n, err := s.rdb.HGet(ctx, campaignKeys(campaignID).meta, "buckets").Int()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return false, fmt.Errorf("release order %s of %s: %w", orderID, campaignID, unavailable(err))
+	}
+	k := campaignKeys(model.BucketTag(campaignID, model.BucketOf(userID, n), n))
 	code, err := s.release.Run(ctx, s.rdb,
 		[]string{k.stock, k.users, k.soldout, k.counters, k.meta, k.released},
 		orderID, userID, units).Int()
 	if err != nil {
 		return false, fmt.Errorf("release order %s of %s: %w", orderID, campaignID, err)
+	}
+	if n > 1 && code >= 0 {
+		// After the units are in (see confirmSoldOut), and on a repeated
+		// call too: a crash may have come between the two.
+		if err := s.rdb.Del(ctx, campaignKeys(campaignID).soldout).Err(); err != nil {
+			return false, fmt.Errorf("release order %s of %s: sold-out flag: %w", orderID, campaignID, unavailable(err))
+		}
 	}
 	return parseReleaseReply(campaignID, orderID, code)
 }

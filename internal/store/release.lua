@@ -8,7 +8,9 @@
 -- KEYS[2] users     hash user id -> units bought
 -- KEYS[3] soldout   flag, set while nothing remains
 -- KEYS[4] counters  hash: sold
--- KEYS[5] meta      hash: stock, limit, start_ms, end_ms, expire_at (rebuild.lua)
+-- KEYS[5] meta      hash: stock, limit, start_ms, end_ms, expire_at, buckets
+--                   (rebuild.lua); in a bucket of several, moves (bumped:
+--                   buckets.go's scan must see units arrive)
 -- KEYS[6] released  hash order id -> units released
 -- ARGV[1] order id, ARGV[2] user id, ARGV[3] units (>= 1)
 --
@@ -20,7 +22,7 @@
 -- adds only up to it. The buyer's units and the sold counter never fall
 -- below zero.
 
-local meta = redis.call('HMGET', KEYS[5], 'stock', 'expire_at')
+local meta = redis.call('HMGET', KEYS[5], 'stock', 'expire_at', 'buckets')
 local stock = meta[1]
 local remaining = redis.call('GET', KEYS[1])
 if not stock or not remaining then
@@ -39,7 +41,11 @@ if back > 0 then
   redis.call('INCRBY', KEYS[1], back)
 end
 -- Something remains now (stock is at least 1): shoppers may buy again.
+-- (In a bucket of several the caller clears the campaign's own flag.)
 redis.call('DEL', KEYS[3])
+if tonumber(meta[3] or '1') > 1 then
+  redis.call('HINCRBY', KEYS[5], 'moves', 1)
+end
 
 local bought = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
 if bought > units then

@@ -14,31 +14,74 @@ import (
 // counter is no longer admitted, the count the caller's checks saw
 // (model.ErrConflict, nothing changed). removed is the number of keys
 // deleted.
+//
+// A campaign of several buckets goes bucket by bucket, each checked
+// against its own count (admitted is their sum, as Snapshot reads it),
+// and its own tag last.
 func (s *Store) Remove(ctx context.Context, campaignID string, admitted int64) (removed int64, err error) {
-	k := campaignKeys(campaignID)
-	n, err := s.remove.Run(ctx, s.rdb, []string{k.counters, k.meta, k.stock, k.soldout, k.users, k.results, k.idem,
-		k.released, k.unknown, k.campaignLimit, k.userLimits, k.ipLimits}, admitted).Int64()
-	if err != nil {
+	buckets, err := s.rdb.HGet(ctx, campaignKeys(campaignID).meta, "buckets").Int()
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return 0, fmt.Errorf("remove %s: %w", campaignID, err)
 	}
-	if n < 0 {
+	if buckets <= 1 {
+		return s.removeTag(ctx, campaignID, admitted)
+	}
+	tags := bucketTags(campaignID, buckets, false)
+	counts := make([]int64, len(tags))
+	var sum int64
+	for i, tag := range tags {
+		if counts[i], err = s.rdb.HGet(ctx, campaignKeys(tag).counters, "admitted").Int64(); err != nil && !errors.Is(err, redis.Nil) {
+			return 0, fmt.Errorf("remove %s: %w", tag, err)
+		}
+		sum += counts[i]
+	}
+	if sum != admitted {
 		return 0, fmt.Errorf("remove %s: requests were admitted since it was checked: %w", campaignID, model.ErrConflict)
+	}
+	for i, tag := range tags {
+		n, err := s.removeTag(ctx, tag, counts[i])
+		if err != nil {
+			return removed, err
+		}
+		removed += n
+	}
+	own, err := s.rdb.HGet(ctx, campaignKeys(campaignID).counters, "admitted").Int64()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return removed, fmt.Errorf("remove %s: %w", campaignID, err)
+	}
+	n, err := s.removeTag(ctx, campaignID, own)
+	return removed + n, err
+}
+
+func (s *Store) removeTag(ctx context.Context, tag string, admitted int64) (int64, error) {
+	k := campaignKeys(tag)
+	n, err := s.remove.Run(ctx, s.rdb, []string{k.counters, k.meta, k.stock, k.soldout, k.users, k.results, k.idem,
+		k.released, k.unknown, k.campaignLimit, k.userLimits, k.ipLimits, k.xfer, k.xpend, k.got}, admitted).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("remove %s: %w", tag, err)
+	}
+	if n < 0 {
+		return 0, fmt.Errorf("remove %s: requests were admitted since it was checked: %w", tag, model.ErrConflict)
 	}
 	return n, nil
 }
 
-// Remaining reads the units left of each of campaignIDs in one round trip;
-// a campaign Redis does not hold is absent from the map.
+// Remaining reads the units left of each of campaignIDs in one round trip
+// (a second for campaigns of several buckets: their sum); a campaign Redis
+// does not hold is absent from the map.
 func (s *Store) Remaining(ctx context.Context, campaignIDs []string) (map[string]int64, error) {
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.StringCmd, len(campaignIDs))
+	metas := make([]*redis.StringCmd, len(campaignIDs))
 	for i, id := range campaignIDs {
 		cmds[i] = pipe.Get(ctx, campaignKeys(id).stock)
+		metas[i] = pipe.HGet(ctx, campaignKeys(id).meta, "buckets")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("remaining of %d campaigns: %w", len(campaignIDs), err)
 	}
 	out := make(map[string]int64, len(campaignIDs))
+	var bucketed []int
 	for i, cmd := range cmds {
 		n, err := cmd.Int64()
 		if errors.Is(err, redis.Nil) {
@@ -48,6 +91,32 @@ func (s *Store) Remaining(ctx context.Context, campaignIDs []string) (map[string
 			return nil, fmt.Errorf("remaining of %s: %w", campaignIDs[i], err)
 		}
 		out[campaignIDs[i]] = n
+		if b, _ := metas[i].Int(); b > 1 {
+			bucketed = append(bucketed, i)
+		}
+	}
+	if len(bucketed) == 0 {
+		return out, nil
+	}
+	pipe = s.rdb.Pipeline()
+	sums := make(map[string][]*redis.StringCmd, len(bucketed))
+	for _, i := range bucketed {
+		id := campaignIDs[i]
+		b, _ := metas[i].Int()
+		for _, tag := range bucketTags(id, b, false) {
+			sums[id] = append(sums[id], pipe.Get(ctx, campaignKeys(tag).stock))
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("remaining of %d campaigns: %w", len(bucketed), err)
+	}
+	for id, cs := range sums {
+		var sum int64
+		for _, c := range cs {
+			n, _ := c.Int64()
+			sum += n
+		}
+		out[id] = sum
 	}
 	return out, nil
 }

@@ -46,6 +46,12 @@ var (
 	endEarlySource string
 	//go:embed remove.lua
 	removeSource string
+	//go:embed take.lua
+	takeSource string
+	//go:embed give.lua
+	giveSource string
+	//go:embed settle.lua
+	settleSource string
 )
 
 // Store runs flashsale's Redis operations on a client, ring or cluster.
@@ -62,6 +68,9 @@ type Store struct {
 	sweep    *redis.Script
 	endEarly *redis.Script
 	remove   *redis.Script
+	take     *redis.Script
+	give     *redis.Script
+	settle   *redis.Script
 
 	// retention is how long a campaign's keys outlive its sale (expireAt).
 	retention time.Duration
@@ -96,6 +105,9 @@ func New(rdb redis.UniversalClient, opts ...Option) *Store {
 		sweep:    redis.NewScript(sweepSource),
 		endEarly: redis.NewScript(endEarlySource),
 		remove:   redis.NewScript(removeSource),
+		take:     redis.NewScript(takeSource),
+		give:     redis.NewScript(giveSource),
+		settle:   redis.NewScript(settleSource),
 	}
 	s.retention = DefaultKeyRetention
 	for _, o := range opts {
@@ -104,15 +116,17 @@ func New(rdb redis.UniversalClient, opts ...Option) *Store {
 	return s
 }
 
-// keys of one campaign; all share the hash tag {id}.
+// keys of one campaign, or of one bucket of a campaign of several; all
+// share the hash tag {tag} (model.BucketTag).
 type keys struct {
 	meta, stock, soldout, counters, users, results, idem string
 	released, unknown                                    string
+	xfer, xpend, got                                     string
 	campaignLimit, userLimits, ipLimits                  string
 }
 
-func campaignKeys(id string) keys {
-	p := "fs:{" + id + "}:"
+func campaignKeys(tag string) keys {
+	p := "fs:{" + tag + "}:"
 	return keys{
 		meta:     p + "meta",
 		stock:    p + "stock",
@@ -125,6 +139,10 @@ func campaignKeys(id string) keys {
 		released: p + "released",
 		// Requests whose publish outcome was unknown (see unknown.go).
 		unknown: p + "unknown",
+		// Stock transfers between buckets (see buckets.go).
+		xfer:  p + "xfer",
+		xpend: p + "xpend",
+		got:   p + "got",
 		// Rate-limit state (see admit.lua).
 		campaignLimit: p + "rl:all",
 		userLimits:    p + "rl:users",
@@ -164,77 +182,130 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Deduct decides a batch of one campaign's requests in one atomic script
-// call, under the epoch the reply names. It decides nothing when the
+// Deduct decides a batch of requests of one tag (a campaign, or one bucket
+// of a campaign of several: model.TagOfRequest) in one atomic script call,
+// under the epoch the reply names. It decides nothing when the
 // campaign is not loaded (model.ErrNotLoaded) or paused (model.ErrPaused):
 // the caller holds the batch until it is back. Either way, unless the
 // campaign is not loaded, the batch's requests are no longer ones the sweep
 // of unknown publishes may reject (SweepUnknown): a worker has seen them.
-func (s *Store) Deduct(ctx context.Context, campaignID string, batch []model.Deduction) (model.DeductReply, error) {
+// In a bucket of several, a request the bucket lacks the units for is
+// decided only after stock moved from the others or every one was found
+// empty (buckets.go).
+func (s *Store) Deduct(ctx context.Context, tag string, batch []model.Deduction) (model.DeductReply, error) {
 	if len(batch) == 0 {
 		return model.DeductReply{}, nil
 	}
-	k := campaignKeys(campaignID)
-	args := make([]any, 0, 1+4*len(batch))
+	out, st, err := s.deductOnce(ctx, tag, batch, "")
+	switch {
+	case err != nil || st.buckets == 0:
+		return out, err
+	case st.shorts == 0:
+		// This batch emptied its bucket: the campaign may be sold out.
+		campaignID, _, _ := model.SplitTag(tag)
+		out.SoldOutNow, err = s.markSoldOut(ctx, campaignID, st.buckets)
+		return out, err
+	}
+	return s.deductShort(ctx, tag, batch, out, st)
+}
+
+// deductOnce runs deduct.lua once; final is ARGV[2+4n] (see there).
+func (s *Store) deductOnce(ctx context.Context, tag string, batch []model.Deduction, final string) (model.DeductReply, shortState, error) {
+	campaignID, _, ok := model.SplitTag(tag)
+	if !ok {
+		return model.DeductReply{}, shortState{}, fmt.Errorf("deduct %q: %w", tag, model.Invalid("campaign_id", "not a campaign or bucket"))
+	}
+	k := campaignKeys(tag)
+	args := make([]any, 0, 2+4*len(batch))
 	args = append(args, len(batch))
 	for _, d := range batch {
 		args = append(args, d.RequestID, d.UserID, d.Quantity, d.OrderID)
 	}
+	if final != "" {
+		args = append(args, final)
+	}
 	reply, err := s.deduct.Run(ctx, s.rdb,
 		[]string{k.stock, k.users, k.results, k.soldout, k.counters, k.meta, k.unknown}, args...).Slice()
 	if err != nil {
-		return model.DeductReply{}, fmt.Errorf("deduct %s (%d requests): %w", campaignID, len(batch), err)
+		return model.DeductReply{}, shortState{}, fmt.Errorf("deduct %s (%d requests): %w", tag, len(batch), err)
 	}
-	out, err := parseDeductReply(campaignID, batch, reply)
+	out, st, err := parseDeductReply(campaignID, batch, reply)
 	if err != nil {
-		return model.DeductReply{}, fmt.Errorf("deduct %s: %w", campaignID, err)
+		return model.DeductReply{}, shortState{}, fmt.Errorf("deduct %s: %w", tag, err)
 	}
-	return out, nil
+	return out, st, nil
 }
 
-// parseDeductReply is the one place that reads deduct.lua's reply.
-func parseDeductReply(campaignID string, batch []model.Deduction, reply []any) (model.DeductReply, error) {
+// shortState is what deduct.lua says of a bucket some requests were short
+// in: how many, the campaign's bucket count, the bucket's moves counter.
+type shortState struct {
+	shorts  int
+	buckets int
+	moves   int64
+}
+
+// parseDeductReply is the one place that reads deduct.lua's reply. A short
+// request's Result has the empty status.
+func parseDeductReply(campaignID string, batch []model.Deduction, reply []any) (model.DeductReply, shortState, error) {
+	var st shortState
 	if len(reply) == 0 {
-		return model.DeductReply{}, errors.New("empty reply")
+		return model.DeductReply{}, st, errors.New("empty reply")
 	}
 	flag, ok := reply[0].(int64)
 	if !ok {
-		return model.DeductReply{}, fmt.Errorf("reply[0] is %T, want integer", reply[0])
+		return model.DeductReply{}, st, fmt.Errorf("reply[0] is %T, want integer", reply[0])
 	}
+	head := 2
 	switch {
 	case flag == -1 && len(reply) == 1:
-		return model.DeductReply{}, model.ErrNotLoaded
+		return model.DeductReply{}, st, model.ErrNotLoaded
 	case flag == -2 && len(reply) == 1:
-		return model.DeductReply{}, model.ErrPaused
+		return model.DeductReply{}, st, model.ErrPaused
+	case flag == 2:
+		head = 4
 	case flag != 0 && flag != 1:
-		return model.DeductReply{}, fmt.Errorf("reply[0] is %d, want 0, 1, -1 or -2", flag)
-	case len(reply) != 2+3*len(batch):
-		return model.DeductReply{}, fmt.Errorf("reply has %d elements, want %d", len(reply), 2+3*len(batch))
+		return model.DeductReply{}, st, fmt.Errorf("reply[0] is %d, want 0, 1, 2, -1 or -2", flag)
+	}
+	if len(reply) != head+3*len(batch) {
+		return model.DeductReply{}, st, fmt.Errorf("reply has %d elements, want %d", len(reply), head+3*len(batch))
 	}
 	epoch, ok := reply[1].(int64)
 	if !ok || epoch < 0 {
-		return model.DeductReply{}, fmt.Errorf("reply[1] is %v, want an epoch", reply[1])
+		return model.DeductReply{}, st, fmt.Errorf("reply[1] is %v, want an epoch", reply[1])
+	}
+	if head == 4 {
+		n, ok1 := reply[2].(int64)
+		moves, ok2 := reply[3].(int64)
+		if !ok1 || !ok2 || n < 2 || n > model.MaxBuckets || moves < 0 {
+			return model.DeductReply{}, st, fmt.Errorf("reply[2:4] is %v, want buckets and moves", reply[2:4])
+		}
+		st.buckets, st.moves = int(n), moves
 	}
 	out := model.DeductReply{SoldOutNow: flag == 1, Epoch: epoch, Results: make([]model.Result, len(batch))}
 	for i, d := range batch {
 		var f [3]string
 		for j := range f {
-			v, ok := reply[2+3*i+j].(string)
+			v, ok := reply[head+3*i+j].(string)
 			if !ok {
-				return model.DeductReply{}, fmt.Errorf("reply[%d] is %T, want string", 2+3*i+j, reply[2+3*i+j])
+				return model.DeductReply{}, st, fmt.Errorf("reply[%d] is %T, want string", head+3*i+j, reply[head+3*i+j])
 			}
 			f[j] = v
 		}
+		if f[0] == "short" && head == 4 {
+			st.shorts++
+			out.Results[i] = model.Result{RequestID: d.RequestID, CampaignID: campaignID, UserID: d.UserID, Quantity: d.Quantity}
+			continue
+		}
 		st := model.Status(f[0])
 		if !st.Final() {
-			return model.DeductReply{}, fmt.Errorf("request %s: status %q is not final", d.RequestID, f[0])
+			return model.DeductReply{}, shortState{}, fmt.Errorf("request %s: status %q is not final", d.RequestID, f[0])
 		}
 		out.Results[i] = model.Result{
 			RequestID: d.RequestID, CampaignID: campaignID, UserID: d.UserID,
 			Status: st, OrderID: f[1], Reason: f[2], Quantity: d.Quantity,
 		}
 	}
-	return out, nil
+	return out, st, nil
 }
 
 // encodeStored is the compact form kept in the results hash; the Lua scripts
@@ -275,11 +346,12 @@ func decodeStored(requestID, campaignID, v string) (model.Result, error) {
 
 // Result returns the stored result of a request, or model.ErrNotFound.
 func (s *Store) Result(ctx context.Context, requestID string) (model.Result, error) {
-	c, ok := model.CampaignOfRequest(requestID)
+	tag, ok := model.TagOfRequest(requestID)
 	if !ok {
 		return model.Result{}, fmt.Errorf("result %q: %w", requestID, model.ErrNotFound)
 	}
-	v, err := s.rdb.HGet(ctx, campaignKeys(c).results, requestID).Result()
+	c, _, _ := model.SplitTag(tag)
+	v, err := s.rdb.HGet(ctx, campaignKeys(tag).results, requestID).Result()
 	if errors.Is(err, redis.Nil) {
 		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
 	}
@@ -290,27 +362,27 @@ func (s *Store) Result(ctx context.Context, requestID string) (model.Result, err
 }
 
 // Results returns the stored results of requestIDs, in their order, in one
-// round trip: one HMGET per campaign, pipelined when there are several (a
+// round trip: one HMGET per tag (campaign or bucket), pipelined when there are several (a
 // cluster client splits the pipeline by slot; each HMGET stays within its
 // campaign's slot). An unknown or malformed id has the zero Result (empty
 // Status) at its place. An error means no result was read.
 func (s *Store) Results(ctx context.Context, requestIDs []string) ([]model.Result, error) {
 	out := make([]model.Result, len(requestIDs))
 	type read struct {
-		campaignID string
-		at         []int // indexes into requestIDs
-		cmd        *redis.SliceCmd
+		tag string
+		at  []int // indexes into requestIDs
+		cmd *redis.SliceCmd
 	}
 	var reads []*read
 	byCampaign := map[string]*read{}
 	for i, id := range requestIDs {
-		c, ok := model.CampaignOfRequest(id)
+		c, ok := model.TagOfRequest(id)
 		if !ok {
 			continue
 		}
 		rd := byCampaign[c]
 		if rd == nil {
-			rd = &read{campaignID: c}
+			rd = &read{tag: c}
 			byCampaign[c] = rd
 			reads = append(reads, rd)
 		}
@@ -330,12 +402,12 @@ func (s *Store) Results(ctx context.Context, requestIDs []string) ([]model.Resul
 	if len(reads) == 1 {
 		// The usual case, one campaign: no pipeline to build.
 		rd := reads[0]
-		rd.cmd = s.rdb.HMGet(ctx, campaignKeys(rd.campaignID).results, fields(rd)...)
+		rd.cmd = s.rdb.HMGet(ctx, campaignKeys(rd.tag).results, fields(rd)...)
 		err = rd.cmd.Err()
 	} else {
 		pipe := s.rdb.Pipeline()
 		for _, rd := range reads {
-			rd.cmd = pipe.HMGet(ctx, campaignKeys(rd.campaignID).results, fields(rd)...)
+			rd.cmd = pipe.HMGet(ctx, campaignKeys(rd.tag).results, fields(rd)...)
 		}
 		_, err = pipe.Exec(ctx)
 	}
@@ -349,7 +421,8 @@ func (s *Store) Results(ctx context.Context, requestIDs []string) ([]model.Resul
 				continue // nil: not stored
 			}
 			id := requestIDs[rd.at[j]]
-			r, err := decodeStored(id, rd.campaignID, stored)
+			c, _, _ := model.SplitTag(rd.tag)
+			r, err := decodeStored(id, c, stored)
 			if err != nil {
 				return nil, fmt.Errorf("result %s: %w", id, err)
 			}
@@ -368,11 +441,12 @@ func (s *Store) SoldOut(ctx context.Context, campaignID string) (bool, error) {
 	return n == 1, nil
 }
 
-// Stats reads a campaign's counters in one round trip.
+// Stats reads a campaign's counters in one round trip; a campaign of
+// several buckets is their sum, in a second.
 func (s *Store) Stats(ctx context.Context, campaignID string) (model.Stats, error) {
 	k := campaignKeys(campaignID)
 	pipe := s.rdb.Pipeline()
-	meta := pipe.HGet(ctx, k.meta, "stock")
+	meta := pipe.HMGet(ctx, k.meta, "stock", "buckets")
 	rem := pipe.Get(ctx, k.stock)
 	flag := pipe.Exists(ctx, k.soldout)
 	counters := pipe.HGetAll(ctx, k.counters)
@@ -383,44 +457,88 @@ func (s *Store) Stats(ctx context.Context, campaignID string) (model.Stats, erro
 	for _, s := range model.FinalStatuses {
 		st.FinishedByStatus[s] = 0
 	}
-	stock, err := meta.Int64()
-	if errors.Is(err, redis.Nil) {
+	if meta.Val()[0] == nil {
 		return st, nil
 	}
+	stock, err := parseInt(meta.Val()[0])
 	if err != nil {
 		return model.Stats{}, fmt.Errorf("stats %s: stock: %w", campaignID, err)
 	}
 	st.Loaded, st.Stock = true, stock
-	if st.Remaining, err = rem.Int64(); err != nil {
-		return model.Stats{}, fmt.Errorf("stats %s: remaining: %w", campaignID, err)
-	}
 	st.SoldOut = flag.Val() == 1
-	for f, v := range counters.Val() {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return model.Stats{}, fmt.Errorf("stats %s: counter %s: %w", campaignID, f, err)
+	var n int64 = 1
+	if v := meta.Val()[1]; v != nil {
+		if n, err = parseInt(v); err != nil {
+			return model.Stats{}, fmt.Errorf("stats %s: buckets: %w", campaignID, err)
 		}
-		switch {
-		case f == "admitted":
-			st.Admitted = n
-		case f == "sold":
-			st.Sold = n
-		case strings.HasPrefix(f, "fin:"):
-			st.FinishedByStatus[model.Status(strings.TrimPrefix(f, "fin:"))] = n
+	}
+	if n <= 1 {
+		if st.Remaining, err = rem.Int64(); err != nil {
+			return model.Stats{}, fmt.Errorf("stats %s: remaining: %w", campaignID, err)
+		}
+		return st, addCounters(&st, campaignID, counters.Val())
+	}
+	// The buckets hold the units and the counters; the campaign's own tag
+	// only its definition and the sold-out flag.
+	pipe = s.rdb.Pipeline()
+	tags := bucketTags(campaignID, int(n), false)
+	rems := make([]*redis.StringCmd, len(tags))
+	cs := make([]*redis.MapStringStringCmd, len(tags))
+	for i, tag := range tags {
+		bk := campaignKeys(tag)
+		rems[i], cs[i] = pipe.Get(ctx, bk.stock), pipe.HGetAll(ctx, bk.counters)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return model.Stats{}, fmt.Errorf("stats %s: %w", campaignID, unavailable(err))
+	}
+	for i, tag := range tags {
+		r, err := rems[i].Int64()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return model.Stats{}, fmt.Errorf("stats %s: remaining: %w", tag, err)
+		}
+		st.Remaining += r
+		if err := addCounters(&st, tag, cs[i].Val()); err != nil {
+			return model.Stats{}, err
 		}
 	}
 	return st, nil
+}
+
+// addCounters adds one tag's counters hash to st.
+func addCounters(st *model.Stats, tag string, counters map[string]string) error {
+	for f, v := range counters {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return fmt.Errorf("stats %s: counter %s: %w", tag, f, err)
+		}
+		switch {
+		case f == "admitted":
+			st.Admitted += n
+		case f == "sold":
+			st.Sold += n
+		case strings.HasPrefix(f, "fin:"):
+			st.FinishedByStatus[model.Status(strings.TrimPrefix(f, "fin:"))] += n
+		}
+	}
+	return nil
 }
 
 // Reject gives a request a final rejected result with reason, unless it
 // already has a final result, and returns the result that stands. The
 // request is no longer one the sweep of unknown publishes may reject.
 func (s *Store) Reject(ctx context.Context, d model.Deduction, campaignID, reason string) (model.Result, error) {
+	// The request's result lives under its tag (its bucket's, if any).
 	k := campaignKeys(campaignID)
+	if tag, ok := model.TagOfRequest(d.RequestID); ok {
+		k = campaignKeys(tag)
+	}
 	v := encodeStored(model.Result{Status: model.StatusRejected, Quantity: d.Quantity, Reason: reason, UserID: d.UserID})
 	stored, err := s.reject.Run(ctx, s.rdb, []string{k.results, k.counters, k.meta, k.unknown}, d.RequestID, v).Text()
 	if err != nil {
 		return model.Result{}, fmt.Errorf("reject %s: %w", d.RequestID, err)
+	}
+	if c, _, ok := model.SplitTag(campaignID); ok {
+		campaignID = c // the worker may name the bucket's tag
 	}
 	return decodeStored(d.RequestID, campaignID, stored)
 }
@@ -432,7 +550,7 @@ func (s *Store) Reject(ctx context.Context, d model.Deduction, campaignID, reaso
 // A key that names a request costs a second round trip, one that names
 // nothing one.
 func (s *Store) IdempotentRequest(ctx context.Context, a model.AdmitRequest) (model.AdmitReply, bool, error) {
-	v, err := s.rdb.HGet(ctx, campaignKeys(a.CampaignID).idem, idemField(a.UserID, a.IdempotencyKey)).Result()
+	v, err := s.rdb.HGet(ctx, campaignKeys(a.KeyTag()).idem, idemField(a.UserID, a.IdempotencyKey)).Result()
 	if errors.Is(err, redis.Nil) {
 		return model.AdmitReply{}, false, nil
 	}

@@ -34,10 +34,10 @@ func (s *Store) AddUnknown(ctx context.Context, topic string, batch []model.Admi
 	var order []string
 	ids := map[string][]any{}
 	for _, a := range batch {
-		if _, ok := ids[a.CampaignID]; !ok {
-			order = append(order, a.CampaignID)
+		if _, ok := ids[a.KeyTag()]; !ok {
+			order = append(order, a.KeyTag())
 		}
-		ids[a.CampaignID] = append(ids[a.CampaignID], a.RequestID)
+		ids[a.KeyTag()] = append(ids[a.KeyTag()], a.RequestID)
 	}
 	for _, c := range order {
 		if err := s.unknown.Run(ctx, s.rdb, []string{campaignKeys(c).unknown, campaignKeys(c).meta}, ids[c]...).Err(); err != nil {
@@ -85,7 +85,8 @@ func (s *Store) sweepCampaign(ctx context.Context, topic, campaignID string, max
 		if err != nil {
 			return out, fmt.Errorf("sweep unknown publishes of %s: %w", campaignID, err)
 		}
-		left, looked, results, err := parseSweepReply(campaignID, reply)
+		owner, _, _ := model.SplitTag(campaignID) // the index holds tags
+		left, looked, results, err := parseSweepReply(owner, reply)
 		if err != nil {
 			return out, fmt.Errorf("sweep unknown publishes of %s: %w", campaignID, err)
 		}

@@ -110,6 +110,7 @@ async function create(form) {
     id: f.get("id"), name: f.get("name"),
     stock: Number(f.get("stock")), per_user_limit: Number(f.get("per_user_limit")), price: Number(f.get("price") || 0),
     payment_window: f.get("payment_window") || undefined,
+    buckets: Number(f.get("buckets") || 1),
     start_at: new Date(f.get("start_at")).toISOString(), end_at: new Date(f.get("end_at")).toISOString(),
   };
   await api("POST", "/admin/v1/campaigns", body);
