@@ -18,35 +18,59 @@ func (s *Store) PublishEvent(ctx context.Context, e model.Event) error {
 	return nil
 }
 
-// resultsPerMessage bounds how many results share one message on
-// ResultsChannel (about 200 bytes each).
+// resultsPerMessage bounds how many results share one message on a results
+// channel (about 200 bytes each).
 const resultsPerMessage = 256
 
-// PublishResults broadcasts final results to every notifier, in one round
-// trip. Results travel many to a message, one JSON object a line (JSON text
-// holds no raw newline): Redis then fans out one message per batch instead
-// of one per result, and a worker's batch of 512 costs it 2 PUBLISHes, not
-// 512. A subscriber of an older version cannot read such a message and
-// drops it; its waiters still get their results from the stored copy (the
-// notifier's periodic re-check).
+// resultsChannel is the channel of a campaign's results. Its hash tag puts it
+// in the slot of the campaign's keys: SPUBLISH runs on the shard that decided
+// the results, and only the notifiers that subscribed to the campaign (they
+// have a shopper waiting on it) receive them.
+func resultsChannel(campaignID string) string { return "fs:{" + campaignID + "}:published" }
+
+// PublishResults sends final results to the notifiers that wait on their
+// campaigns, in one round trip (one per shard on a cluster). Results travel
+// many to a message, one JSON object a line (JSON text holds no raw newline):
+// Redis then fans out one message per campaign and batch instead of one per
+// result, and a worker's batch of 512 costs it 2 SPUBLISHes, not 512. A
+// subscriber of an older version cannot read such a message and drops it;
+// its waiters still get their results from the stored copy (the notifier's
+// periodic re-check).
 func (s *Store) PublishResults(ctx context.Context, results []model.Result) error {
 	if len(results) == 0 {
 		return nil
 	}
+	// Group by campaign, keeping each campaign's order: a worker's batch
+	// is one campaign's, so this is usually one group.
+	var order []string
+	groups := map[string][]model.Result{}
+	for _, r := range results {
+		if _, ok := groups[r.CampaignID]; !ok {
+			order = append(order, r.CampaignID)
+		}
+		groups[r.CampaignID] = append(groups[r.CampaignID], r)
+	}
 	pipe := s.rdb.Pipeline()
-	for start := 0; start < len(results); start += resultsPerMessage {
-		part := results[start:min(start+resultsPerMessage, len(results))]
-		msg := make([]byte, 0, 200*len(part))
-		for i, r := range part {
-			if i > 0 {
-				msg = append(msg, '\n')
+	for _, campaignID := range order {
+		group := groups[campaignID]
+		for start := 0; start < len(group); start += resultsPerMessage {
+			part := group[start:min(start+resultsPerMessage, len(group))]
+			msg := make([]byte, 0, 200*len(part))
+			for i, r := range part {
+				if i > 0 {
+					msg = append(msg, '\n')
+				}
+				var err error
+				if msg, err = model.AppendResult(msg, r); err != nil {
+					return fmt.Errorf("publish results: %w", err)
+				}
 			}
-			var err error
-			if msg, err = model.AppendResult(msg, r); err != nil {
-				return fmt.Errorf("publish results: %w", err)
+			if s.plainResults {
+				pipe.Publish(ctx, resultsChannel(campaignID), msg)
+			} else {
+				pipe.SPublish(ctx, resultsChannel(campaignID), msg)
 			}
 		}
-		pipe.Publish(ctx, ResultsChannel, msg)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("publish %d results: %w", len(results), err)
@@ -65,18 +89,63 @@ func (s *Store) SubscribeEvents(ctx context.Context, ready func(), fn func(model
 	})
 }
 
-// SubscribeResults calls fn for every published result until ctx ends. ready
-// is called once the subscription is confirmed. Results published while the
-// connection is being re-established are missed: subscribers re-read stored
-// results for what they still wait on.
-func (s *Store) SubscribeResults(ctx context.Context, ready func(), fn func(model.Result)) error {
-	return s.subscribe(ctx, ResultsChannel, ready, func(payload string) {
-		for line := range strings.SplitSeq(payload, "\n") {
-			if r, err := model.DecodeResult([]byte(line)); err == nil {
-				fn(r)
+// SubscribeResults calls fn for every result published for campaignID until
+// ctx ends. It calls ready each time Redis confirms the subscription: first,
+// and again after the client reconnected it (a lost connection, a failover).
+// Results published before a confirmation are missed, so subscribers re-read
+// the stored results they wait on after each one. It returns an error when
+// the subscription cannot be made or the server ends it (the campaign's slot
+// moved to another shard): the caller subscribes again, which finds the
+// slot's new owner.
+func (s *Store) SubscribeResults(ctx context.Context, campaignID string, ready func(), fn func(model.Result)) error {
+	channel := resultsChannel(campaignID)
+	var ps *redis.PubSub
+	var err error
+	if s.plainResults {
+		ps = s.rdb.Subscribe(ctx)
+		err = ps.Subscribe(ctx, channel)
+	} else {
+		// On a cluster the PubSub connects to the master of the
+		// channel's slot, and reconnects there (go-redis re-reads the
+		// slot map) when the connection breaks.
+		ps = s.rdb.SSubscribe(ctx)
+		err = ps.SSubscribe(ctx, channel)
+	}
+	defer ps.Close()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("subscribe %s: %w", channel, err)
+	}
+	msgs := ps.ChannelWithSubscriptions(redis.WithChannelSize(4096))
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m, ok := <-msgs:
+			if !ok {
+				return nil
+			}
+			switch m := m.(type) {
+			case *redis.Subscription:
+				switch m.Kind {
+				case "subscribe", "ssubscribe":
+					if ready != nil {
+						ready()
+					}
+				case "unsubscribe", "sunsubscribe":
+					return fmt.Errorf("subscribe %s: ended by the server", channel)
+				}
+			case *redis.Message:
+				for line := range strings.SplitSeq(m.Payload, "\n") {
+					if r, err := model.DecodeResult([]byte(line)); err == nil {
+						fn(r)
+					}
+				}
 			}
 		}
-	})
+	}
 }
 
 func (s *Store) subscribe(ctx context.Context, channel string, ready func(), fn func(string)) error {

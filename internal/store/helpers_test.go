@@ -28,7 +28,7 @@ func backends() []backend {
 			m := miniredis.RunT(t)
 			c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 			t.Cleanup(func() { _ = c.Close() })
-			return New(c)
+			return New(c, WithPlainResults())
 		}},
 	}
 }
