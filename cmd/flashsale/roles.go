@@ -259,6 +259,10 @@ func (s *system) open(ctx context.Context, so startOptions) error {
 	if s.cfg.Redis.Mode == "embedded" {
 		storeOpts = append(storeOpts, store.WithPlainResults()) // miniredis has no sharded pub/sub
 	}
+	if n := s.cfg.Redis.MinReplicasAck; n > 0 {
+		storeOpts = append(storeOpts, store.WithReplicaAck(store.ReplicaAck{Replicas: n, Timeout: s.cfg.Redis.ReplicaAckTimeout,
+			Observe: s.Metrics.ObserveReplicaAck}))
+	}
 	s.store = store.New(rdb, storeOpts...)
 	if s.roles.gateway || s.roles.worker {
 		if s.db, err = sqlstore.Open(ctx, s.cfg.Database.Driver, s.cfg.Database.DSN); err != nil {

@@ -64,6 +64,9 @@ type Store struct {
 
 	// retention is how long a campaign's keys outlive its sale (expireAt).
 	retention time.Duration
+	// replicaAck is how many replicas must have a deduction's writes
+	// (replicas.go).
+	replicaAck ReplicaAck
 	// plainResults sends results by PUBLISH/SUBSCRIBE instead of their
 	// sharded forms (WithPlainResults).
 	plainResults bool
@@ -189,8 +192,7 @@ func (s *Store) Deduct(ctx context.Context, campaignID string, batch []model.Ded
 	for _, d := range batch {
 		args = append(args, d.RequestID, d.UserID, d.Quantity, d.OrderID)
 	}
-	reply, err := s.deduct.Run(ctx, s.rdb,
-		[]string{k.stock, k.users, k.results, k.soldout, k.counters, k.meta, k.unknown}, args...).Slice()
+	reply, err := s.runDeduct(ctx, []string{k.stock, k.users, k.results, k.soldout, k.counters, k.meta, k.unknown}, args)
 	if err != nil {
 		return model.DeductReply{}, fmt.Errorf("deduct %s (%d requests): %w", campaignID, len(batch), err)
 	}
