@@ -107,7 +107,7 @@ func openReconciler(ctx context.Context, command, configPath string, env map[str
 		return nil, nil, err
 	}
 	if cfg.Redis.Mode == "embedded" {
-		return nil, nil, fmt.Errorf("%s: needs a shared Redis and database (redis.mode server); the embedded ones live inside serve", command)
+		return nil, nil, fmt.Errorf("%s: needs a shared Redis and database (redis.mode server or cluster); the embedded ones live inside serve", command)
 	}
 	sys := &system{}
 	release = func() {

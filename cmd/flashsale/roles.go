@@ -94,7 +94,7 @@ func runRoles(ctx context.Context, name string, args []string, stdout io.Writer,
 		cfg.HTTP.Addr = *addr
 	}
 	if roles != (roleSet{true, true, true}) && (cfg.Redis.Mode == "embedded" || cfg.Queue.Driver == "memqueue") {
-		return fmt.Errorf("%s: a single role needs shared services: set redis.mode server and a shared queue driver (or use serve)", name)
+		return fmt.Errorf("%s: a single role needs shared services: set redis.mode server or cluster and a shared queue driver (or use serve)", name)
 	}
 	log := newLog(cfg.Log)
 	routeRedisLog(log)
@@ -668,6 +668,22 @@ func registerDocument(e, admin *gin.Engine) {
 }
 
 func openRedis(ctx context.Context, c config.Redis, sys *system) (redis.UniversalClient, error) {
+	if c.Mode == "cluster" {
+		// Every key carries its campaign's (or queue partition's) hash
+		// tag, so the same scripts run on the cluster unchanged.
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs, Password: c.Password, PoolSize: c.PoolSize,
+			ClusterStateReloadInterval: c.ClusterReloadInterval})
+		sys.closers = append(sys.closers, rdb.Close)
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		// A ping reaches one node; every master must answer before this
+		// process takes traffic, or the slots of a missing one would fail
+		// the first purchases of its campaigns.
+		if err := rdb.ForEachMaster(pctx, func(ctx context.Context, m *redis.Client) error { return m.Ping(ctx).Err() }); err != nil {
+			return nil, fmt.Errorf("redis cluster %s: %w", strings.Join(c.Addrs, ","), err)
+		}
+		return rdb, nil
+	}
 	addr := c.Addr
 	if c.Mode == "embedded" {
 		mr := miniredis.NewMiniRedis()

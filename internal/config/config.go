@@ -131,13 +131,22 @@ func (p Provider) validate() error {
 	return nil
 }
 
-// Redis selects the Redis server; mode "embedded" runs an in-process Redis.
+// Redis selects the Redis server: mode "embedded" runs an in-process Redis,
+// "server" one Redis at Addr, "cluster" a Redis Cluster found from Addrs.
 type Redis struct {
-	Mode     string `yaml:"mode" env:"MODE"`
-	Addr     string `yaml:"addr" env:"ADDR"`
-	Password string `yaml:"password" env:"PASSWORD"`
-	DB       int    `yaml:"db" env:"DB"`
-	PoolSize int    `yaml:"pool_size" env:"POOL_SIZE"`
+	Mode string `yaml:"mode" env:"MODE"`
+	Addr string `yaml:"addr" env:"ADDR"`
+	// Addrs are a few of the cluster's nodes (mode cluster); the client
+	// learns the others and the slot map from them.
+	Addrs []string `yaml:"addrs" env:"ADDRS"`
+	// ClusterReloadInterval is how often the cluster client re-reads the
+	// slot map. go-redis re-reads it on MOVED, but not when a master stops
+	// answering: until this reload it keeps sending to the dead master
+	// instead of its promoted replica (go-redis's default is 60 s).
+	ClusterReloadInterval time.Duration `yaml:"cluster_reload_interval" env:"CLUSTER_RELOAD_INTERVAL"`
+	Password              string        `yaml:"password" env:"PASSWORD"`
+	DB                    int           `yaml:"db" env:"DB"`
+	PoolSize              int           `yaml:"pool_size" env:"POOL_SIZE"`
 	// KeyRetention is how long a campaign's keys outlive its sale: they
 	// expire this long after its end plus its payment window.
 	KeyRetention time.Duration `yaml:"key_retention" env:"KEY_RETENTION"`
@@ -284,7 +293,8 @@ func Default() Config {
 			WriteTimeout: 10 * time.Second, IdleTimeout: 60 * time.Second, MaxBodyBytes: 4096, ShutdownTimeout: 10 * time.Second},
 		Auth: Auth{JWTSecret: DevJWTSecret, JWTLeeway: 30 * time.Second, AdminToken: DevAdminToken, AdminFailuresPerMinute: 10, Dev: true,
 			Provider: Provider{JWKSRefresh: time.Hour, JWKSUnknownKID: time.Minute}},
-		Redis:    Redis{Mode: "embedded", PoolSize: 64, KeyRetention: 7 * 24 * time.Hour, ReplicaAckTimeout: time.Second},
+		Redis: Redis{Mode: "embedded", PoolSize: 64, ClusterReloadInterval: 2 * time.Second, KeyRetention: 7 * 24 * time.Hour,
+			ReplicaAckTimeout: time.Second},
 		Database: Database{Driver: "sqlite", DSN: ":memory:"},
 		Queue: Queue{Driver: "redisstream", Topic: "flashsale-purchases", ExpiryTopic: "flashsale-expiry", Partitions: 8, BatchSize: 128, Group: "workers", LeaseTTL: 10 * time.Second,
 			RocketMQ: RocketMQ{NameServers: []string{"127.0.0.1:9876"}, ProducerGroup: "flashsale-gateway",
@@ -365,10 +375,8 @@ func (c Config) Validate() error {
 		return bad("auth.jwt_leeway", "must be between 0 and 5m")
 	case c.Auth.Provider.validate() != nil:
 		return c.Auth.Provider.validate()
-	case c.Redis.Mode != "embedded" && c.Redis.Mode != "server":
-		return bad("redis.mode", `must be "embedded" or "server"`)
-	case c.Redis.Mode == "server" && c.Redis.Addr == "":
-		return bad("redis.addr", `is required when redis.mode is "server"`)
+	case c.Redis.validate() != nil:
+		return c.Redis.validate()
 	case c.Auth.Dev && c.realServices():
 		return bad("auth.dev", "development mode is only allowed with redis.mode embedded and database.driver sqlite")
 	case c.realServices() && (c.Auth.JWTSecret == DevJWTSecret || c.Auth.AdminToken == DevAdminToken):
@@ -463,7 +471,41 @@ func (c Config) Validate() error {
 // realServices reports whether the config reaches a real Redis or MySQL,
 // where the development mode and secrets are refused.
 func (c Config) realServices() bool {
-	return c.Redis.Mode == "server" || c.Database.Driver == "mysql"
+	return c.Redis.Mode != "embedded" || c.Database.Driver == "mysql"
+}
+
+// validate checks the mode and the addresses it needs.
+func (r Redis) validate() error {
+	bad := func(key, why string) error { return fmt.Errorf("config: redis.%s: %s", key, why) }
+	switch r.Mode {
+	case "embedded":
+	case "server":
+		if r.Addr == "" {
+			return bad("addr", `is required when redis.mode is "server"`)
+		}
+		if len(r.Addrs) > 0 {
+			return bad("addrs", `is for redis.mode "cluster"; one server takes redis.addr`)
+		}
+	case "cluster":
+		switch {
+		case len(r.Addrs) == 0:
+			return bad("addrs", `is required when redis.mode is "cluster" (a few of its nodes, host:port)`)
+		case r.Addr != "":
+			return bad("addr", `is for redis.mode "server"; a cluster takes redis.addrs`)
+		case r.DB != 0:
+			return bad("db", "must be 0 with redis.mode cluster (a cluster has only database 0)")
+		case r.ClusterReloadInterval < 100*time.Millisecond || r.ClusterReloadInterval > time.Minute:
+			return bad("cluster_reload_interval", "must be between 100ms and 1m")
+		}
+		for _, a := range r.Addrs {
+			if host, port, err := net.SplitHostPort(a); err != nil || host == "" || port == "" {
+				return bad("addrs", fmt.Sprintf("%q is not host:port", a))
+			}
+		}
+	default:
+		return bad("mode", `must be "embedded", "server" or "cluster"`)
+	}
+	return nil
 }
 
 // ExpiryGroupSuffix names, after queue.group, the RocketMQ consumer group of

@@ -36,6 +36,9 @@ func normalize(c Config) Config {
 	if len(c.Auth.Algorithms) == 0 {
 		c.Auth.Algorithms = nil
 	}
+	if len(c.Redis.Addrs) == 0 {
+		c.Redis.Addrs = nil
+	}
 	return c
 }
 
@@ -180,6 +183,14 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 		{name: "admin failures off", yaml: "auth:\n  admin_failures_per_minute: 0\n", wantKey: "auth.admin_failures_per_minute"},
 		{name: "server redis without addr", yaml: "redis:\n  mode: server\n", wantKey: "redis.addr"},
 		{name: "dev secrets with real redis", yaml: "redis:\n  mode: server\n  addr: r:6379\n", wantKey: "auth"},
+		{name: "dev secrets with a cluster", yaml: "redis:\n  mode: cluster\n  addrs: [r1:7000]\n", wantKey: "auth"},
+		{name: "unknown redis mode", yaml: "redis:\n  mode: sentinel\n", wantKey: "redis.mode"},
+		{name: "cluster without addrs", yaml: "redis:\n  mode: cluster\n", wantKey: "redis.addrs"},
+		{name: "cluster with one server's addr", yaml: "redis:\n  mode: cluster\n  addr: r:6379\n  addrs: [r1:7000]\n", wantKey: "redis.addr:"},
+		{name: "cluster with a database", yaml: "redis:\n  mode: cluster\n  addrs: [r1:7000]\n  db: 2\n", wantKey: "redis.db"},
+		{name: "cluster seed without port", env: map[string]string{"FLASHSALE_REDIS_MODE": "cluster", "FLASHSALE_REDIS_ADDRS": "r1:7000,r2"}, wantKey: "redis.addrs"},
+		{name: "cluster reload too rare", yaml: "redis:\n  mode: cluster\n  addrs: [r1:7000]\n  cluster_reload_interval: 5m\n", wantKey: "redis.cluster_reload_interval"},
+		{name: "server with cluster seeds", yaml: "redis:\n  mode: server\n  addr: r:6379\n  addrs: [r1:7000]\n", wantKey: "redis.addrs"},
 		{name: "bad log level", yaml: "log:\n  level: loud\n", wantKey: "log.level"},
 		{name: "admit linger too long", yaml: "gateway:\n  admit_linger: 20ms\n", wantKey: "gateway.admit_linger"},
 		{name: "key retention too short", yaml: "redis:\n  key_retention: 30m\n", wantKey: "redis.key_retention"},
@@ -238,6 +249,35 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 				t.Fatalf("got %v, want an error naming %q", err, tc.wantKey)
 			}
 		})
+	}
+}
+
+// TestRedisCluster: redis.mode cluster takes its seed nodes from YAML or
+// from FLASHSALE_REDIS_ADDRS (comma-separated), and the slot map's reload
+// interval defaults short (see config.Redis).
+func TestRedisCluster(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	yaml := "redis:\n  mode: cluster\n  addrs: [r1:7000, r2:7001]\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	secrets := map[string]string{"FLASHSALE_AUTH_JWT_SECRET": strings.Repeat("j", 32), "FLASHSALE_AUTH_ADMIN_TOKEN": "admin-token",
+		"FLASHSALE_AUTH_DEV": "false", "FLASHSALE_PAYMENT_WEBHOOK_SECRET": strings.Repeat("w", 32)}
+	cfg, err := Load(path, secrets)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if want := []string{"r1:7000", "r2:7001"}; !reflect.DeepEqual(cfg.Redis.Addrs, want) || cfg.Redis.ClusterReloadInterval != 2*time.Second {
+		t.Fatalf("got addrs %v, reload %v; want %v, 2s", cfg.Redis.Addrs, cfg.Redis.ClusterReloadInterval, want)
+	}
+	secrets["FLASHSALE_REDIS_ADDRS"] = "10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000"
+	secrets["FLASHSALE_REDIS_CLUSTER_RELOAD_INTERVAL"] = "500ms"
+	if cfg, err = Load(path, secrets); err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if want := []string{"10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000"}; !reflect.DeepEqual(cfg.Redis.Addrs, want) ||
+		cfg.Redis.ClusterReloadInterval != 500*time.Millisecond {
+		t.Fatalf("got addrs %v, reload %v; want %v, 500ms", cfg.Redis.Addrs, cfg.Redis.ClusterReloadInterval, want)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -333,9 +332,10 @@ func TestAdmitNotLoaded(t *testing.T) {
 
 // TestAdmitIdempotencyRace: concurrent batches carrying one shopper's key
 // under different request ids must agree on exactly one winner.
-func TestAdmitIdempotencyRace(t *testing.T) {
+func TestAdmitIdempotencyRace(t *testing.T) { forEachServer(t, testAdmitIdempotencyRace) }
+
+func testAdmitIdempotencyRace(t *testing.T, s *Store) {
 	const goroutines, perBatch = 32, 8
-	s := New(testenv.Redis(t))
 	c := newCampaign(t, 10, 1)
 	mustLoad(t, s, c)
 	var (

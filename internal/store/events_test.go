@@ -11,8 +11,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/flashsale/flashsale/internal/testenv"
-
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -94,19 +92,6 @@ func TestEvents(t *testing.T) {
 	})
 }
 
-// resultBackends are the backends plus the shared test cluster: results
-// travel on sharded channels, which a cluster routes by slot.
-func resultBackends() []backend {
-	return append(backends(), backend{name: "cluster", store: func(t *testing.T) *Store { return New(testenv.RedisCluster(t)) }})
-}
-
-func forEachResultBackend(t *testing.T, fn func(t *testing.T, s *Store)) {
-	t.Helper()
-	for _, b := range resultBackends() {
-		t.Run(b.name, func(t *testing.T) { fn(t, b.store(t)) })
-	}
-}
-
 // rawPublish sends payload on campaignID's results channel as PublishResults
 // would, bypassing its encoding.
 func rawPublish(t *testing.T, s *Store, campaignID, payload string) {
@@ -146,7 +131,7 @@ func rawMessages(t *testing.T, s *Store, campaignID string) <-chan string {
 }
 
 func TestResults(t *testing.T) {
-	forEachResultBackend(t, func(t *testing.T, s *Store) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(t, 1, 1)
 		got := make(chan model.Result, 16)
 		subscribed(t, func(ctx context.Context, ready func()) error {
@@ -183,7 +168,7 @@ func TestResults(t *testing.T) {
 // TestResultsShareMessages: a large batch of results reaches subscribers
 // whole and in order, many results to a Redis message.
 func TestResultsShareMessages(t *testing.T) {
-	forEachResultBackend(t, func(t *testing.T, s *Store) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(t, 1, 1)
 		const n = 2*resultsPerMessage + 3
 		got := make(chan model.Result, n)
@@ -219,7 +204,7 @@ func TestResultsShareMessages(t *testing.T) {
 // master of the cluster reaches each campaign's subscriber, and a subscriber
 // receives its campaign's results and no other's.
 func TestResultsPerCampaign(t *testing.T) {
-	forEachResultBackend(t, func(t *testing.T, s *Store) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
 		campaigns := campaignsOnEveryMaster(t, s)
 		got := make([]chan model.Result, len(campaigns))
 		for i, c := range campaigns {

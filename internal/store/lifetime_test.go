@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -13,7 +15,15 @@ import (
 func campaignKeyTTLs(t *testing.T, s *Store, campaignID string) map[string]time.Duration {
 	t.Helper()
 	prefix := "fs:{" + campaignID + "}:"
-	names, err := s.rdb.Keys(t.Context(), prefix+"*").Result()
+	node := s.rdb
+	if c, ok := s.rdb.(*redis.ClusterClient); ok { // KEYS reads one node: the campaign's master
+		m, err := c.MasterForKey(t.Context(), prefix)
+		if err != nil {
+			t.Fatalf("master of %s: %v", campaignID, err)
+		}
+		node = m
+	}
+	names, err := node.Keys(t.Context(), prefix+"*").Result()
 	if err != nil {
 		t.Fatalf("keys of %s: %v", campaignID, err)
 	}

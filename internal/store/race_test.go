@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -16,7 +15,9 @@ import (
 // request ids delivered more than once (at-least-once queues). Exactly stock
 // units must be sold, to distinct users, and every delivery of a request must
 // see the same decision.
-func TestDeductRace(t *testing.T) {
+func TestDeductRace(t *testing.T) { forEachServer(t, testDeductRace) }
+
+func testDeductRace(t *testing.T, s *Store) {
 	const (
 		stock    = 100
 		workers  = 64
@@ -25,7 +26,6 @@ func TestDeductRace(t *testing.T) {
 		dupRate  = 0.3  // share of extra deliveries of someone else's request
 		maxBatch = 32
 	)
-	s := New(testenv.Redis(t))
 	ctx := t.Context()
 	c := newCampaign(t, stock, 1)
 	mustLoad(t, s, c)

@@ -172,13 +172,14 @@ func TestParseReleaseReply(t *testing.T) {
 // released order's units come back exactly once, remaining never passes
 // the stock, and at the end remaining, sold and every buyer's units are
 // those of the orders still held.
-func TestReleaseRace(t *testing.T) {
+func TestReleaseRace(t *testing.T) { forEachServer(t, testReleaseRace) }
+
+func testReleaseRace(t *testing.T, s *Store) {
 	const (
 		stock      = 200
 		goroutines = 32
 		copies     = 4 // concurrent releases of each released order
 	)
-	s := New(testenv.Redis(t))
 	ctx := t.Context()
 	c := newCampaign(t, stock, 10)
 	mustLoad(t, s, c)

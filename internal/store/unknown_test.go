@@ -242,8 +242,9 @@ func TestSweptRequestArrivesLate(t *testing.T) {
 
 // TestSweepUnknownBatches: more due requests than one script call looks at
 // are all swept in one SweepUnknown, across campaigns.
-func TestSweepUnknownBatches(t *testing.T) {
-	s := New(testenv.Redis(t))
+func TestSweepUnknownBatches(t *testing.T) { forEachServer(t, testSweepUnknownBatches) }
+
+func testSweepUnknownBatches(t *testing.T, s *Store) {
 	topic := newTopic(t, s)
 	want := map[string]bool{}
 	for range 2 {
@@ -284,7 +285,9 @@ func TestSweepUnknownBatches(t *testing.T) {
 // the one every call reported for it; a swept request takes no unit; the
 // units sold are the successes', never more than the stock; the counters
 // add up.
-func TestSweepUnknownRace(t *testing.T) {
+func TestSweepUnknownRace(t *testing.T) { forEachServer(t, testSweepUnknownRace) }
+
+func testSweepUnknownRace(t *testing.T, s *Store) {
 	const (
 		stock    = 50
 		requests = 600
@@ -292,7 +295,6 @@ func TestSweepUnknownRace(t *testing.T) {
 		workers  = 8
 		sweepers = 4
 	)
-	s := New(testenv.Redis(t))
 	topic := newTopic(t, s)
 	c := newCampaign(t, stock, 1)
 	mustLoad(t, s, c)
