@@ -80,8 +80,18 @@ func (s *Store) deductAndWait(ctx context.Context, c *redis.Conn, keys []string,
 		return nil
 	})
 	reply, err := run.Slice()
-	if err != nil {
-		return nil, err
+	switch {
+	case redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK"):
+		// The slot moved since MasterForKey: the batch comes back, by
+		// then to the slot's new master.
+		if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+			cc.ReloadState(ctx)
+		}
+		return nil, fmt.Errorf("%w: %w", model.ErrUnavailable, err)
+	case err != nil:
+		// A master that died mid-call holds the batch like one that
+		// answers short; a script error stays an error.
+		return nil, unavailable(err)
 	}
 	acked, err := wait.Result()
 	if err != nil {
