@@ -62,6 +62,7 @@ func (f *feeds) run(ctx context.Context) {
 		fd.cancel()
 		delete(f.byCampaign, c)
 	}
+	f.n.metrics.ResultsChannels.Set(0)
 	f.failing = 0
 	f.mu.Unlock()
 	f.wg.Wait()
@@ -124,6 +125,7 @@ func (f *feeds) startLocked(campaignID string) *feed {
 	ctx, cancel := context.WithCancel(f.ctx)
 	fd := &feed{cancel: cancel, confirmed: make(chan struct{})}
 	f.byCampaign[campaignID] = fd
+	f.n.metrics.ResultsChannels.Set(float64(len(f.byCampaign)))
 	f.wg.Go(func() { f.keep(ctx, campaignID, fd) })
 	return fd
 }
@@ -205,4 +207,5 @@ func (f *feeds) sweep(now time.Time) {
 			delete(f.byCampaign, c)
 		}
 	}
+	f.n.metrics.ResultsChannels.Set(float64(len(f.byCampaign)))
 }

@@ -176,6 +176,9 @@ func TestFeedsFollowWaiters(t *testing.T) {
 					t.Errorf("campaign %s has subscribed channels %v, want one", c, got)
 				}
 			}
+			if got := gaugeValue(h.m.ResultsChannels); got != float64(len(campaigns)) {
+				t.Errorf("flashsale_results_channels: got %v, want %d", got, len(campaigns))
+			}
 
 			var batch []model.Result
 			for _, id := range append(ids, s.queue(t, other, "bob")) {
@@ -209,6 +212,9 @@ func TestFeedsFollowWaiters(t *testing.T) {
 				n := h.n.feeds.count()
 				return n == 0, strconv.Itoa(n) + " feeds"
 			})
+			if got := gaugeValue(h.m.ResultsChannels); got != 0 {
+				t.Errorf("flashsale_results_channels after the waiters left: got %v, want 0", got)
+			}
 			for _, c := range campaigns {
 				if got := shardChannels(t, s.rdb, c); len(got) != 0 {
 					t.Errorf("campaign %s still has subscribed channels %v after its waiters left", c, got)

@@ -60,6 +60,7 @@ type Metrics struct {
 	ResultsDelivered       *CounterVec // channel: ws, poll
 	WebSocketClients       prometheus.Gauge
 	WebSocketSubscriptions prometheus.Gauge
+	ResultsChannels        prometheus.Gauge // campaigns whose results channel the notifier subscribes to
 }
 
 // New creates the collectors and registers, on a fresh registry, those
@@ -147,6 +148,9 @@ func New(roles ...Role) *Metrics {
 		WebSocketSubscriptions: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "flashsale_websocket_subscriptions", Help: "Request ids WebSocket clients wait on.",
 		}),
+		ResultsChannels: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "flashsale_results_channels", Help: "Campaigns whose sharded results channel the notifier subscribes to: those its shoppers wait on, and for 30 s after.",
+		}),
 		CachedCampaigns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "flashsale_gateway_cached_campaigns",
 			Help: "Campaign ids in the gateway's cache: known campaigns, and unknown ids (bounded, short-lived).",
@@ -170,7 +174,7 @@ func New(roles ...Role) *Metrics {
 		}
 	}
 	if has(Notifier) {
-		m.Registry.MustRegister(m.ResultsDelivered, m.WebSocketClients, m.WebSocketSubscriptions)
+		m.Registry.MustRegister(m.ResultsDelivered, m.WebSocketClients, m.WebSocketSubscriptions, m.ResultsChannels)
 		m.ResultsDelivered.WithLabelValues("ws")
 		m.ResultsDelivered.WithLabelValues("poll")
 	}
