@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -81,7 +82,14 @@ func masterKilledMidSale(t *testing.T, ack int) {
 				// Some shoppers wait on a WebSocket across the kill.
 				if !killed.Load() && len(admitted)%10 == 0 {
 					waiters.Go(func() {
+						// A subscription whose stored read failed (the
+						// master is gone) is refused "unavailable": the
+						// client subscribes again, as the protocol says.
 						r, err := c.wsResult(user, rid, 90*time.Second)
+						for end := time.Now().Add(60 * time.Second); err != nil && strings.Contains(err.Error(), "unavailable") && time.Now().Before(end); {
+							time.Sleep(200 * time.Millisecond)
+							r, err = c.wsResult(user, rid, 90*time.Second)
+						}
 						mu.Lock()
 						defer mu.Unlock()
 						if err != nil {
@@ -139,7 +147,53 @@ func masterKilledMidSale(t *testing.T, ack int) {
 	})
 	tookOver := time.Since(killedAt)
 	wg.Wait()
-	st := c.settle(campaign, 90*time.Second)
+	// Every accepted request final, and MySQL holding what Redis sold.
+	// Not Redis's queued count: an admission the dying master applied but
+	// whose reply was lost was answered 503 (not accepted, never queued)
+	// and stays counted as queued (docs/RELIABILITY.md).
+	pending := map[string]string{}
+	for rid, user := range admitted {
+		pending[rid] = user
+	}
+	var st statsBody
+	settled := func() (bool, string) {
+		for rid, user := range pending {
+			if code, r := c.poll(user, rid); code == http.StatusOK && r.Status != "queued" {
+				delete(pending, rid)
+			}
+		}
+		st = c.stats(campaign)
+		return len(pending) == 0 && st.UnitsInDB == st.Sold, fmt.Sprintf("%d not final; %+v", len(pending), st)
+	}
+	rc := reconcile.New(store.New(rdb), openOrders(t, cfg.Database))
+	var before reconcile.Report
+	repairTook := time.Duration(0)
+	if ack == 0 {
+		// The recovery of docs/RELIABILITY.md when the failover lost
+		// writes (up to the whole campaign, when the replica had not
+		// synced it yet): check; if Redis and MySQL differ, pause, repair
+		// from MySQL, resume.
+		ok, _ := settledWithin(20*time.Second, settled)
+		var err error
+		if before, err = rc.Check(context.Background(), campaign); err != nil {
+			t.Fatal(err)
+		}
+		if !ok || !consistentBut(before, reconcile.KindStillQueued) {
+			if code := c.do("POST", "/admin/v1/campaigns/"+campaign+"/pause", c.admin, nil, nil, nil); code != http.StatusOK && code != http.StatusServiceUnavailable {
+				t.Fatalf("pause: got %d", code)
+			}
+			start := time.Now()
+			_, after, err := rc.Repair(context.Background(), campaign)
+			repairTook = time.Since(start)
+			if err != nil || !consistentBut(after, reconcile.KindStillQueued) {
+				t.Fatalf("repair: %+v, %v; want consistent", after.Differences, err)
+			}
+			if code := c.do("POST", "/admin/v1/campaigns/"+campaign+"/resume", c.admin, nil, nil, nil); code != http.StatusOK {
+				t.Fatalf("resume: got %d", code)
+			}
+		}
+	}
+	testenv.Eventually(t, 90*time.Second, "every accepted request final and stored", settled)
 	waiters.Wait()
 
 	perUser, total := unitsByUser(t, cfg.Database, campaign)
@@ -172,33 +226,23 @@ func masterKilledMidSale(t *testing.T, ack int) {
 		t.Errorf("WebSocket waiter: %v", err)
 	}
 
-	rc := reconcile.New(store.New(rdb), openOrders(t, cfg.Database))
 	rep, err := rc.Check(context.Background(), campaign)
 	if err != nil {
 		t.Fatal(err)
 	}
-	repairTook := time.Duration(0)
+	if n := st.Queued; n > 0 {
+		t.Logf("%d admissions counted as queued without an accepted request (their reply was lost with the master)", n)
+	}
+	if !consistentBut(rep, reconcile.KindStillQueued) {
+		t.Errorf("min_replicas_ack %d: Redis vs MySQL at the end: %+v, want no difference", ack, rep.Differences)
+	}
 	if ack > 0 {
-		if !rep.Consistent() {
-			t.Errorf("min_replicas_ack %d: Redis vs MySQL after the failover: %+v, want no difference", ack, rep.Differences)
-		}
-	} else if !rep.Consistent() {
-		// The lost-writes window: end the sale (no worker decides) and
-		// rebuild Redis from MySQL.
-		if code := c.do("POST", "/admin/v1/campaigns/"+campaign+"/end", c.admin, nil, nil, nil); code != http.StatusOK {
-			t.Fatalf("end: got %d", code)
-		}
-		start := time.Now()
-		_, after, err := rc.Repair(context.Background(), campaign)
-		repairTook = time.Since(start)
-		if err != nil || !after.Consistent() {
-			t.Errorf("repair: %+v, %v; want consistent", after.Differences, err)
-		}
+		before = rep // checked once, with no repair before it
 	}
 	t.Logf("min_replicas_ack %d, stock %d: replica took over %s after the kill; sold %d (MySQL %d units); %d admitted, final %v; "+
 		"%d pushed over WebSocket; differences before repair %d %v; repair %s; codes %v",
 		ack, stock, tookOver.Round(time.Millisecond), st.Sold, total, len(admitted), final, len(pushed),
-		len(rep.Differences), rep.Differences, repairTook.Round(time.Millisecond), codes)
+		len(before.Differences), before.Differences, repairTook.Round(time.Millisecond), codes)
 }
 
 func openOrders(t *testing.T, db config.Database) *sqlstore.DB {
@@ -209,4 +253,26 @@ func openOrders(t *testing.T, db config.Database) *sqlstore.DB {
 	}
 	t.Cleanup(func() { _ = sdb.Close() })
 	return sdb
+}
+
+// consistentBut reports whether rep has no difference but of kind.
+func consistentBut(rep reconcile.Report, kind string) bool {
+	for _, d := range rep.Differences {
+		if d.Kind != kind {
+			return false
+		}
+	}
+	return true
+}
+
+// settledWithin polls cond for up to d.
+func settledWithin(d time.Duration, cond func() (bool, string)) (bool, string) {
+	end := time.Now().Add(d)
+	for {
+		ok, progress := cond()
+		if ok || time.Now().After(end) {
+			return ok, progress
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
