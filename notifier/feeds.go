@@ -34,8 +34,10 @@ type feeds struct {
 // feed is the results subscription of one campaign.
 type feed struct {
 	cancel context.CancelFunc
-	// confirmed is closed when Redis first confirms the subscription.
-	confirmed chan struct{}
+	// tried is closed when the first attempt to subscribe ends: confirmed
+	// by Redis, or failed (then waiters need not wait for the retries).
+	tried     chan struct{}
+	triedOnce sync.Once
 	// idleSince is when the sweep first saw the campaign without a waiter,
 	// zero while it has one.
 	idleSince time.Time
@@ -83,7 +85,8 @@ func (f *feeds) count() int {
 }
 
 // ensure makes sure the campaigns of ids are subscribed to and waits, at
-// most until ctx ends, for each subscription's first confirmation. Callers
+// most until ctx ends, for each subscription's first confirmation (or its
+// first failure: Redis is down, and the stored read will say so). Callers
 // register their waiters in the hub first and read stored results after: a
 // result published before the confirmation is then in the stored read, and
 // one published after it reaches the hub.
@@ -104,7 +107,7 @@ func (f *feeds) ensure(ctx context.Context, ids []string) {
 			}
 		}
 		fd.idleSince = time.Time{}
-		waits = append(waits, fd.confirmed)
+		waits = append(waits, fd.tried)
 	}
 	f.mu.Unlock()
 	for _, w := range waits {
@@ -123,7 +126,7 @@ func (f *feeds) startLocked(campaignID string) *feed {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(f.ctx)
-	fd := &feed{cancel: cancel, confirmed: make(chan struct{})}
+	fd := &feed{cancel: cancel, tried: make(chan struct{})}
 	f.byCampaign[campaignID] = fd
 	f.n.metrics.ResultsChannels.Set(float64(len(f.byCampaign)))
 	f.wg.Go(func() { f.keep(ctx, campaignID, fd) })
@@ -135,29 +138,30 @@ func (f *feeds) startLocked(campaignID string) *feed {
 // Each confirmation after the first follows a gap in which results may have
 // been published unseen: the campaign's waiters re-read their stored results.
 func (f *feeds) keep(ctx context.Context, campaignID string, fd *feed) {
-	first := true
+	// gap: results may have been published unseen since the feed started
+	// (a confirmation or an attempt came before).
+	gap := false
 	backoff := minBackoff
 	for {
 		var confirmed bool
 		err := f.n.src.SubscribeResults(ctx, campaignID, func() {
 			confirmed = true
 			f.setFailing(campaignID, fd, false)
-			if first {
-				first = false
-				close(fd.confirmed)
-				return
+			fd.triedOnce.Do(func() { close(fd.tried) })
+			if gap {
+				f.n.recheckCampaign(ctx, campaignID)
 			}
-			f.n.recheckCampaign(ctx, campaignID)
+			gap = true
 		}, f.n.published)
 		if ctx.Err() != nil {
 			return
 		}
+		gap = true
 		if confirmed {
 			backoff = minBackoff
-			// Results published from here to the next confirmation are
-			// found by the re-read that follows it.
 		} else {
 			f.setFailing(campaignID, fd, true)
+			fd.triedOnce.Do(func() { close(fd.tried) })
 		}
 		f.n.log.Warn("results subscription ended; subscribing again", "campaign_id", campaignID, "err", err, "retry_in", backoff)
 		t := time.NewTimer(backoff)

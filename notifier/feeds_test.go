@@ -3,6 +3,7 @@ package notifier
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -332,4 +333,26 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// TestFeedsReadAgainAfterResubscribing: a campaign's subscription that
+// could not be made at first does not hold its waiter back (the stored read
+// answers), and once it is made the waiters' stored results are read again:
+// a result published while it was down still arrives, with the periodic
+// re-check off.
+func TestFeedsReadAgainAfterResubscribing(t *testing.T) {
+	e, f := fakeEnv(t)
+	f.subscribeErrs = []error{errors.New("redis down")}
+	release := make(chan struct{})
+	f.beforeSubscribe = func(string) { <-release }
+	h := newHarness(t, f, Options{RecheckInterval: time.Hour})
+	id := e.newRequest(t, "alice")
+	ws := mustDial(t, h, "alice")
+	if got, _ := mustSubscribe(t, ws, id); len(got) != 1 {
+		t.Fatalf("subscribed %v, want [%s]", got, id)
+	}
+	want := e.decide(t, id, "alice")
+	e.publish(t, want) // nobody subscribed: lost
+	close(release)
+	checkResult(t, readResult(t, ws, 5*time.Second), want)
 }

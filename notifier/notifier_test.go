@@ -54,6 +54,9 @@ type fakeSource struct {
 	afterRead func(requestID string)
 	// subscribeErrs are returned by the next SubscribeResults calls.
 	subscribeErrs []error
+	// beforeSubscribe, when set, runs at the start of a SubscribeResults
+	// call that does not fail: a test holds the subscription back there.
+	beforeSubscribe func(campaignID string)
 
 	pubMu sync.Mutex // serializes each campaign's fn like the store's subscription goroutine
 	fns   map[string]func(model.Result)
@@ -142,7 +145,11 @@ func (f *fakeSource) SubscribeResults(ctx context.Context, campaignID string, re
 		f.mu.Unlock()
 		return err
 	}
+	hook := f.beforeSubscribe
 	f.mu.Unlock()
+	if hook != nil {
+		hook(campaignID)
+	}
 	f.pubMu.Lock()
 	f.fns[campaignID] = fn
 	f.pubMu.Unlock()
