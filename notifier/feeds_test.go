@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -355,4 +357,115 @@ func TestFeedsReadAgainAfterResubscribing(t *testing.T) {
 	e.publish(t, want) // nobody subscribed: lost
 	close(release)
 	checkResult(t, readResult(t, ws, 5*time.Second), want)
+}
+
+// TestFeedsSlotMoved: when the slot of a campaign moves to another master
+// (resharding), Redis ends the subscriptions of its sharded channels; the
+// notifier subscribes again on the slot's new master, and its waiter gets
+// the result published after the move. The periodic re-check is off.
+func TestFeedsSlotMoved(t *testing.T) {
+	c := testenv.PrivateCluster(t, 3, 0)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ClusterStateReloadInterval: 500 * time.Millisecond})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s := sale{rdb: rdb, st: store.New(rdb)}
+	campaign := s.load(t)
+	h := newHarness(t, s.st, Options{RecheckInterval: time.Hour})
+	id := s.queue(t, campaign, "alice")
+	ws := mustDial(t, h, "alice")
+	if got, _ := mustSubscribe(t, ws, id); len(got) != 1 {
+		t.Fatalf("subscribed %v, want [%s]", got, id)
+	}
+	if got := shardChannels(t, rdb, campaign); len(got) != 1 {
+		t.Fatalf("channels before the move: %v, want one", got)
+	}
+	from, to := moveSlot(t, rdb, c, "{"+campaign+"}")
+	testenv.Eventually(t, 30*time.Second, "the channel subscribed on the new master", func() (bool, string) {
+		m, err := rdb.MasterForKey(mustContext(t), "{"+campaign+"}")
+		if err != nil || m.Options().Addr != to {
+			return false, fmt.Sprintf("master %v, %v", m, err)
+		}
+		got := shardChannels(t, rdb, campaign)
+		return len(got) == 1, fmt.Sprint(got)
+	})
+	want, err := s.decide(mustContext(t), id, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.st.PublishResults(mustContext(t), []model.Result{want}); err != nil {
+		t.Fatal(err)
+	}
+	checkResult(t, readResult(t, ws, 10*time.Second), want)
+	t.Logf("slot moved from %s to %s", from, to)
+}
+
+// moveSlot migrates the slot of key, with its keys, from its master to
+// another master of c, as redis-cli --cluster reshard does, and returns
+// both masters' addresses.
+func moveSlot(t *testing.T, rdb *redis.ClusterClient, c *testenv.Cluster, key string) (from, to string) {
+	t.Helper()
+	ctx := mustContext(t)
+	slot, err := rdb.ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := rdb.MasterForKey(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	from = src.Options().Addr
+	var dst *redis.Client
+	for _, a := range c.Addrs() {
+		if a != from {
+			dst = redis.NewClient(&redis.Options{Addr: a})
+			to = a
+			break
+		}
+	}
+	t.Cleanup(func() { _ = dst.Close() })
+	srcID, err := src.Do(ctx, "cluster", "myid").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dstID, err := dst.Do(ctx, "cluster", "myid").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := strings.Cut(to, ":")
+	steps := []struct {
+		on   *redis.Client
+		args []any
+	}{
+		{dst, []any{"cluster", "setslot", slot, "importing", srcID}},
+		{src, []any{"cluster", "setslot", slot, "migrating", dstID}},
+	}
+	for _, st := range steps {
+		if err := st.on.Do(ctx, st.args...).Err(); err != nil {
+			t.Fatalf("%v: %v", st.args, err)
+		}
+	}
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, int(slot), 100).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		args := []any{"migrate", host, port, "", 0, 5000, "keys"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		if err := src.Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("MIGRATE: %v", err)
+		}
+	}
+	for _, a := range c.Addrs() {
+		n := redis.NewClient(&redis.Options{Addr: a})
+		err := n.Do(ctx, "cluster", "setslot", slot, "node", dstID).Err()
+		_ = n.Close()
+		if err != nil {
+			t.Fatalf("SETSLOT NODE on %s: %v", a, err)
+		}
+	}
+	return from, to
 }

@@ -2,8 +2,11 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -90,13 +93,13 @@ func (s *Store) SubscribeEvents(ctx context.Context, ready func(), fn func(model
 }
 
 // SubscribeResults calls fn for every result published for campaignID until
-// ctx ends. It calls ready each time Redis confirms the subscription: first,
-// and again after the client reconnected it (a lost connection, a failover).
-// Results published before a confirmation are missed, so subscribers re-read
-// the stored results they wait on after each one. It returns an error when
-// the subscription cannot be made or the server ends it (the campaign's slot
-// moved to another shard): the caller subscribes again, which finds the
-// slot's new owner.
+// ctx ends. It calls ready when Redis confirms the subscription; results
+// published before that are missed, so subscribers re-read the stored
+// results they wait on once it is confirmed again after an error. It
+// returns an error when the subscription fails, its connection breaks, the
+// server ends it (the campaign's slot moved to another shard) or refuses it
+// (MOVED: the client's slot map was stale): the caller subscribes again,
+// which looks the slot's master up anew.
 func (s *Store) SubscribeResults(ctx context.Context, campaignID string, ready func(), fn func(model.Result)) error {
 	channel := resultsChannel(campaignID)
 	var ps *redis.PubSub
@@ -106,8 +109,7 @@ func (s *Store) SubscribeResults(ctx context.Context, campaignID string, ready f
 		err = ps.Subscribe(ctx, channel)
 	} else {
 		// On a cluster the PubSub connects to the master of the
-		// channel's slot, and reconnects there (go-redis re-reads the
-		// slot map) when the connection breaks.
+		// channel's slot.
 		ps = s.rdb.SSubscribe(ctx)
 		err = ps.SSubscribe(ctx, channel)
 	}
@@ -118,35 +120,50 @@ func (s *Store) SubscribeResults(ctx context.Context, campaignID string, ready f
 		}
 		return fmt.Errorf("subscribe %s: %w", channel, err)
 	}
-	msgs := ps.ChannelWithSubscriptions(redis.WithChannelSize(4096))
+	// go-redis's ChannelWithSubscriptions would hide an error reply (a
+	// MOVED to SSUBSCRIBE leaves it waiting on the wrong node for good),
+	// so the messages are received here; closing ps ends a Receive when
+	// ctx ends.
+	stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
+	defer stop()
 	for {
-		select {
-		case <-ctx.Done():
+		m, err := ps.ReceiveTimeout(ctx, resultsHealthCheck)
+		if ctx.Err() != nil {
 			return nil
-		case m, ok := <-msgs:
-			if !ok {
-				return nil
+		}
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				// Quiet: a ping proves the connection, or breaks the
+				// next Receive.
+				_ = ps.Ping(ctx)
+				continue
 			}
-			switch m := m.(type) {
-			case *redis.Subscription:
-				switch m.Kind {
-				case "subscribe", "ssubscribe":
-					if ready != nil {
-						ready()
-					}
-				case "unsubscribe", "sunsubscribe":
-					return fmt.Errorf("subscribe %s: ended by the server", channel)
+			return fmt.Errorf("subscription %s: %w", channel, err)
+		}
+		switch m := m.(type) {
+		case *redis.Subscription:
+			switch m.Kind {
+			case "subscribe", "ssubscribe":
+				if ready != nil {
+					ready()
 				}
-			case *redis.Message:
-				for line := range strings.SplitSeq(m.Payload, "\n") {
-					if r, err := model.DecodeResult([]byte(line)); err == nil {
-						fn(r)
-					}
+			case "unsubscribe", "sunsubscribe":
+				return fmt.Errorf("subscription %s: ended by the server", channel)
+			}
+		case *redis.Message:
+			for line := range strings.SplitSeq(m.Payload, "\n") {
+				if r, err := model.DecodeResult([]byte(line)); err == nil {
+					fn(r)
 				}
 			}
 		}
 	}
 }
+
+// resultsHealthCheck is how long a results subscription may stay silent
+// before a ping checks its connection.
+const resultsHealthCheck = 10 * time.Second
 
 func (s *Store) subscribe(ctx context.Context, channel string, ready func(), fn func(string)) error {
 	ps := s.rdb.Subscribe(ctx, channel)
