@@ -10,6 +10,14 @@
 #      `flashsale serve` on the Redis-Streams queue, real Redis and MariaDB
 # Stages 1-3 are driven by wrk (installed if missing) with the same request;
 # stage 4 by the loadtest tool, which also checks every invariant.
+# Not in the default stages, "gate" (issue 17): the gateway, worker and
+# notifier as three processes, and BENCH_GATE_ROUNDS (5) rounds of three
+# loadtest sales of BENCH_GATE_SHOPPERS (20000) shoppers, every purchase
+# admitted, in turn (order reversed every other round): "off" (no gate),
+# "fetch" (a challenge fetched before each purchase, nothing checked: the
+# GET's cost) and "gate" (--challenge-bits BENCH_GATE_BITS, 4: fetched,
+# solved, verified and spent); it prints the gateway's CPU per admitted
+# purchase of each sale and the medians of the per-round ratios to "off".
 #
 # Not part of .ci/run. Tunables: BENCH_DURATION (10s), BENCH_CONNECTIONS (128),
 # BENCH_THREADS (1: wrk keeps at most one core), BENCH_SHOPPERS (100000),
@@ -24,6 +32,12 @@
 # made in the run's temporary folder, so nothing in the tree imports it.
 # Profiling costs the server a few per cent; compare profiled runs only with
 # profiled runs.
+# BENCH_REDIS_CLUSTER=1 also starts a Redis Cluster of the run's own (3
+# masters + 3 replicas, internal/testenv/testcluster, in WORK; stopped by
+# the clean-up) and runs the admit and e2e stages a second time on it
+# (redis.mode cluster), plus the stage "deduct": BenchmarkDeductShards,
+# deduct.lua's deductions/s on the one Redis and on the cluster; the rows
+# marked "cluster" are the comparison of docs/BENCHMARKS.md's issue 18.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,7 +46,9 @@ CONNS=${BENCH_CONNECTIONS:-128}
 THREADS=${BENCH_THREADS:-1}
 SHOPPERS=${BENCH_SHOPPERS:-100000}
 STOCK=${BENCH_STOCK:-1000}
+CLUSTER=${BENCH_REDIS_CLUSTER:-0}
 STAGES=${BENCH_STAGES:-hello,admit,soldout,e2e}
+[ "$CLUSTER" = 1 ] && [ -z "${BENCH_STAGES:-}" ] && STAGES+=,deduct
 want() { [[ ",$STAGES," == *",$1,"* ]]; }
 REDIS_ADDR=127.0.0.1:6379
 
@@ -83,6 +99,22 @@ fi
 go build "${BUILD_FLAGS[@]}" -o "$WORK/flashsale" ./cmd/flashsale
 go build "${BUILD_FLAGS[@]}" -o "$WORK/hello" ./.ci/benchhello
 mariadb -h 127.0.0.1 -uroot -e "CREATE DATABASE $DB"
+if [ "$CLUSTER" = 1 ]; then
+  say "starting a Redis Cluster (3 masters + 3 replicas)"
+  go build -o "$WORK/testcluster" ./internal/testenv/testcluster
+  CLUSTER_DIR=$WORK/cluster # .ci/lib.sh's clean-up stops it
+  mkdir -p "$CLUSTER_DIR"
+  CLUSTER_ADDRS=$("$WORK/testcluster" start "$CLUSTER_DIR") || die "could not start a Redis Cluster"
+  CLUSTER_PIDS=$(cat "$CLUSTER_DIR"/node-*.pid | tr '\n' ' ')
+  # The one Redis it is compared with is a private one too, configured as
+  # the nodes are (no persistence): 127.0.0.1:6379 serves every test run on
+  # this machine, whose load would be charged to the one-Redis rows.
+  SINGLE_PORT=$(free_port)
+  redis-server --port "$SINGLE_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" --logfile redis-single.log &
+  PIDS+=($!)
+  REDIS_ADDR=127.0.0.1:$SINGLE_PORT
+  for _ in $(seq 1 50); do redis-cli -p "$SINGLE_PORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+fi
 
 export FLASHSALE_HTTP_ADDR=127.0.0.1:$PORT
 export FLASHSALE_REDIS_ADDR=$REDIS_ADDR
@@ -149,7 +181,32 @@ cpu_ticks() {
 }
 all_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 HZ=$(getconf CLK_TCK)
-REDIS_PID=$(pgrep -o -x redis-server || true)
+REDIS_PID=$(redis-cli -h 127.0.0.1 -p "${REDIS_ADDR#*:}" info server | sed -n 's/^process_id:\([0-9]*\).*/\1/p')
+REDIS_PID=${REDIS_PID:-$(pgrep -o -x redis-server || true)}
+# use_redis single|cluster: the Redis the next processes use, whose
+# redis-server processes the CPU figures count (all six nodes of the
+# cluster: replicas copy every write) and whose command statistics count
+# admit.lua calls (REDIS_NODES, host:port).
+use_redis() {
+  if [ "$1" = cluster ]; then
+    export FLASHSALE_REDIS_MODE=cluster FLASHSALE_REDIS_ADDRS=$CLUSTER_ADDRS
+    REDIS_PIDS=$CLUSTER_PIDS REDIS_NODES=${CLUSTER_ADDRS//,/ }
+  else
+    export FLASHSALE_REDIS_MODE=server
+    unset FLASHSALE_REDIS_ADDRS
+    REDIS_PIDS=$REDIS_PID REDIS_NODES=$REDIS_ADDR
+  fi
+}
+use_redis single
+# evalsha_calls: EVALSHA calls since the last reset, over every node.
+evalsha_calls() {
+  local n total=0
+  for n in $REDIS_NODES; do
+    total=$((total + $(redis-cli -h "${n%:*}" -p "${n#*:}" info commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p' | awk '{s+=$1} END{print s+0}')))
+  done
+  echo "$total"
+}
+reset_stats() { local n; for n in $REDIS_NODES; do redis-cli -h "${n%:*}" -p "${n#*:}" config resetstat >/dev/null; done; }
 MARIADB_PID=$(pgrep -o -x mariadbd || true)
 
 # profile NAME SECONDS: with BENCH_PROFILE, a CPU profile of the server in
@@ -166,13 +223,15 @@ if [[ $DURATION =~ ^([0-9]+)s$ ]] && [ "${BASH_REMATCH[1]}" -gt 3 ]; then PROFIL
 
 # load NAME URL_PATH SERVER_PID: wrk against the path; prints req/s and the
 # CPU split of the run, and records the non-2xx count.
-declare -A RPS NON2XX CPU
+declare -A RPS NON2XX CPU DEDUCT
 load() {
   local name=$1 path=$2 server=$3 out t0 s0 r0 m0 t1 s1 r1 m1
-  t0=$(all_ticks) s0=$(cpu_ticks "$server") r0=$(cpu_ticks "$REDIS_PID") m0=$(cpu_ticks "$MARIADB_PID")
+  # shellcheck disable=SC2086 # REDIS_PIDS is a list
+  t0=$(all_ticks) s0=$(cpu_ticks "$server") r0=$(cpu_ticks $REDIS_PIDS) m0=$(cpu_ticks "$MARIADB_PID")
   profile "$name" "$PROFILE_SECONDS"
   out=$(BENCH_PATH=$path wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" -s "$WORK/purchase.lua" "http://127.0.0.1:$4")
-  t1=$(all_ticks) s1=$(cpu_ticks "$server") r1=$(cpu_ticks "$REDIS_PID") m1=$(cpu_ticks "$MARIADB_PID")
+  # shellcheck disable=SC2086
+  t1=$(all_ticks) s1=$(cpu_ticks "$server") r1=$(cpu_ticks $REDIS_PIDS) m1=$(cpu_ticks "$MARIADB_PID")
   RPS[$name]=$(awk '/^Requests\/sec:/{printf "%.0f", $2}' <<<"$out")
   NON2XX[$name]=$(awk '/Non-2xx or 3xx responses:/{print $5}' <<<"$out")
   NON2XX[$name]=${NON2XX[$name]:-0}
@@ -212,20 +271,69 @@ fi
 # serve's workers from draining this backlog during stages 3 and 4.
 # Purchases per admit.lua call (the admit batch size) come from Redis's
 # command statistics, reset when the stage starts.
-if want admit; then
-  FLASHSALE_QUEUE_TOPIC=$TOPIC-admit "$WORK/flashsale" gateway --config "$CONFIG" >"$WORK/gateway.log" 2>&1 &
+# admit_stage NAME: the stage on the Redis of use_redis, recorded as NAME.
+admit_stage() {
+  local name=$1 gw acc calls batch
+  FLASHSALE_QUEUE_TOPIC=$TOPIC-$name "$WORK/flashsale" gateway --config "$CONFIG" >"$WORK/gateway-$name.log" 2>&1 &
   PIDS+=($!)
-  GW=${PIDS[-1]}
-  wait_http "$BASE/healthz" "$GW"
-  ACC=bench-$RUN_ID-admit
-  campaign "$ACC" 10000000
-  redis-cli -h 127.0.0.1 config resetstat >/dev/null
-  load admit "/api/v1/campaigns/$ACC/purchases" "$GW" "$PORT"
-  CALLS=$(redis-cli -h 127.0.0.1 info commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')
-  BATCH=$(awk -v n="$(awk '/requests in/{print $1}' "$WORK/wrk-admit.txt")" -v c="${CALLS:-0}" 'BEGIN{if(c>0) printf "%.1f", n/c; else print "?"}')
-  CPU[admit]="${CPU[admit]}; $BATCH purchases per admit.lua call"
-  kill "$GW"
-  wait "$GW" 2>/dev/null || true
+  gw=${PIDS[-1]}
+  wait_http "$BASE/healthz" "$gw"
+  acc=bench-$RUN_ID-$name
+  campaign "$acc" 10000000
+  reset_stats
+  load "$name" "/api/v1/campaigns/$acc/purchases" "$gw" "$PORT"
+  calls=$(evalsha_calls)
+  batch=$(awk -v n="$(awk '/requests in/{print $1}' "$WORK/wrk-$name.txt")" -v c="${calls:-0}" 'BEGIN{if(c>0) printf "%.1f", n/c; else print "?"}')
+  CPU[$name]="${CPU[$name]}; $batch purchases per admit.lua call"
+  kill "$gw"
+  wait "$gw" 2>/dev/null || true
+}
+if want admit; then
+  admit_stage admit
+fi
+
+# The gate: its CPU per admitted purchase, A/B/C in one run.
+if want gate; then
+  GATE_ROUNDS=${BENCH_GATE_ROUNDS:-5} GATE_SHOPPERS=${BENCH_GATE_SHOPPERS:-20000} GATE_BITS=${BENCH_GATE_BITS:-4}
+  GATE_GW_PORT=$(free_port) GATE_NT_PORT=$(free_port) GATE_WK_PORT=$(free_port)
+  gate_role() { # role port: one role on its own port and topic
+    FLASHSALE_QUEUE_TOPIC=$TOPIC-gate FLASHSALE_HTTP_ADDR=127.0.0.1:$2 "$WORK/flashsale" "$1" --config "$CONFIG" >"$WORK/gate-$1.log" 2>&1 &
+    PIDS+=($!)
+    wait_http "http://127.0.0.1:$2/healthz" "$!"
+  }
+  gate_role gateway "$GATE_GW_PORT"
+  GATE_GW=${PIDS[-1]}
+  gate_role worker "$GATE_WK_PORT"
+  gate_role notifier "$GATE_NT_PORT"
+  declare -A GATE_US
+  gate_sale() { # variant round: one sale; records the gateway's us per admitted purchase
+    local flags=() s0 s1 r0 r1 admitted
+    case $1 in
+      fetch) flags=(--challenge-fetch) ;;
+      gate) flags=(--challenge-bits "$GATE_BITS") ;;
+    esac
+    s0=$(cpu_ticks "$GATE_GW") r0=$(cpu_ticks "$REDIS_PID")
+    "$WORK/flashsale" loadtest --url "http://127.0.0.1:$GATE_GW_PORT" --results-url "http://127.0.0.1:$GATE_NT_PORT" \
+      --campaign "bench-$RUN_ID-gate-$1-$2" --stock "$GATE_SHOPPERS" --shoppers "$GATE_SHOPPERS" --concurrency 128 \
+      --repeat 0 --idempotent-share 0 --results poll --settle 60 --progress=false --json "${flags[@]}" >"$WORK/gate-$1-$2.json" \
+      || die "gate stage: loadtest $1 failed (report in $WORK/gate-$1-$2.json)"
+    s1=$(cpu_ticks "$GATE_GW") r1=$(cpu_ticks "$REDIS_PID")
+    admitted=$(sed -n 's/^  "admitted": \([0-9]*\),$/\1/p' "$WORK/gate-$1-$2.json")
+    [ "${admitted:-0}" -gt 0 ] || die "gate stage: $1 admitted nothing"
+    GATE_US[$1,$2]=$(awk -v s="$((s1 - s0))" -v n="$admitted" -v hz="$HZ" 'BEGIN{printf "%.1f", 1e6*s/hz/n}')
+    say "gate round $2 $1: gateway ${GATE_US[$1,$2]} us per admitted purchase ($admitted admitted; redis $(awk -v r="$((r1 - r0))" -v n="$admitted" -v hz="$HZ" 'BEGIN{printf "%.1f", 1e6*r/hz/n}') us)"
+  }
+  for round in $(seq 1 "$GATE_ROUNDS"); do
+    order="off fetch gate"
+    if [ $((round % 2)) = 0 ]; then order="gate fetch off"; fi
+    for v in $order; do gate_sale "$v" "$round"; done
+  done
+  median() { sort -g | awk '{a[NR]=$1} END{if(NR%2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2]+a[NR/2+1])/2}'; }
+  GATE_FETCH=$(for r in $(seq 1 "$GATE_ROUNDS"); do awk -v a="${GATE_US[fetch,$r]}" -v b="${GATE_US[off,$r]}" 'BEGIN{printf "%.3f\n", a/b}'; done | median)
+  GATE_GATE=$(for r in $(seq 1 "$GATE_ROUNDS"); do awk -v a="${GATE_US[gate,$r]}" -v b="${GATE_US[off,$r]}" 'BEGIN{printf "%.3f\n", a/b}'; done | median)
+  GATE_VERIFY=$(for r in $(seq 1 "$GATE_ROUNDS"); do awk -v a="${GATE_US[gate,$r]}" -v b="${GATE_US[fetch,$r]}" 'BEGIN{printf "%.3f\n", a/b}'; done | median)
+  GATE_LINE="off $(for r in $(seq 1 "$GATE_ROUNDS"); do printf '%s ' "${GATE_US[off,$r]}"; done)| fetch $(for r in $(seq 1 "$GATE_ROUNDS"); do printf '%s ' "${GATE_US[fetch,$r]}"; done)| gate $(for r in $(seq 1 "$GATE_ROUNDS"); do printf '%s ' "${GATE_US[gate,$r]}"; done)"
+  for pid in "${PIDS[@]: -3}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
 fi
 
 # 3 and 4 run on the whole system.
@@ -249,22 +357,78 @@ if want soldout; then
 fi
 
 E2E_STATUS=0
-if want e2e; then
-  say "end to end: $SHOPPERS shoppers, $STOCK items"
-  E2E=bench-$RUN_ID-e2e
-  t0=$(all_ticks) s0=$(cpu_ticks "$SRV") r0=$(cpu_ticks "$REDIS_PID") m0=$(cpu_ticks "$MARIADB_PID")
-  profile e2e 3
+json() { sed -n "s/^  \"$1\": \\([^,]*\\),\\{0,1\\}\$/\\1/p" "$WORK/${2:-e2e}.json" | head -1; }
+# e2e_stage NAME: the loadtest against serve (SRV) on the Redis of
+# use_redis, recorded as NAME (its report in WORK/NAME.json).
+e2e_stage() {
+  local name=$1 status t0 s0 r0 m0 t1 s1 r1 m1
+  say "end to end ($name): $SHOPPERS shoppers, $STOCK items"
+  # shellcheck disable=SC2086 # REDIS_PIDS is a list
+  t0=$(all_ticks) s0=$(cpu_ticks "$SRV") r0=$(cpu_ticks $REDIS_PIDS) m0=$(cpu_ticks "$MARIADB_PID")
+  profile "$name" 3
   set +e
-  "$WORK/flashsale" loadtest --url "$BASE" --campaign "$E2E" --stock "$STOCK" --shoppers "$SHOPPERS" \
+  # shellcheck disable=SC2086 # BENCH_LOADTEST_ARGS is a list of flags
+  "$WORK/flashsale" loadtest --url "$BASE" --campaign "bench-$RUN_ID-$name" --stock "$STOCK" --shoppers "$SHOPPERS" \
     --concurrency 256 --repeat 0 --idempotent-share 0 --results ws --settle 30 --progress=false --json \
-    ${BENCH_LOADTEST_ARGS:-} >"$WORK/e2e.json"
-  E2E_STATUS=$?
+    ${BENCH_LOADTEST_ARGS:-} >"$WORK/$name.json"
+  status=$?
   set -e
-  t1=$(all_ticks) s1=$(cpu_ticks "$SRV") r1=$(cpu_ticks "$REDIS_PID") m1=$(cpu_ticks "$MARIADB_PID")
-  json() { sed -n "s/^  \"$1\": \\([^,]*\\),\\{0,1\\}\$/\\1/p" "$WORK/e2e.json" | head -1; }
-  RPS[e2e]=$(json requests_per_second | awk '{printf "%.0f", $1}')
-  CPU[e2e]=$(awk -v a="$((t1 - t0))" -v s="$((s1 - s0))" -v r="$((r1 - r0))" -v m="$((m1 - m0))" -v n="$(json requests)" -v hz="$HZ" \
+  [ "$status" = 0 ] || E2E_STATUS=$status
+  # shellcheck disable=SC2086
+  t1=$(all_ticks) s1=$(cpu_ticks "$SRV") r1=$(cpu_ticks $REDIS_PIDS) m1=$(cpu_ticks "$MARIADB_PID")
+  RPS[$name]=$(json requests_per_second "$name" | awk '{printf "%.0f", $1}')
+  CPU[$name]=$(awk -v a="$((t1 - t0))" -v s="$((s1 - s0))" -v r="$((r1 - r0))" -v m="$((m1 - m0))" -v n="$(json requests "$name")" -v hz="$HZ" \
     'BEGIN{if(a<1)a=1; if(n<1)n=1; printf "serve %.0f us/req + redis %.0f us/req; CPU split: serve %d%%, redis %d%%, mariadb %d%%, loadtest+rest %d%%", 1e6*s/hz/n, 1e6*r/hz/n, 100*s/a, 100*r/a, 100*m/a, 100*(a-s-r-m)/a}')
+}
+if want e2e; then
+  e2e_stage e2e
+fi
+
+# The same admit and e2e stages on the cluster: a gateway, then a serve of
+# their own on it (on a port of their own: the first serve stops).
+if [ "$CLUSTER" = 1 ] && { want admit || want e2e; }; then
+  if [ -n "${SRV:-}" ]; then
+    kill "$SRV"
+    wait "$SRV" 2>/dev/null || true
+  fi
+  use_redis cluster
+  PORT=$(free_port)
+  export FLASHSALE_HTTP_ADDR=127.0.0.1:$PORT
+  BASE=http://127.0.0.1:$PORT
+  if want admit; then
+    admit_stage admit-cluster
+  fi
+  if want e2e; then
+    "$WORK/flashsale" serve --config "$CONFIG" >"$WORK/serve-cluster.log" 2>&1 &
+    PIDS+=($!)
+    SRV=${PIDS[-1]}
+    wait_http "$BASE/healthz" "$SRV"
+    e2e_stage e2e-cluster
+  fi
+  use_redis single
+fi
+
+# deduct.lua alone, on the one Redis and on the cluster (the Go benchmark;
+# nothing else runs meanwhile).
+if want deduct; then
+  [ "$CLUSTER" = 1 ] || die "the deduct stage needs BENCH_REDIS_CLUSTER=1"
+  if [ -n "${SRV:-}" ]; then
+    kill "$SRV"
+    wait "$SRV" 2>/dev/null || true
+  fi
+  say "deduct.lua: BenchmarkDeductShards on one Redis and on the cluster, 3 times interleaved"
+  : >"$WORK/deduct.txt"
+  for _ in 1 2 3; do
+    for v in redis cluster; do
+      CI=true FLASHSALE_TEST_REDIS_ADDR=$REDIS_ADDR FLASHSALE_TEST_REDIS_CLUSTER_ADDRS=$CLUSTER_ADDRS \
+        go test -run '^$' -bench "BenchmarkDeductShards/^$v\$" -benchtime "${BENCH_DEDUCT_TIME:-3s}" ./internal/store/ >>"$WORK/deduct.txt" 2>&1 \
+        || { cat "$WORK/deduct.txt" >&2; die "BenchmarkDeductShards failed"; }
+    done
+  done
+  for v in redis cluster; do
+    # The median of the 3.
+    DEDUCT[$v]=$(awk -v v="$v" '$1 ~ "BenchmarkDeductShards/"v"-" {for(i=1;i<NF;i++) if($(i+1)=="deductions/s") print $i}' "$WORK/deduct.txt" | sort -n | sed -n 2p)
+  done
 fi
 
 ratio() { awk -v a="$1" -v b="${RPS[hello]:-0}" 'BEGIN{if(b>0) printf "%.2f", a/b; else print "n/a"}'; }
@@ -275,19 +439,33 @@ want hello && printf '%-34s %10s %8s  %s\n' "bare gin hello (ceiling)" "${RPS[he
 want admit && printf '%-34s %10s %8s  %s\n' "admit path (202)" "${RPS[admit]}" "$(ratio "${RPS[admit]}")" "non-2xx ${NON2XX[admit]}; ${CPU[admit]}"
 want soldout && printf '%-34s %10s %8s  %s\n' "sold-out path (410)" "${RPS[soldout]}" "$(ratio "${RPS[soldout]}")" "${CPU[soldout]}"
 want e2e && printf '%-34s %10s %8s  %s\n' "e2e $SHOPPERS shoppers / $STOCK items" "${RPS[e2e]}" "$(ratio "${RPS[e2e]}")" "${CPU[e2e]}"
-if want e2e; then
-  echo
-  echo "end to end (loadtest --json, abridged):"
-  for k in fire_seconds all_answered_ms all_results_ms time_to_sell_out_ms admitted successes results_delivered ok; do
-    printf '  %-22s %s\n' "$k" "$(json "$k")"
-  done
-  sed -n '/"time_to_result_ms"/,/}/p;/"admit_latency_ms"/,/}/p' "$WORK/e2e.json" | tr -d ' \n' | sed 's/}/}\n/g' | sed 's/^,//;s/^/  /'
+if [ "$CLUSTER" = 1 ]; then
+  want admit && printf '%-34s %10s %8s  %s\n' "admit path (202), cluster" "${RPS[admit-cluster]}" "$(ratio "${RPS[admit-cluster]}")" "non-2xx ${NON2XX[admit-cluster]}; ${CPU[admit-cluster]}"
+  want e2e && printf '%-34s %10s %8s  %s\n' "e2e, cluster" "${RPS[e2e-cluster]}" "$(ratio "${RPS[e2e-cluster]}")" "${CPU[e2e-cluster]}"
+  want deduct && printf '%-34s %10s %8s  %s\n' "deduct.lua deductions/s, one Redis" "${DEDUCT[redis]}" "" "BenchmarkDeductShards (median of 3, interleaved): 6 campaigns, 8 callers, batches of 128; all: $(awk '/deductions\/s/{for(i=1;i<NF;i++) if($(i+1)=="deductions/s") printf "%s ", $i}' "$WORK/deduct.txt")" &&
+    printf '%-34s %10s %8s  %s\n' "deduct.lua deductions/s, cluster" "${DEDUCT[cluster]}" "" "$(awk -v a="${DEDUCT[cluster]}" -v b="${DEDUCT[redis]}" 'BEGIN{if(b>0) printf "%.2f x one Redis", a/b}')"
 fi
+if want gate; then
+  echo
+  echo "gate (--challenge-bits $GATE_BITS), gateway CPU per admitted purchase, medians of $GATE_ROUNDS interleaved rounds:"
+  echo "  fetch/off $GATE_FETCH (the GET), gate/off $GATE_GATE (GET and check), gate/fetch $GATE_VERIFY (the check: verify and spend)"
+  echo "  us per admitted purchase by round: $GATE_LINE"
+fi
+for run in e2e e2e-cluster; do
+  [ -f "$WORK/$run.json" ] || continue
+  echo
+  echo "end to end, $run (loadtest --json, abridged):"
+  for k in fire_seconds all_answered_ms all_results_ms time_to_sell_out_ms admitted successes results_delivered ok; do
+    printf '  %-22s %s\n' "$k" "$(json "$k" "$run")"
+  done
+  sed -n '/"time_to_result_ms"/,/}/p;/"admit_latency_ms"/,/}/p' "$WORK/$run.json" | tr -d ' \n' | sed 's/}/}\n/g' | sed 's/^,//;s/^/  /'
+done
 if [ -n "${BENCH_PROFILE:-}" ]; then
   for pid in "${PROFILE_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   echo
   echo "profiles in $BENCH_PROFILE: $(cd "$BENCH_PROFILE" && ls -- *.pb.gz 2>/dev/null | tr '\n' ' ')(go tool pprof -top -cum FILE)"
 fi
 ! want admit || [ "${NON2XX[admit]}" = 0 ] || die "admit path: ${NON2XX[admit]} answers were not 2xx"
+! want admit || [ "$CLUSTER" != 1 ] || [ "${NON2XX[admit-cluster]}" = 0 ] || die "admit path on the cluster: ${NON2XX[admit-cluster]} answers were not 2xx"
 ! want soldout || [ "${NON2XX[soldout]}" != 0 ] || die "sold-out path: no refusals, the campaign was not sold out"
 [ "$E2E_STATUS" = 0 ] || die "end to end: loadtest reported violated invariants (exit $E2E_STATUS); see above"

@@ -38,6 +38,10 @@ cleanup() {
   for pattern in "fs:{$NAME-$RUN_ID-*" "fsq:{$TOPIC*"; do
     redis-cli -h 127.0.0.1 --scan --pattern "$pattern" | xargs -r -n 500 redis-cli -h 127.0.0.1 del >/dev/null
   done
+  # A Redis Cluster the run started (bench.sh, BENCH_REDIS_CLUSTER=1).
+  if [ -n "${CLUSTER_DIR:-}" ]; then
+    "$WORK/testcluster" stop "$CLUSTER_DIR" 2>/dev/null || say "could not stop the Redis Cluster in $CLUSTER_DIR"
+  fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT

@@ -16,6 +16,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/flashsale/flashsale/internal/auth"
+	"github.com/flashsale/flashsale/internal/challenge"
 	"github.com/flashsale/flashsale/internal/httpapi"
 	"github.com/flashsale/flashsale/internal/metrics"
 	"github.com/flashsale/flashsale/internal/reconcile"
@@ -117,10 +118,17 @@ func benchGateway(b *testing.B, stock int64) (*Service, string, model.Campaign) 
 // benchEngine is benchGateway's Service and gin engine, not served.
 func benchEngine(b *testing.B, stock int64) (*Service, *gin.Engine, model.Campaign) {
 	b.Helper()
+	return benchGatedEngine(b, stock, 0)
+}
+
+// benchGatedEngine is benchEngine with the proof-of-work gate configured
+// and the campaign asking for bits (0: not gated).
+func benchGatedEngine(b *testing.B, stock int64, bits int) (*Service, *gin.Engine, model.Campaign) {
+	b.Helper()
 	rdb := testenv.Redis(b)
 	st := store.New(rdb)
 	campaigns := &memCampaigns{c: model.Campaign{ID: testenv.Name(b, "bench"), Name: "bench", Stock: stock, PerUserLimit: 1,
-		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}}
+		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour), ChallengeBits: bits}}
 	c := mustLoad(b, campaigns, st)
 	topic := testenv.Topic(b)
 	b.Cleanup(func() {
@@ -137,6 +145,7 @@ func benchEngine(b *testing.B, stock int64) (*Service, *gin.Engine, model.Campai
 	// Limits on, but high: the limiter's work is part of the path measured.
 	svc := New(log, st, campaigns, redisstream.New(rdb, redisstream.Options{}), m, Options{
 		Topic: topic, RateLimits: model.RateLimits{UserRate: 1_000_000, UserBurst: 1_000_000, CampaignRate: 10_000_000, CampaignBurst: 10_000_000},
+		Gate: challenge.NewPoW([]byte(benchSecret), time.Hour, nil),
 	})
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
@@ -225,6 +234,98 @@ func BenchmarkAdmitHandler(b *testing.B) {
 			e.ServeHTTP(w, req)
 			if w.Code != http.StatusAccepted {
 				b.Errorf("purchase: got status %d, want %d", w.Code, http.StatusAccepted)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkAdmitHandlerGate is BenchmarkAdmitHandler on a campaign without
+// the gate (off) and with it (bits=N), so the pair shows what the gate adds
+// to an admitted purchase: reading the header, Verify (one HMAC, one
+// SHA-256) and spending the challenge (one SET NX GET per purchase,
+// store.SpendChallenge). The challenges are issued and solved before the
+// clock starts, one per purchase, as a shopper's page would have done. Run
+// the two interleaved (docs/BENCHMARKS.md, issue 17).
+func BenchmarkAdmitHandlerGate(b *testing.B) {
+	for _, bits := range []int{0, 4} {
+		name := "off"
+		if bits > 0 {
+			name = fmt.Sprintf("bits=%d", bits)
+		}
+		b.Run(name, func(b *testing.B) {
+			_, e, c := benchGatedEngine(b, model.MaxStock, bits)
+			path := "/api/v1/campaigns/" + c.ID + "/purchases"
+			users := 256
+			tokens := benchTokens(b, users)
+			var solutions []string
+			if bits > 0 {
+				solutions = benchSolutions(b, c, users, b.N)
+			}
+			var next atomic.Int64
+			b.SetParallelism(64)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					i := int(next.Add(1)) - 1
+					req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(`{"quantity":1}`))
+					req.Header.Set("Authorization", "Bearer "+tokens[i%users])
+					req.Header.Set("Content-Type", "application/json")
+					if solutions != nil {
+						req.Header.Set(challengeHeader, solutions[i])
+					}
+					w := httptest.NewRecorder()
+					e.ServeHTTP(w, req)
+					if w.Code != http.StatusAccepted {
+						b.Errorf("purchase: got status %d %s, want %d", w.Code, w.Body, http.StatusAccepted)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// benchSolutions issues and solves n challenges of c, the i-th for the
+// user of benchTokens(b, users)[i%users], with the gate benchGatedEngine
+// configures.
+func benchSolutions(b *testing.B, c model.Campaign, users, n int) []string {
+	b.Helper()
+	gate := challenge.NewPoW([]byte(benchSecret), time.Hour, nil)
+	out := make([]string, n)
+	for i := range out {
+		ch, err := gate.Challenge(fmt.Sprintf("shopper%d", i%users), c)
+		if err != nil {
+			b.Fatalf("challenge: %v", err)
+		}
+		if out[i], err = challenge.Solve(b.Context(), ch.Token, ch.Bits); err != nil {
+			b.Fatalf("solve: %v", err)
+		}
+	}
+	return out
+}
+
+// BenchmarkChallengeHandler is the GET a gated purchase needs first: auth,
+// the campaign from the cache, a salt from crypto/rand, one HMAC and the
+// JSON answer, by the gin engine called directly as in
+// BenchmarkAdmitHandler.
+func BenchmarkChallengeHandler(b *testing.B) {
+	_, e, c := benchGatedEngine(b, model.MaxStock, 4)
+	path := "/api/v1/campaigns/" + c.ID + "/challenge"
+	tokens := benchTokens(b, 256)
+	var next atomic.Int64
+	b.SetParallelism(64)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			req := httptest.NewRequest(http.MethodGet, path, nil)
+			req.Header.Set("Authorization", "Bearer "+tokens[int(next.Add(1))%len(tokens)])
+			w := httptest.NewRecorder()
+			e.ServeHTTP(w, req)
+			if w.Code != http.StatusOK {
+				b.Errorf("challenge: got status %d, want %d", w.Code, http.StatusOK)
 				return
 			}
 		}

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -33,9 +34,13 @@ func buildBinary(t *testing.T) string {
 
 // processEnv expresses cfg as the FLASHSALE_* variables a process reads.
 func processEnv(cfg config.Config) []string {
-	return append(os.Environ(),
+	env := os.Environ()
+	if cfg.Redis.Mode == "cluster" {
+		env = append(env, "FLASHSALE_REDIS_ADDRS="+strings.Join(cfg.Redis.Addrs, ","))
+	}
+	return append(env,
 		"FLASHSALE_HTTP_ADDR=127.0.0.1:0",
-		"FLASHSALE_REDIS_MODE=server",
+		"FLASHSALE_REDIS_MODE="+cfg.Redis.Mode,
 		"FLASHSALE_REDIS_ADDR="+cfg.Redis.Addr,
 		"FLASHSALE_DATABASE_DRIVER="+cfg.Database.Driver,
 		"FLASHSALE_DATABASE_DSN="+cfg.Database.DSN,

@@ -67,6 +67,8 @@ type loadtestOptions struct {
 	hold          time.Duration
 	metricsURL    string
 	metricsURLSet bool // given by the flag, not derived: a failed read is an error
+	// The gate against bots (loadtest_challenge.go).
+	challenge challengeOptions
 }
 
 // secondsOrDuration is a flag that takes "30", meaning seconds, or "30s".
@@ -107,6 +109,11 @@ purchase is answered, then leaves together. The report adds the connect times,
 the refused connects, the reconnects, and the notifier's RSS (before the
 crowd, with it connected, after it left), bytes per connection and CPU during
 the hold, read from its /metrics (--metrics-url).
+
+With --challenge-bits N the campaign is gated against bots: each purchase
+first fetches a challenge, solves it (2^N hashes on average, on this
+process's cores) and sends the solution; --challenge-fetch fetches one
+before each purchase of an ungated campaign and sends nothing.
 
 With --pay-ratio or --payment-window it runs the order lifecycle too: each
 buyer pays with probability --pay-ratio and otherwise lets the order expire,
@@ -159,6 +166,7 @@ func parseLoadtestFlags(args []string, stdout io.Writer, env map[string]string) 
 	fs.BoolVar(&o.wsPerShopper, "ws-per-shopper", false, "each shopper opens one WebSocket before the sale and waits on it for all its results (with --results ws)")
 	fs.DurationVar(&o.connectWindow, "connect-window", time.Second, "with --ws-per-shopper: the shoppers connect spread over this span just before the sale starts (0: all at once)")
 	fs.DurationVar(&o.hold, "hold", 0, "with --ws-per-shopper: how long the crowd stays connected and idle once every purchase is answered (the notifier's idle CPU is measured over it)")
+	o.challenge.register(fs)
 	fs.StringVar(&o.metricsURL, "metrics-url", "", "with --ws-per-shopper: the notifier's Prometheus metrics, for its RSS and CPU (default: --results-url's /metrics; with http.admin_addr set, /metrics is on the admin listener)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -252,7 +260,7 @@ func (o loadtestOptions) validate() error {
 			return bad(f.flag, fmt.Sprintf("%q is not an http(s) URL with a host", f.value))
 		}
 	}
-	return nil
+	return o.challenge.validate()
 }
 
 // runLoadtest is the loadtest command.

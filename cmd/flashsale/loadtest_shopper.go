@@ -32,6 +32,9 @@ type shopper struct {
 	// it has none, for the reason in noSocket.
 	socket   *crowdSocket
 	noSocket error
+	// challenge: the solution of its last keyed purchase, with
+	// --challenge-bits (loadtest_challenge.go).
+	challenge shopperChallenge
 }
 
 // purchaseAnswer is the gateway's answer to one purchase.
@@ -115,6 +118,9 @@ func (lt *loadtest) purchase(ctx context.Context, s *shopper, key string, due ti
 	req.Header.SetContentType("application/json")
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
+	}
+	if a, ok := lt.challengeHeader(ctx, s, key, req, due); !ok {
+		return a
 	}
 	req.SetBodyString(`{"quantity":1}`)
 	if err := lt.shopperCall(ctx, lt.shoppers, req, resp); err != nil {
@@ -368,6 +374,9 @@ func (lt *loadtest) setUp(ctx context.Context) error {
 	now := time.Now().UTC()
 	c := map[string]any{"id": lt.o.campaign, "name": "loadtest " + lt.o.campaign, "stock": lt.o.stock,
 		"per_user_limit": lt.o.perUserLimit, "start_at": now.Add(-time.Second), "end_at": now.Add(24 * time.Hour)}
+	if lt.o.challenge.bits > 0 {
+		c["challenge_bits"] = lt.o.challenge.bits
+	}
 	if lt.o.lifecycle {
 		c["price"] = lifecyclePrice
 		if lt.o.paymentWindow > 0 {

@@ -66,8 +66,8 @@ func TestReconcileCommand(t *testing.T) {
 // commandEnv is the environment of a one-shot command (reconcile, archive)
 // pointed at the Redis and MySQL of cfg, a real-services test config.
 func commandEnv(cfg config.Config) map[string]string {
-	return map[string]string{
-		"FLASHSALE_REDIS_MODE":             "server",
+	env := map[string]string{
+		"FLASHSALE_REDIS_MODE":             cfg.Redis.Mode,
 		"FLASHSALE_REDIS_ADDR":             cfg.Redis.Addr,
 		"FLASHSALE_DATABASE_DRIVER":        "mysql",
 		"FLASHSALE_DATABASE_DSN":           cfg.Database.DSN,
@@ -76,4 +76,8 @@ func commandEnv(cfg config.Config) map[string]string {
 		"FLASHSALE_AUTH_DEV":               "false",
 		"FLASHSALE_PAYMENT_WEBHOOK_SECRET": testWebhookSecret,
 	}
+	if cfg.Redis.Mode == "cluster" {
+		env["FLASHSALE_REDIS_ADDRS"] = strings.Join(cfg.Redis.Addrs, ",")
+	}
+	return env
 }

@@ -5,6 +5,7 @@
 package challenge
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -115,6 +116,31 @@ func (p *PoW) mac(body, userID, campaignID string) string {
 	m := hmac.New(sha256.New, p.key)
 	fmt.Fprintf(m, "%s\x00%d:%s\x00%d:%s", body, len(userID), userID, len(campaignID), campaignID)
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// Solve does a shopper's work for token, a challenge of bits: it returns
+// the solution a purchase carries, the token, ".", and the first base-36
+// counter whose SHA-256 has bits leading zero bits (web/pow.js searches the
+// same way, in Web Workers). It is what `flashsale loadtest` sends; the
+// search takes 2^bits hashes on average, so it gives up when ctx ends.
+func Solve(ctx context.Context, token string, bits int) (string, error) {
+	if bits < 0 || bits > model.MaxChallengeBits {
+		return "", fmt.Errorf("solve: %d bits: want 0 to %d", bits, model.MaxChallengeBits)
+	}
+	buf := make([]byte, 0, len(token)+1+MaxNonce)
+	buf = append(append(buf, token...), '.')
+	for n := uint64(0); ; n++ {
+		// A nonce is at most 13 base-36 digits here, within MaxNonce.
+		s := strconv.AppendUint(buf, n, 36)
+		if sum := sha256.Sum256(s); LeadingZeroBits(sum[:]) >= bits {
+			return string(s), nil
+		}
+		if n%4096 == 4095 {
+			if err := ctx.Err(); err != nil {
+				return "", fmt.Errorf("solve %d bits: %w", bits, err)
+			}
+		}
+	}
 }
 
 // LeadingZeroBits counts b's leading zero bits.

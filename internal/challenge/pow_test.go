@@ -1,6 +1,7 @@
 package challenge
 
 import (
+	"context"
 	"crypto/sha256"
 	"errors"
 	"os"
@@ -28,14 +29,13 @@ func mustIssue(t testing.TB, p *PoW, user string, c model.Campaign) model.Challe
 	return ch
 }
 
-// goSolve finds a solution the way web/pow.js does: base-36 counters.
+// goSolve is Solve for a test: the campaigns here ask for at most 20 bits.
 func goSolve(token string, bits int) string {
-	for n := int64(0); ; n++ {
-		s := token + "." + strconv.FormatInt(n, 36)
-		if sum := sha256.Sum256([]byte(s)); LeadingZeroBits(sum[:]) >= bits {
-			return s
-		}
+	s, err := Solve(context.Background(), token, bits)
+	if err != nil {
+		panic(err)
 	}
+	return s
 }
 
 // TestPowJSSolves runs web/pow.js under node on a challenge issued here and
@@ -116,6 +116,43 @@ func TestVerify(t *testing.T) {
 				}
 				return
 			}
+		}
+	})
+}
+
+// TestSolve: Solve's answers pass Verify at every difficulty a load test
+// uses, with a nonce of the shape Verify takes, and a search the context
+// ends stops with its error.
+func TestSolve(t *testing.T) {
+	now := time.Now()
+	p := NewPoW(testSecret, time.Minute, func() time.Time { return now })
+	for _, bits := range []int{0, 1, 4, 12} {
+		t.Run(strconv.Itoa(bits), func(t *testing.T) {
+			c := model.Campaign{ID: "spring", ChallengeBits: bits}
+			ch := mustIssue(t, p, "alice", c)
+			sol, err := Solve(t.Context(), ch.Token, ch.Bits)
+			if err != nil {
+				t.Fatalf("Solve: %v", err)
+			}
+			if !strings.HasPrefix(sol, ch.Token+".") {
+				t.Fatalf("got %q, want the token, \".\" and a nonce", sol)
+			}
+			if _, err := p.Verify(sol, "alice", c); err != nil {
+				t.Fatalf("Verify(Solve): got %v, want valid", err)
+			}
+		})
+	}
+	t.Run("cancelled", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		ch := mustIssue(t, p, "alice", model.Campaign{ID: "spring", ChallengeBits: model.MaxChallengeBits})
+		if _, err := Solve(ctx, ch.Token, ch.Bits); !errors.Is(err, context.Canceled) {
+			t.Fatalf("got %v, want %v", err, context.Canceled)
+		}
+	})
+	t.Run("too hard", func(t *testing.T) {
+		if _, err := Solve(t.Context(), "x", model.MaxChallengeBits+1); err == nil {
+			t.Fatal("got nil, want an error")
 		}
 	})
 }

@@ -474,7 +474,9 @@ func (c Config) realServices() bool {
 	return c.Redis.Mode != "embedded" || c.Database.Driver == "mysql"
 }
 
-// validate checks the mode and the addresses it needs.
+// validate checks the mode and the addresses it needs. Each mode reads its
+// own key (addr, addrs) and ignores the other, so FLASHSALE_REDIS_MODE alone
+// switches a file that names both.
 func (r Redis) validate() error {
 	bad := func(key, why string) error { return fmt.Errorf("config: redis.%s: %s", key, why) }
 	switch r.Mode {
@@ -483,15 +485,10 @@ func (r Redis) validate() error {
 		if r.Addr == "" {
 			return bad("addr", `is required when redis.mode is "server"`)
 		}
-		if len(r.Addrs) > 0 {
-			return bad("addrs", `is for redis.mode "cluster"; one server takes redis.addr`)
-		}
 	case "cluster":
 		switch {
 		case len(r.Addrs) == 0:
 			return bad("addrs", `is required when redis.mode is "cluster" (a few of its nodes, host:port)`)
-		case r.Addr != "":
-			return bad("addr", `is for redis.mode "server"; a cluster takes redis.addrs`)
 		case r.DB != 0:
 			return bad("db", "must be 0 with redis.mode cluster (a cluster has only database 0)")
 		case r.ClusterReloadInterval < 100*time.Millisecond || r.ClusterReloadInterval > time.Minute:

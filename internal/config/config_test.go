@@ -186,11 +186,9 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 		{name: "dev secrets with a cluster", yaml: "redis:\n  mode: cluster\n  addrs: [r1:7000]\n", wantKey: "auth"},
 		{name: "unknown redis mode", yaml: "redis:\n  mode: sentinel\n", wantKey: "redis.mode"},
 		{name: "cluster without addrs", yaml: "redis:\n  mode: cluster\n", wantKey: "redis.addrs"},
-		{name: "cluster with one server's addr", yaml: "redis:\n  mode: cluster\n  addr: r:6379\n  addrs: [r1:7000]\n", wantKey: "redis.addr:"},
 		{name: "cluster with a database", yaml: "redis:\n  mode: cluster\n  addrs: [r1:7000]\n  db: 2\n", wantKey: "redis.db"},
 		{name: "cluster seed without port", env: map[string]string{"FLASHSALE_REDIS_MODE": "cluster", "FLASHSALE_REDIS_ADDRS": "r1:7000,r2"}, wantKey: "redis.addrs"},
 		{name: "cluster reload too rare", yaml: "redis:\n  mode: cluster\n  addrs: [r1:7000]\n  cluster_reload_interval: 5m\n", wantKey: "redis.cluster_reload_interval"},
-		{name: "server with cluster seeds", yaml: "redis:\n  mode: server\n  addr: r:6379\n  addrs: [r1:7000]\n", wantKey: "redis.addrs"},
 		{name: "bad log level", yaml: "log:\n  level: loud\n", wantKey: "log.level"},
 		{name: "admit linger too long", yaml: "gateway:\n  admit_linger: 20ms\n", wantKey: "gateway.admit_linger"},
 		{name: "key retention too short", yaml: "redis:\n  key_retention: 30m\n", wantKey: "redis.key_retention"},
@@ -278,6 +276,11 @@ func TestRedisCluster(t *testing.T) {
 	if want := []string{"10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000"}; !reflect.DeepEqual(cfg.Redis.Addrs, want) ||
 		cfg.Redis.ClusterReloadInterval != 500*time.Millisecond {
 		t.Fatalf("got addrs %v, reload %v; want %v, 500ms", cfg.Redis.Addrs, cfg.Redis.ClusterReloadInterval, want)
+	}
+	// The environment alone switches a file written for one server.
+	secrets["FLASHSALE_REDIS_MODE"] = "cluster"
+	if cfg, err = Load(filepath.Join("..", "..", "configs", "production.yaml"), secrets); err != nil || cfg.Redis.Mode != "cluster" {
+		t.Fatalf("production.yaml with FLASHSALE_REDIS_MODE=cluster: got %q, %v; want cluster, nil", cfg.Redis.Mode, err)
 	}
 }
 

@@ -2,8 +2,10 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -12,7 +14,8 @@ import (
 )
 
 // TestCampaignsOnEveryMaster: the calls that take several campaigns at once
-// (Withdraw, AddUnknown, SweepUnknown, Results, Progress, Remaining) work
+// (Withdraw, AddUnknown, SweepUnknown, Results, Progress, Remaining), and
+// SpendChallenge, which no backend table covers, work
 // when the campaigns live on different masters of the cluster: each key of
 // a command stays within its campaign's slot, and a pipeline is split by
 // slot. The other tests cover each script on the cluster one campaign at a
@@ -57,6 +60,15 @@ func TestCampaignsOnEveryMaster(t *testing.T) {
 				withdrawn = append(withdrawn, a)
 			default:
 				unknown = append(unknown, a)
+			}
+		}
+	}
+	// A challenge is spent once, on its campaign's master.
+	for _, c := range campaigns {
+		for i, want := range []bool{true, false} {
+			got, err := s.SpendChallenge(ctx, c.ID, "ch1", fmt.Sprintf("holder%d", i), time.Now().Add(time.Minute))
+			if err != nil || got != want {
+				t.Fatalf("SpendChallenge %s #%d: got %v, %v; want %v", c.ID, i+1, got, err, want)
 			}
 		}
 	}

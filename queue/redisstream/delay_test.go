@@ -17,7 +17,7 @@ import (
 
 // delayTopic returns a topic of the test's own on a Queue with testOptions,
 // whose keys are deleted at cleanup.
-func delayTopic(t *testing.T, rdb *redis.Client) (*Queue, string) {
+func delayTopic(t *testing.T, rdb redis.UniversalClient) (*Queue, string) {
 	t.Helper()
 	q := New(rdb, testOptions(t))
 	topic := testenv.Topic(t)
@@ -39,7 +39,7 @@ func mustPublishDelayed(t *testing.T, q *Queue, topic string, delay time.Duratio
 }
 
 // streamMessages returns partition p's stream entries as messages, in order.
-func streamMessages(t *testing.T, rdb *redis.Client, topic string, p int) []queue.Message {
+func streamMessages(t *testing.T, rdb redis.UniversalClient, topic string, p int) []queue.Message {
 	t.Helper()
 	xs, err := rdb.XRange(context.Background(), streamKey(topic, p), "-", "+").Result()
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 // partition is one stream with its group and lease key on a test server,
 // with entries, for the fence's tests.
 type partition struct {
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	stream string
 	ids    []string // the entries, in order
 	l      *lease   // the lease "me" believes it holds
@@ -28,7 +28,7 @@ const (
 
 // newPartition makes a stream with n entries and the group, and sets the
 // lease key to holder ("" for none).
-func newPartition(t *testing.T, rdb *redis.Client, n int, holder string) *partition {
+func newPartition(t *testing.T, rdb redis.UniversalClient, n int, holder string) *partition {
 	t.Helper()
 	ctx := context.Background()
 	topic := testenv.Name(t, "fence_")

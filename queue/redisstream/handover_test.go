@@ -38,7 +38,7 @@ func (e *events) count(event string) int {
 
 // owners counts the held leases of topic by consumer name (the owner's
 // prefix before the per-call UUID).
-func owners(t *testing.T, rdb *redis.Client, topic string, partitions int) map[string]int {
+func owners(t *testing.T, rdb redis.UniversalClient, topic string, partitions int) map[string]int {
 	t.Helper()
 	out := map[string]int{}
 	for p := range partitions {

@@ -37,17 +37,20 @@ func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
-// dialer returns fresh clients to one Redis server, closed at cleanup.
-type dialer func(t *testing.T) *redis.Client
+// dialer returns fresh clients to one Redis server (or cluster), closed at
+// cleanup.
+type dialer func(t *testing.T) redis.UniversalClient
 
-func realRedis(t *testing.T) *redis.Client { return testenv.Redis(t) }
+func realRedis(t *testing.T) redis.UniversalClient { return testenv.Redis(t) }
+
+func clusterRedis(t *testing.T) redis.UniversalClient { return testenv.RedisCluster(t) }
 
 func miniRedis(t *testing.T) dialer {
 	m := miniredis.RunT(t)
 	// Leases must expire in real time, as on a real server; by default
 	// miniredis only expires keys on FastForward.
 	m.ClockTTL(true)
-	return func(t *testing.T) *redis.Client {
+	return func(t *testing.T) redis.UniversalClient {
 		c := redis.NewClient(&redis.Options{Addr: m.Addr(), PoolSize: 64})
 		t.Cleanup(func() { _ = c.Close() })
 		return c
@@ -109,7 +112,7 @@ func (l *topicLog) add(topic string) {
 	l.topics[topic] = true
 }
 
-func (l *topicLog) deleteKeys(t testing.TB, rdb *redis.Client, partitions int) {
+func (l *topicLog) deleteKeys(t testing.TB, rdb redis.UniversalClient, partitions int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -157,8 +160,9 @@ func (c loggingConsumer) ConsumePipelined(ctx context.Context, topic string, h q
 	return c.c.ConsumePipelined(ctx, topic, h)
 }
 
-// servers lists the Redis servers every test here runs on: the real one from
-// testenv and a miniredis, which the embedded mode uses.
+// servers lists the Redis servers every test here runs on: the real one
+// and the cluster from testenv, and a miniredis, which the embedded mode
+// uses. On the cluster a topic's partitions live on different masters.
 func servers() []struct {
 	name string
 	dial func(t *testing.T) dialer
@@ -168,6 +172,7 @@ func servers() []struct {
 		dial func(t *testing.T) dialer
 	}{
 		{"redis", func(t *testing.T) dialer { testenv.Redis(t); return realRedis }},
+		{"cluster", func(t *testing.T) dialer { testenv.RedisCluster(t); return clusterRedis }},
 		{"miniredis", miniRedis},
 	}
 }
