@@ -79,6 +79,9 @@ type hub struct {
 	// walks the waiting entries only when it moved or a campaign's
 	// decisions did.
 	activations uint64
+	// campaigns counts the request ids with subscriptions per campaign:
+	// the campaigns whose results channel the notifier needs (feeds.go).
+	campaigns map[string]int
 }
 
 // activationCount returns how many subscriptions have turned active.
@@ -88,7 +91,32 @@ func (h *hub) activationCount() uint64 {
 	return h.activations
 }
 
-func newHub() *hub { return &hub{byID: map[string]*entry{}} }
+func newHub() *hub { return &hub{byID: map[string]*entry{}, campaigns: map[string]int{}} }
+
+// campaignsWaitedOn returns the campaigns with a subscription.
+func (h *hub) campaignsWaitedOn() map[string]bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make(map[string]bool, len(h.campaigns))
+	for c := range h.campaigns {
+		out[c] = true
+	}
+	return out
+}
+
+// waitingOn returns the request ids of campaignID with an active
+// subscription.
+func (h *hub) waitingOn(campaignID string) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var ids []string
+	for id, e := range h.byID {
+		if c, _ := model.CampaignOfRequest(id); c == campaignID && e.active > 0 {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
 
 // add registers pending subscriptions of c for ids (valid, distinct) in
 // order, as long as c stays within limit subscriptions. It returns the new
@@ -111,6 +139,8 @@ func (h *hub) add(c *conn, ids []string, limit int) (added []*subscription, exis
 		if e == nil {
 			e = &entry{requestID: id, subs: map[*subscription]struct{}{}, ahead: -1}
 			h.byID[id] = e
+			c, _ := model.CampaignOfRequest(id)
+			h.campaigns[c]++
 		}
 		e.subs[s] = struct{}{}
 		added = append(added, s)
@@ -240,6 +270,10 @@ func (h *hub) removeLocked(s *subscription) {
 	}
 	if len(e.subs) == 0 {
 		delete(h.byID, s.requestID)
+		c, _ := model.CampaignOfRequest(s.requestID)
+		if h.campaigns[c]--; h.campaigns[c] <= 0 {
+			delete(h.campaigns, c)
+		}
 	}
 }
 

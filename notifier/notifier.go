@@ -2,11 +2,13 @@
 // each final result over WebSocket and serves the poll endpoint. It reads
 // results from the Redis store and never writes orders.
 //
-// One Redis subscription per process feeds a hub that fans results out to the
-// local connections by request id. Redis pub/sub loses messages while it
-// reconnects, so subscriptions also re-read the stored result: once when they
-// are made (after registering in the hub, so nothing slips between the two)
-// and then periodically while they wait.
+// A sharded Redis subscription per campaign that a local shopper waits on
+// (feeds.go) feeds a hub that fans results out to the local connections by
+// request id. Redis pub/sub loses messages while it reconnects, so
+// subscriptions also re-read the stored result: once when they are made
+// (after registering in the hub and subscribing to the campaign, so nothing
+// slips between the two), after the campaign's channel was subscribed again,
+// and periodically while they wait.
 package notifier
 
 import (
@@ -39,9 +41,11 @@ type ResultSource interface {
 	// one round trip; an unknown or malformed id has the zero Result (empty
 	// Status) at its place. An error means no result was read.
 	Results(ctx context.Context, requestIDs []string) ([]model.Result, error)
-	// SubscribeResults calls fn for every published result until ctx ends,
-	// calling ready once the subscription is confirmed.
-	SubscribeResults(ctx context.Context, ready func(), fn func(model.Result)) error
+	// SubscribeResults calls fn for every result published for campaignID
+	// until ctx ends, calling ready each time the subscription is
+	// confirmed (results published before a confirmation are missed). It
+	// returns an error when the subscription fails or the server ends it.
+	SubscribeResults(ctx context.Context, campaignID string, ready func(), fn func(model.Result)) error
 	// Progress returns the queue progress of each campaign, in order, in
 	// one round trip.
 	Progress(ctx context.Context, campaignIDs []string) ([]model.QueueProgress, error)
@@ -103,6 +107,9 @@ type Options struct {
 	// now is the clock of the per-user budgets and the result cache
 	// (default time.Now); tests stop it to count exactly.
 	now func() time.Time
+	// feedLinger is how long a campaign's results subscription outlives
+	// its last waiter (default feedLinger); tests shorten it.
+	feedLinger time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -201,7 +208,7 @@ type Notifier struct {
 	lastProgress progressRound
 	// progressRounds counts the progress loop's rounds (for tests).
 	progressRounds atomic.Int64
-	ready          atomic.Bool
+	feeds          *feeds
 	poller         *poller // nil: every connection reads in a goroutine of its own
 	pings          *pinger
 	// writersStarted counts writer goroutines started (for tests).
@@ -263,6 +270,7 @@ func New(log *slog.Logger, src ResultSource, m *metrics.Metrics, opts Options) *
 	}
 	n.handshakeWriters.New = func() any { return bufio.NewWriterSize(nil, handshakeBufferSize) }
 	n.hub.subscriptions = m.WebSocketSubscriptions
+	n.feeds = newFeeds(n, opts.feedLinger)
 	n.epoch = time.Now()
 	n.life, n.endLife = context.WithCancel(context.Background())
 	n.pings = newPinger(opts.PingInterval/2, n.clock, n.visit)
@@ -317,45 +325,24 @@ func (n *Notifier) visit(c *conn, now time.Duration) {
 	}
 }
 
-// Ready reports whether the Redis results subscription is confirmed.
-func (n *Notifier) Ready() bool { return n.ready.Load() }
+// Ready reports whether Run runs and every campaign's results subscription
+// could be made.
+func (n *Notifier) Ready() bool { return n.feeds.healthy() }
 
-// Run keeps the results subscription up (resubscribing with backoff when it
-// fails) and re-checks waiting subscriptions. It returns nil when ctx ends.
+// Run keeps the results subscriptions of the campaigns shoppers wait on
+// (feeds.go) and re-checks waiting subscriptions. It returns nil when ctx
+// ends.
 func (n *Notifier) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { n.recheckLoop(ctx) })
 	wg.Go(func() { n.memoryLoop(ctx) })
 	wg.Go(func() { n.progressLoop(ctx) })
-	defer wg.Wait()
-
-	backoff := minBackoff
-	for {
-		var confirmed atomic.Bool
-		err := n.src.SubscribeResults(ctx, func() {
-			confirmed.Store(true)
-			n.ready.Store(true)
-		}, n.published)
-		n.ready.Store(false)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if confirmed.Load() {
-			backoff = minBackoff
-		}
-		n.log.Warn("results subscription ended; resubscribing", "err", err, "retry_in", backoff)
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
-		backoff = min(2*backoff, maxBackoff)
-	}
+	n.feeds.run(ctx)
+	wg.Wait()
+	return nil
 }
 
-// published receives every result published on the results channel.
+// published receives every result published for a subscribed campaign.
 func (n *Notifier) published(r model.Result) {
 	if !r.Status.Final() {
 		return

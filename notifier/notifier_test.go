@@ -54,16 +54,20 @@ type fakeSource struct {
 	afterRead func(requestID string)
 	// subscribeErrs are returned by the next SubscribeResults calls.
 	subscribeErrs []error
+	// beforeSubscribe, when set, runs at the start of a SubscribeResults
+	// call that does not fail: a test holds the subscription back there.
+	beforeSubscribe func(campaignID string)
 
-	pubMu sync.Mutex // serializes fn like the store's single subscription goroutine
-	fn    func(model.Result)
+	pubMu sync.Mutex // serializes each campaign's fn like the store's subscription goroutine
+	fns   map[string]func(model.Result)
 
 	reads atomic.Int64 // request ids read, by Result or Results
 	trips atomic.Int64 // Result and Results calls
 }
 
 func newFakeSource() *fakeSource {
-	return &fakeSource{results: map[string]model.Result{}, seq: map[string]int64{}, decided: map[string]int64{}}
+	return &fakeSource{results: map[string]model.Result{}, seq: map[string]int64{}, decided: map[string]int64{},
+		fns: map[string]func(model.Result){}}
 }
 
 // fakeRate is the decision rate the fake reports once anything was decided.
@@ -133,7 +137,7 @@ func (f *fakeSource) Results(_ context.Context, requestIDs []string) ([]model.Re
 	return out, nil
 }
 
-func (f *fakeSource) SubscribeResults(ctx context.Context, ready func(), fn func(model.Result)) error {
+func (f *fakeSource) SubscribeResults(ctx context.Context, campaignID string, ready func(), fn func(model.Result)) error {
 	f.mu.Lock()
 	if len(f.subscribeErrs) > 0 {
 		err := f.subscribeErrs[0]
@@ -141,14 +145,18 @@ func (f *fakeSource) SubscribeResults(ctx context.Context, ready func(), fn func
 		f.mu.Unlock()
 		return err
 	}
+	hook := f.beforeSubscribe
 	f.mu.Unlock()
+	if hook != nil {
+		hook(campaignID)
+	}
 	f.pubMu.Lock()
-	f.fn = fn
+	f.fns[campaignID] = fn
 	f.pubMu.Unlock()
 	ready()
 	<-ctx.Done()
 	f.pubMu.Lock()
-	f.fn = nil
+	delete(f.fns, campaignID)
 	f.pubMu.Unlock()
 	return nil
 }
@@ -164,12 +172,12 @@ func (f *fakeSource) store(r model.Result) {
 	f.results[r.RequestID] = r
 }
 
-// announce publishes r to the subscriber, if any.
+// announce publishes r to the subscriber of its campaign, if any.
 func (f *fakeSource) announce(r model.Result) {
 	f.pubMu.Lock()
 	defer f.pubMu.Unlock()
-	if f.fn != nil {
-		f.fn(r)
+	if fn := f.fns[r.CampaignID]; fn != nil {
+		fn(r)
 	}
 }
 
@@ -495,7 +503,7 @@ func TestResultSourceContract(t *testing.T) {
 				got := make(chan model.Result, 16)
 				done := make(chan error, 1)
 				go func() {
-					done <- e.src.SubscribeResults(ctx, func() { close(ready) }, func(r model.Result) {
+					done <- e.src.SubscribeResults(ctx, e.campaign, sync.OnceFunc(func() { close(ready) }), func(r model.Result) {
 						select {
 						case got <- r:
 						default:

@@ -30,7 +30,23 @@ func every(ctx context.Context, d time.Duration, fn func()) {
 // last read at or before cutoff (at most maxRecheckPerTick, the oldest
 // first).
 func (n *Notifier) recheck(ctx context.Context, cutoff time.Time) {
-	ids := n.hub.due(cutoff, maxRecheckPerTick)
+	n.reread(ctx, n.hub.due(cutoff, maxRecheckPerTick))
+}
+
+// recheckCampaign re-reads the stored results of every request of
+// campaignID with an active subscription, maxRecheckPerTick to a round trip:
+// its results subscription was re-established, and what was published
+// before that was not received.
+func (n *Notifier) recheckCampaign(ctx context.Context, campaignID string) {
+	ids := n.hub.waitingOn(campaignID)
+	for start := 0; start < len(ids) && ctx.Err() == nil; start += maxRecheckPerTick {
+		n.reread(ctx, ids[start:min(start+maxRecheckPerTick, len(ids))])
+	}
+}
+
+// reread reads the stored results of ids in one round trip and hands the
+// final ones to their subscriptions.
+func (n *Notifier) reread(ctx context.Context, ids []string) {
 	if len(ids) == 0 {
 		return
 	}

@@ -117,9 +117,10 @@ func parseSubscribe(typ int, data []byte) ([]string, error) {
 }
 
 // subscribe answers one subscribe frame. Each subscription is registered in
-// the hub before its stored result is read, so a result that lands between
-// the two is either seen by the read or published to the (pending)
-// subscription; the hub's states make sure it is sent once.
+// the hub, and its campaign's results channel subscribed to, before its
+// stored result is read, so a result that lands between the two is either
+// seen by the read or published to the (pending) subscription; the hub's
+// states make sure it is sent once.
 func (n *Notifier) subscribe(ctx context.Context, c *conn, ids []string) {
 	refused := map[string][]byte{}
 	valid := make([]string, 0, len(ids))
@@ -167,6 +168,9 @@ func (n *Notifier) subscribe(ctx context.Context, c *conn, ids []string) {
 			ids[i] = s.requestID
 		}
 		rctx, cancel := context.WithTimeout(ctx, storeTimeout)
+		// Subscribe to the campaigns' results before reading them: a
+		// result published meanwhile is in the read or reaches the hub.
+		n.feeds.ensure(rctx, ids)
 		results, err := n.src.Results(rctx, ids)
 		cancel()
 		if err != nil {

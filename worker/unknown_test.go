@@ -53,10 +53,8 @@ func TestSweepUnknown(t *testing.T) {
 	published := make(chan model.Result, 16)
 	ready := make(chan struct{})
 	go func() {
-		_ = f.st.SubscribeResults(ctx, func() { close(ready) }, func(r model.Result) {
-			if r.CampaignID == f.campaign.ID { // the channel is shared with other tests' campaigns
-				published <- r
-			}
+		_ = f.st.SubscribeResults(ctx, f.campaign.ID, sync.OnceFunc(func() { close(ready) }), func(r model.Result) {
+			published <- r
 		})
 	}()
 	<-ready

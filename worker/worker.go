@@ -254,10 +254,12 @@ func (w *Worker) group(msgs []queue.Message) []*campaignBatch {
 }
 
 // held reports whether err holds a batch: its campaign is not in Redis or
-// paused. Giving up on it would store a final rejected result that a
-// rebuild wipes, or decide a paused sale, so it never counts as a failure.
+// paused, or its deduction did not reach redis.min_replicas_ack replicas in
+// time. Giving up on it would store a final rejected result that a rebuild
+// wipes, decide a paused sale, or reject requests for a replica's delay, so
+// it never counts as a failure.
 func held(err error) bool {
-	return errors.Is(err, model.ErrNotLoaded) || errors.Is(err, model.ErrPaused)
+	return errors.Is(err, model.ErrNotLoaded) || errors.Is(err, model.ErrPaused) || errors.Is(err, model.ErrUnavailable)
 }
 
 // decide decides one campaign's share of a batch and returns the results

@@ -255,7 +255,15 @@ func (s *system) open(ctx context.Context, so startOptions) error {
 		return err
 	}
 	rdb.AddHook(s.Metrics.ScriptHook(scriptNames()))
-	s.store = store.New(rdb, store.WithKeyRetention(s.cfg.Redis.KeyRetention))
+	storeOpts := []store.Option{store.WithKeyRetention(s.cfg.Redis.KeyRetention)}
+	if s.cfg.Redis.Mode == "embedded" {
+		storeOpts = append(storeOpts, store.WithPlainResults()) // miniredis has no sharded pub/sub
+	}
+	if n := s.cfg.Redis.MinReplicasAck; n > 0 {
+		storeOpts = append(storeOpts, store.WithReplicaAck(store.ReplicaAck{Replicas: n, Timeout: s.cfg.Redis.ReplicaAckTimeout,
+			Observe: s.Metrics.ObserveReplicaAck}))
+	}
+	s.store = store.New(rdb, storeOpts...)
 	if s.roles.gateway || s.roles.worker {
 		if s.db, err = sqlstore.Open(ctx, s.cfg.Database.Driver, s.cfg.Database.DSN); err != nil {
 			return err

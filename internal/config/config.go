@@ -150,6 +150,12 @@ type Redis struct {
 	// KeyRetention is how long a campaign's keys outlive its sale: they
 	// expire this long after its end plus its payment window.
 	KeyRetention time.Duration `yaml:"key_retention" env:"KEY_RETENTION"`
+	// MinReplicasAck is how many replicas must hold a deduction's writes
+	// (WAIT) before its results are published and its batch acknowledged;
+	// 0 does not wait. ReplicaAckTimeout bounds the wait: fewer replicas
+	// by then hands the batch back, to be decided again.
+	MinReplicasAck    int           `yaml:"min_replicas_ack" env:"MIN_REPLICAS_ACK"`
+	ReplicaAckTimeout time.Duration `yaml:"replica_ack_timeout" env:"REPLICA_ACK_TIMEOUT"`
 }
 
 // Database selects the order store.
@@ -287,7 +293,8 @@ func Default() Config {
 			WriteTimeout: 10 * time.Second, IdleTimeout: 60 * time.Second, MaxBodyBytes: 4096, ShutdownTimeout: 10 * time.Second},
 		Auth: Auth{JWTSecret: DevJWTSecret, JWTLeeway: 30 * time.Second, AdminToken: DevAdminToken, AdminFailuresPerMinute: 10, Dev: true,
 			Provider: Provider{JWKSRefresh: time.Hour, JWKSUnknownKID: time.Minute}},
-		Redis:    Redis{Mode: "embedded", PoolSize: 64, ClusterReloadInterval: 2 * time.Second, KeyRetention: 7 * 24 * time.Hour},
+		Redis: Redis{Mode: "embedded", PoolSize: 64, ClusterReloadInterval: 2 * time.Second, KeyRetention: 7 * 24 * time.Hour,
+			ReplicaAckTimeout: time.Second},
 		Database: Database{Driver: "sqlite", DSN: ":memory:"},
 		Queue: Queue{Driver: "redisstream", Topic: "flashsale-purchases", ExpiryTopic: "flashsale-expiry", Partitions: 8, BatchSize: 128, Group: "workers", LeaseTTL: 10 * time.Second,
 			RocketMQ: RocketMQ{NameServers: []string{"127.0.0.1:9876"}, ProducerGroup: "flashsale-gateway",
@@ -378,6 +385,12 @@ func (c Config) Validate() error {
 		return bad("redis.pool_size", "must be at least 1")
 	case c.Redis.KeyRetention < time.Hour || c.Redis.KeyRetention > 365*24*time.Hour:
 		return bad("redis.key_retention", "must be between 1h and 8760h (a year)")
+	case c.Redis.MinReplicasAck < 0:
+		return bad("redis.min_replicas_ack", "must not be negative")
+	case c.Redis.MinReplicasAck > 0 && c.Redis.Mode == "embedded":
+		return bad("redis.min_replicas_ack", "needs a Redis with replicas, not redis.mode embedded")
+	case c.Redis.ReplicaAckTimeout <= 0 || c.Redis.ReplicaAckTimeout > time.Minute:
+		return bad("redis.replica_ack_timeout", "must be between 1ms and 1m")
 	case c.Database.Driver != "sqlite" && c.Database.Driver != "mysql":
 		return bad("database.driver", `must be "sqlite" or "mysql"`)
 	case c.Database.DSN == "":

@@ -52,10 +52,15 @@ type Metrics struct {
 	NotEnqueued     prometheus.Counter     // unknown publishes rejected by the sweep: no worker saw them
 	LeaseEvents     *prometheus.CounterVec // topic, event (PartitionEvent)
 	PartitionsOwned *prometheus.GaugeVec   // topic
+	// ReplicaAckLatency and ReplicaShortfalls follow redis.min_replicas_ack
+	// (ObserveReplicaAck).
+	ReplicaAckLatency prometheus.Histogram // seconds
+	ReplicaShortfalls prometheus.Counter
 	// Notifier.
 	ResultsDelivered       *CounterVec // channel: ws, poll
 	WebSocketClients       prometheus.Gauge
 	WebSocketSubscriptions prometheus.Gauge
+	ResultsChannels        prometheus.Gauge // campaigns whose results channel the notifier subscribes to
 }
 
 // New creates the collectors and registers, on a fresh registry, those
@@ -127,6 +132,13 @@ func New(roles ...Role) *Metrics {
 		PartitionsOwned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "flashsale_queue_partitions_owned", Help: "Queue partitions this process's consumers hold, by topic.",
 		}, []string{"topic"}),
+		ReplicaAckLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "flashsale_replica_ack_seconds", Help: "Latency of a deduction together with its WAIT for redis.min_replicas_ack replicas (one round trip).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}),
+		ReplicaShortfalls: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flashsale_replica_ack_shortfalls_total", Help: "Deductions that fewer than redis.min_replicas_ack replicas acknowledged in time: their batch was handed back.",
+		}),
 		ResultsDelivered: newCounterVec(prometheus.CounterOpts{
 			Name: "flashsale_results_delivered_total", Help: "Final results delivered to shoppers, by channel.",
 		}, []string{"channel"}),
@@ -135,6 +147,9 @@ func New(roles ...Role) *Metrics {
 		}),
 		WebSocketSubscriptions: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "flashsale_websocket_subscriptions", Help: "Request ids WebSocket clients wait on.",
+		}),
+		ResultsChannels: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "flashsale_results_channels", Help: "Campaigns whose sharded results channel the notifier subscribes to: those its shoppers wait on, and for 30 s after.",
 		}),
 		CachedCampaigns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "flashsale_gateway_cached_campaigns",
@@ -151,18 +166,29 @@ func New(roles ...Role) *Metrics {
 		m.Registry.MustRegister(m.ScriptDuration)
 	}
 	if has(Worker) {
-		m.Registry.MustRegister(m.WorkerBatchSize, m.Deductions, m.PersistLatency, m.PoisonMessages, m.NotEnqueued, m.LeaseEvents, m.PartitionsOwned)
+		m.Registry.MustRegister(m.WorkerBatchSize, m.Deductions, m.PersistLatency, m.PoisonMessages, m.NotEnqueued, m.LeaseEvents, m.PartitionsOwned,
+			m.ReplicaAckLatency, m.ReplicaShortfalls)
 		// Zero from the start, so a rate over them has a first point.
 		for _, r := range []string{"success", "sold_out", "limit_exceeded", "rejected"} {
 			m.Deductions.WithLabelValues(r)
 		}
 	}
 	if has(Notifier) {
-		m.Registry.MustRegister(m.ResultsDelivered, m.WebSocketClients, m.WebSocketSubscriptions)
+		m.Registry.MustRegister(m.ResultsDelivered, m.WebSocketClients, m.WebSocketSubscriptions, m.ResultsChannels)
 		m.ResultsDelivered.WithLabelValues("ws")
 		m.ResultsDelivered.WithLabelValues("poll")
 	}
 	return m
+}
+
+// ObserveReplicaAck records one deduction's wait for replicas
+// (store.ReplicaAck.Observe) that wanted replicas; a wait answered by fewer
+// is a shortfall.
+func (m *Metrics) ObserveReplicaAck(latency time.Duration, acked, wanted int) {
+	m.ReplicaAckLatency.Observe(latency.Seconds())
+	if acked < wanted {
+		m.ReplicaShortfalls.Inc()
+	}
 }
 
 // SetBuildInfo sets flashsale_build_info to 1 for version and this

@@ -58,8 +58,8 @@ func TestRoles(t *testing.T) {
 			"flashsale_redis_script_seconds"},
 		Worker: {"flashsale_worker_batch_size", "flashsale_deductions_total", "flashsale_order_persist_seconds",
 			"flashsale_worker_poison_messages_total", "flashsale_redis_script_seconds", "flashsale_queue_lease_events_total",
-			"flashsale_queue_partitions_owned"},
-		Notifier: {"flashsale_results_delivered_total", "flashsale_websocket_clients", "flashsale_websocket_subscriptions"},
+			"flashsale_queue_partitions_owned", "flashsale_replica_ack_seconds", "flashsale_replica_ack_shortfalls_total"},
+		Notifier: {"flashsale_results_delivered_total", "flashsale_websocket_clients", "flashsale_websocket_subscriptions", "flashsale_results_channels"},
 	}
 	tests := []struct {
 		name  string

@@ -2,8 +2,11 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -18,35 +21,59 @@ func (s *Store) PublishEvent(ctx context.Context, e model.Event) error {
 	return nil
 }
 
-// resultsPerMessage bounds how many results share one message on
-// ResultsChannel (about 200 bytes each).
+// resultsPerMessage bounds how many results share one message on a results
+// channel (about 200 bytes each).
 const resultsPerMessage = 256
 
-// PublishResults broadcasts final results to every notifier, in one round
-// trip. Results travel many to a message, one JSON object a line (JSON text
-// holds no raw newline): Redis then fans out one message per batch instead
-// of one per result, and a worker's batch of 512 costs it 2 PUBLISHes, not
-// 512. A subscriber of an older version cannot read such a message and
-// drops it; its waiters still get their results from the stored copy (the
-// notifier's periodic re-check).
+// resultsChannel is the channel of a campaign's results. Its hash tag puts it
+// in the slot of the campaign's keys: SPUBLISH runs on the shard that decided
+// the results, and only the notifiers that subscribed to the campaign (they
+// have a shopper waiting on it) receive them.
+func resultsChannel(campaignID string) string { return "fs:{" + campaignID + "}:published" }
+
+// PublishResults sends final results to the notifiers that wait on their
+// campaigns, in one round trip (one per shard on a cluster). Results travel
+// many to a message, one JSON object a line (JSON text holds no raw newline):
+// Redis then fans out one message per campaign and batch instead of one per
+// result, and a worker's batch of 512 costs it 2 SPUBLISHes, not 512. A
+// subscriber of an older version cannot read such a message and drops it;
+// its waiters still get their results from the stored copy (the notifier's
+// periodic re-check).
 func (s *Store) PublishResults(ctx context.Context, results []model.Result) error {
 	if len(results) == 0 {
 		return nil
 	}
+	// Group by campaign, keeping each campaign's order: a worker's batch
+	// is one campaign's, so this is usually one group.
+	var order []string
+	groups := map[string][]model.Result{}
+	for _, r := range results {
+		if _, ok := groups[r.CampaignID]; !ok {
+			order = append(order, r.CampaignID)
+		}
+		groups[r.CampaignID] = append(groups[r.CampaignID], r)
+	}
 	pipe := s.rdb.Pipeline()
-	for start := 0; start < len(results); start += resultsPerMessage {
-		part := results[start:min(start+resultsPerMessage, len(results))]
-		msg := make([]byte, 0, 200*len(part))
-		for i, r := range part {
-			if i > 0 {
-				msg = append(msg, '\n')
+	for _, campaignID := range order {
+		group := groups[campaignID]
+		for start := 0; start < len(group); start += resultsPerMessage {
+			part := group[start:min(start+resultsPerMessage, len(group))]
+			msg := make([]byte, 0, 200*len(part))
+			for i, r := range part {
+				if i > 0 {
+					msg = append(msg, '\n')
+				}
+				var err error
+				if msg, err = model.AppendResult(msg, r); err != nil {
+					return fmt.Errorf("publish results: %w", err)
+				}
 			}
-			var err error
-			if msg, err = model.AppendResult(msg, r); err != nil {
-				return fmt.Errorf("publish results: %w", err)
+			if s.plainResults {
+				pipe.Publish(ctx, resultsChannel(campaignID), msg)
+			} else {
+				pipe.SPublish(ctx, resultsChannel(campaignID), msg)
 			}
 		}
-		pipe.Publish(ctx, ResultsChannel, msg)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("publish %d results: %w", len(results), err)
@@ -65,19 +92,78 @@ func (s *Store) SubscribeEvents(ctx context.Context, ready func(), fn func(model
 	})
 }
 
-// SubscribeResults calls fn for every published result until ctx ends. ready
-// is called once the subscription is confirmed. Results published while the
-// connection is being re-established are missed: subscribers re-read stored
-// results for what they still wait on.
-func (s *Store) SubscribeResults(ctx context.Context, ready func(), fn func(model.Result)) error {
-	return s.subscribe(ctx, ResultsChannel, ready, func(payload string) {
-		for line := range strings.SplitSeq(payload, "\n") {
-			if r, err := model.DecodeResult([]byte(line)); err == nil {
-				fn(r)
+// SubscribeResults calls fn for every result published for campaignID until
+// ctx ends. It calls ready when Redis confirms the subscription; results
+// published before that are missed, so subscribers re-read the stored
+// results they wait on once it is confirmed again after an error. It
+// returns an error when the subscription fails, its connection breaks, the
+// server ends it (the campaign's slot moved to another shard) or refuses it
+// (MOVED: the client's slot map was stale): the caller subscribes again,
+// which looks the slot's master up anew.
+func (s *Store) SubscribeResults(ctx context.Context, campaignID string, ready func(), fn func(model.Result)) error {
+	channel := resultsChannel(campaignID)
+	var ps *redis.PubSub
+	var err error
+	if s.plainResults {
+		ps = s.rdb.Subscribe(ctx)
+		err = ps.Subscribe(ctx, channel)
+	} else {
+		// On a cluster the PubSub connects to the master of the
+		// channel's slot.
+		ps = s.rdb.SSubscribe(ctx)
+		err = ps.SSubscribe(ctx, channel)
+	}
+	defer ps.Close()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("subscribe %s: %w", channel, err)
+	}
+	// go-redis's ChannelWithSubscriptions would hide an error reply (a
+	// MOVED to SSUBSCRIBE leaves it waiting on the wrong node for good),
+	// so the messages are received here; closing ps ends a Receive when
+	// ctx ends.
+	stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
+	defer stop()
+	for {
+		m, err := ps.ReceiveTimeout(ctx, resultsHealthCheck)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				// Quiet: a ping proves the connection, or breaks the
+				// next Receive.
+				_ = ps.Ping(ctx)
+				continue
+			}
+			return fmt.Errorf("subscription %s: %w", channel, err)
+		}
+		switch m := m.(type) {
+		case *redis.Subscription:
+			switch m.Kind {
+			case "subscribe", "ssubscribe":
+				if ready != nil {
+					ready()
+				}
+			case "unsubscribe", "sunsubscribe":
+				return fmt.Errorf("subscription %s: ended by the server", channel)
+			}
+		case *redis.Message:
+			for line := range strings.SplitSeq(m.Payload, "\n") {
+				if r, err := model.DecodeResult([]byte(line)); err == nil {
+					fn(r)
+				}
 			}
 		}
-	})
+	}
 }
+
+// resultsHealthCheck is how long a results subscription may stay silent
+// before a ping checks its connection.
+const resultsHealthCheck = 10 * time.Second
 
 func (s *Store) subscribe(ctx context.Context, channel string, ready func(), fn func(string)) error {
 	ps := s.rdb.Subscribe(ctx, channel)

@@ -4,8 +4,12 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale/flashsale/model"
 )
@@ -33,7 +37,8 @@ func subscribed(t *testing.T, sub func(ctx context.Context, ready func()) error)
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})
 	done := make(chan error, 1)
-	go func() { done <- sub(ctx, func() { close(ready) }) }()
+	// A results subscription confirms again after a reconnect.
+	go func() { done <- sub(ctx, sync.OnceFunc(func() { close(ready) })) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -87,21 +92,53 @@ func TestEvents(t *testing.T) {
 	})
 }
 
+// rawPublish sends payload on campaignID's results channel as PublishResults
+// would, bypassing its encoding.
+func rawPublish(t *testing.T, s *Store, campaignID, payload string) {
+	t.Helper()
+	var err error
+	if s.plainResults {
+		err = s.rdb.Publish(t.Context(), resultsChannel(campaignID), payload).Err()
+	} else {
+		err = s.rdb.SPublish(t.Context(), resultsChannel(campaignID), payload).Err()
+	}
+	if err != nil {
+		t.Fatalf("publish %q: %v", payload, err)
+	}
+}
+
+// rawMessages subscribes to campaignID's results channel with go-redis
+// directly and returns its messages' payloads.
+func rawMessages(t *testing.T, s *Store, campaignID string) <-chan string {
+	t.Helper()
+	var ps *redis.PubSub
+	if s.plainResults {
+		ps = s.rdb.Subscribe(t.Context(), resultsChannel(campaignID))
+	} else {
+		ps = s.rdb.SSubscribe(t.Context(), resultsChannel(campaignID))
+	}
+	t.Cleanup(func() { _ = ps.Close() })
+	if _, err := ps.Receive(t.Context()); err != nil {
+		t.Fatalf("subscribe: %v", err)
+	}
+	out := make(chan string, 1024)
+	go func() {
+		for m := range ps.Channel() {
+			out <- m.Payload
+		}
+	}()
+	return out
+}
+
 func TestResults(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(t, 1, 1)
 		got := make(chan model.Result, 16)
 		subscribed(t, func(ctx context.Context, ready func()) error {
-			return s.SubscribeResults(ctx, ready, func(r model.Result) {
-				if r.CampaignID == c.ID {
-					got <- r
-				}
-			})
+			return s.SubscribeResults(ctx, c.ID, ready, func(r model.Result) { got <- r })
 		})
 		for _, p := range []string{"not json", `{"campaign_id":"` + c.ID + `","status":"bogus"}`} {
-			if err := s.rdb.Publish(t.Context(), ResultsChannel, p).Err(); err != nil {
-				t.Fatalf("PUBLISH %q: %v", p, err)
-			}
+			rawPublish(t, s, c.ID, p)
 		}
 		if err := s.PublishResults(t.Context(), nil); err != nil {
 			t.Fatalf("PublishResults(nil): got %v, want nil", err)
@@ -132,29 +169,13 @@ func TestResults(t *testing.T) {
 // whole and in order, many results to a Redis message.
 func TestResultsShareMessages(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
-		// A cluster client sends each keyless PUBLISH of a pipeline to a
-		// node of its own, so a batch's messages may arrive out of order;
-		// sharded pub/sub (SPUBLISH per campaign, issue 18) keeps them on one.
-		skipOnCluster(t, s, "results over plain PUBLISH on a cluster keep no order between messages")
 		c := newCampaign(t, 1, 1)
 		const n = 2*resultsPerMessage + 3
 		got := make(chan model.Result, n)
 		subscribed(t, func(ctx context.Context, ready func()) error {
-			return s.SubscribeResults(ctx, ready, func(r model.Result) {
-				if r.CampaignID == c.ID {
-					got <- r
-				}
-			})
+			return s.SubscribeResults(ctx, c.ID, ready, func(r model.Result) { got <- r })
 		})
-		// A plain subscriber counts the messages that carry them.
-		messages := make(chan struct{}, n)
-		subscribed(t, func(ctx context.Context, ready func()) error {
-			return s.subscribe(ctx, ResultsChannel, ready, func(payload string) {
-				if strings.Contains(payload, c.ID) {
-					messages <- struct{}{}
-				}
-			})
-		})
+		messages := rawMessages(t, s, c.ID)
 		want := make([]model.Result, n)
 		for i := range want {
 			want[i] = model.Result{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: fmt.Sprintf("u%d", i),
@@ -177,4 +198,86 @@ func TestResultsShareMessages(t *testing.T) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	})
+}
+
+// TestResultsPerCampaign: one batch with results of campaigns on every
+// master of the cluster reaches each campaign's subscriber, and a subscriber
+// receives its campaign's results and no other's.
+func TestResultsPerCampaign(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		campaigns := campaignsOnEveryMaster(t, s)
+		got := make([]chan model.Result, len(campaigns))
+		for i, c := range campaigns {
+			got[i] = make(chan model.Result, 64)
+			subscribed(t, func(ctx context.Context, ready func()) error {
+				return s.SubscribeResults(ctx, c, ready, func(r model.Result) { got[i] <- r })
+			})
+		}
+		var batch []model.Result
+		for round := range 2 {
+			for _, c := range campaigns {
+				batch = append(batch, model.Result{RequestID: newRequestID(c), CampaignID: c, UserID: fmt.Sprintf("u%d", round),
+					Status: model.StatusSoldOut, Quantity: 1})
+			}
+		}
+		if err := s.PublishResults(t.Context(), batch); err != nil {
+			t.Fatalf("PublishResults: %v", err)
+		}
+		for i, c := range campaigns {
+			for round := range 2 {
+				r := recv(t, got[i], "result of "+c)
+				if want := batch[round*len(campaigns)+i]; r != want {
+					t.Errorf("campaign %d, result %d: got %+v, want %+v", i, round, r, want)
+				}
+			}
+		}
+		// Pub/sub keeps a connection's order: a marker published after the
+		// batch arrives after anything of the batch that was still coming.
+		for i, c := range campaigns {
+			marker := model.Result{RequestID: newRequestID(c), CampaignID: c, UserID: "marker", Status: model.StatusSoldOut, Quantity: 1}
+			if err := s.PublishResults(t.Context(), []model.Result{marker}); err != nil {
+				t.Fatalf("PublishResults: %v", err)
+			}
+			if r := recv(t, got[i], "marker of "+c); r != marker {
+				t.Errorf("campaign %d: got %+v, want only its own results, then the marker", i, r)
+			}
+		}
+	})
+}
+
+// campaignsOnEveryMaster returns a campaign id on each master of s's cluster
+// (three ids on a single server).
+func campaignsOnEveryMaster(t *testing.T, s *Store) []string {
+	t.Helper()
+	cc, ok := s.rdb.(*redis.ClusterClient)
+	if !ok {
+		return []string{newCampaign(t, 1, 1).ID, newCampaign(t, 1, 1).ID, newCampaign(t, 1, 1).ID}
+	}
+	var count atomic.Int64 // ForEachMaster calls in parallel
+	if err := cc.ForEachMaster(t.Context(), func(context.Context, *redis.Client) error { count.Add(1); return nil }); err != nil {
+		t.Fatalf("masters: %v", err)
+	}
+	masters := int(count.Load())
+	byMaster := map[string]string{}
+	for range 200 {
+		id := newCampaign(t, 1, 1).ID
+		m, err := cc.MasterForKey(t.Context(), resultsChannel(id))
+		if err != nil {
+			t.Fatalf("master of %s: %v", id, err)
+		}
+		if _, ok := byMaster[m.Options().Addr]; !ok {
+			byMaster[m.Options().Addr] = id
+		}
+		if len(byMaster) == masters {
+			break
+		}
+	}
+	if len(byMaster) != masters {
+		t.Fatalf("campaigns on %d masters, want %d", len(byMaster), masters)
+	}
+	var ids []string
+	for _, id := range byMaster {
+		ids = append(ids, id)
+	}
+	return ids
 }

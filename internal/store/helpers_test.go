@@ -32,7 +32,7 @@ func backends() []backend {
 			m := miniredis.RunT(t)
 			c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 			t.Cleanup(func() { _ = c.Close() })
-			return New(c)
+			return New(c, WithPlainResults())
 		}},
 	}
 }
@@ -53,14 +53,6 @@ func forEachServer(t *testing.T, fn func(t *testing.T, s *Store)) {
 		if b.name != "miniredis" {
 			t.Run(b.name, func(t *testing.T) { fn(t, b.store(t)) })
 		}
-	}
-}
-
-// skipOnCluster skips a test of what the cluster does differently for now.
-func skipOnCluster(t *testing.T, s *Store, why string) {
-	t.Helper()
-	if _, ok := s.rdb.(*redis.ClusterClient); ok {
-		t.Skip(why)
 	}
 }
 

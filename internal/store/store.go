@@ -17,13 +17,12 @@ import (
 	"github.com/flashsale/flashsale/model"
 )
 
-// Channels used for cross-instance events. Plain pub/sub reaches every node of
-// a cluster; receivers also re-read stored state, so a missed message only
-// delays, never loses, an update.
-const (
-	ResultsChannel = "fs:results"
-	EventsChannel  = "fs:events"
-)
+// EventsChannel carries campaign events to every gateway. It stays on plain
+// pub/sub, which reaches every node of a cluster: events are few and every
+// gateway needs all of them. Receivers also re-read stored state, so a missed
+// message only delays, never loses, an update. Results travel on sharded,
+// per-campaign channels instead (resultsChannel).
+const EventsChannel = "fs:events"
 
 var (
 	//go:embed deduct.lua
@@ -74,6 +73,12 @@ type Store struct {
 
 	// retention is how long a campaign's keys outlive its sale (expireAt).
 	retention time.Duration
+	// replicaAck is how many replicas must have a deduction's writes
+	// (replicas.go).
+	replicaAck ReplicaAck
+	// plainResults sends results by PUBLISH/SUBSCRIBE instead of their
+	// sharded forms (WithPlainResults).
+	plainResults bool
 }
 
 // DefaultKeyRetention is how long a campaign's keys outlive its sale (its
@@ -88,6 +93,13 @@ type Option func(*Store)
 // Rebuild); d must be positive.
 func WithKeyRetention(d time.Duration) Option {
 	return func(s *Store) { s.retention = d }
+}
+
+// WithPlainResults sends results with PUBLISH and SUBSCRIBE on the same
+// per-campaign channels, for a server without sharded pub/sub (the embedded
+// miniredis). Redis 7, single or cluster, takes the sharded path.
+func WithPlainResults() Option {
+	return func(s *Store) { s.plainResults = true }
 }
 
 // New returns a Store on rdb.
@@ -224,8 +236,7 @@ func (s *Store) deductOnce(ctx context.Context, tag string, batch []model.Deduct
 	if final != "" {
 		args = append(args, final)
 	}
-	reply, err := s.deduct.Run(ctx, s.rdb,
-		[]string{k.stock, k.users, k.results, k.soldout, k.counters, k.meta, k.unknown}, args...).Slice()
+	reply, err := s.runDeduct(ctx, []string{k.stock, k.users, k.results, k.soldout, k.counters, k.meta, k.unknown}, args)
 	if err != nil {
 		return model.DeductReply{}, shortState{}, fmt.Errorf("deduct %s (%d requests): %w", tag, len(batch), err)
 	}
