@@ -56,7 +56,7 @@ type admitAnswer struct {
 	err      error
 }
 
-func (s *Service) enqueue(ctx context.Context, p Purchase) (Admitted, error) {
+func (s *Service) enqueue(ctx context.Context, p Purchase, pass model.ChallengePass) (Admitted, error) {
 	id := uuid.Must(uuid.NewV7())
 	a := model.AdmitRequest{
 		RequestID:      model.FormatRequestID(cmp.Or(p.tag, p.CampaignID), hex.EncodeToString(id[:])),
@@ -66,6 +66,7 @@ func (s *Service) enqueue(ctx context.Context, p Purchase) (Admitted, error) {
 		Quantity:       p.Quantity,
 		IdempotencyKey: p.IdempotencyKey,
 		ClientIP:       p.ClientIP,
+		Challenge:      pass,
 	}
 	body, err := model.EncodePurchaseRequest(model.PurchaseRequest{RequestID: a.RequestID, CampaignID: p.CampaignID,
 		UserID: p.UserID, Quantity: p.Quantity, AdmittedAt: s.opts.Now().UTC()})
@@ -243,6 +244,8 @@ func (s *Service) admitGroup(group []*pendingPurchase) []*pendingPurchase {
 			p.done <- admitAnswer{admitted: Admitted{RequestID: a.RequestID, Existing: true, Result: a.Result}}
 		case model.AdmitKeyReused:
 			p.done <- admitAnswer{err: s.refuse("idempotency_key_reused", model.ErrIdempotencyKeyReused)}
+		case model.AdmitChallengeSpent:
+			p.done <- admitAnswer{err: s.refuse("challenge", fmt.Errorf("%w: already spent", model.ErrChallengeFailed))}
 		case model.AdmitNotLoaded:
 			p.done <- admitAnswer{err: s.notLoaded(p.req)}
 		case model.AdmitUserRateLimited, model.AdmitCampaignRateLimited, model.AdmitIPRateLimited:

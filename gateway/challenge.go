@@ -66,7 +66,10 @@ func (s *Service) Challenge(ctx context.Context, userID, campaignID string) (mod
 }
 
 // verifyChallenge checks p's solution when c is gated; it touches nothing,
-// so a refusal leaves stock, counters and rate budgets as they were.
+// so a refusal leaves stock, counters and rate budgets as they were. The
+// pass is spent by admit.lua, in the batch's call: a challenge that
+// admitted another purchase before is refused there, before anything else
+// of the request is counted (store.Admit).
 func (s *Service) verifyChallenge(p Purchase, c model.Campaign) (model.ChallengePass, error) {
 	if c.ChallengeBits == 0 {
 		return model.ChallengePass{}, nil
@@ -79,23 +82,4 @@ func (s *Service) verifyChallenge(p Purchase, c model.Campaign) (model.Challenge
 		return model.ChallengePass{}, s.refuse("challenge", err)
 	}
 	return pass, nil
-}
-
-// spendChallenge lets pass buy once: the same challenge again is refused
-// unless it repeats the same keyed purchase, which then gets its request
-// back from admit.lua. It is spent just before admit.lua, so the cheap
-// refusals before (paused, sold out, queue down) leave it unspent; one
-// admit.lua refuses (rate limited, say) has spent it.
-func (s *Service) spendChallenge(ctx context.Context, p Purchase, pass model.ChallengePass) error {
-	if pass.ID == "" {
-		return nil
-	}
-	ok, err := s.stock.SpendChallenge(ctx, p.CampaignID, pass.ID, p.IdempotencyKey, pass.ExpiresAt)
-	if err != nil {
-		return s.refuse("unavailable", err)
-	}
-	if !ok {
-		return s.refuse("challenge", fmt.Errorf("%w: already spent", model.ErrChallengeFailed))
-	}
-	return nil
 }

@@ -31,7 +31,6 @@ type Stock interface {
 	Withdraw(ctx context.Context, batch []model.AdmitRequest) error
 	AddUnknown(ctx context.Context, topic string, batch []model.AdmitRequest) error
 	IdempotentRequest(ctx context.Context, a model.AdmitRequest) (model.AdmitReply, bool, error)
-	SpendChallenge(ctx context.Context, campaignID, challengeID, holder string, expiresAt time.Time) (bool, error)
 	SoldOut(ctx context.Context, campaignID string) (bool, error)
 	Stats(ctx context.Context, campaignID string) (model.Stats, error)
 	Remaining(ctx context.Context, campaignIDs []string) (map[string]int64, error)

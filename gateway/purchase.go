@@ -147,10 +147,7 @@ func (s *Service) Purchase(ctx context.Context, p Purchase, read func() (quantit
 	if s.breaker.State() == gobreaker.StateOpen {
 		return s.earlierOr(ctx, p, "queue_down", fmt.Errorf("queue: %w: circuit open", model.ErrUnavailable))
 	}
-	if err := s.spendChallenge(ctx, p, pass); err != nil {
-		return Admitted{}, err
-	}
-	return s.enqueue(ctx, p)
+	return s.enqueue(ctx, p, pass)
 }
 
 // earlierOr answers p with the request its Idempotency-Key names, if any,

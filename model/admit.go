@@ -30,6 +30,9 @@ type AdmitRequest struct {
 	IdempotencyKey string // optional
 	// ClientIP is rate-limited when RateLimits.IPRate is set; "" is not.
 	ClientIP string
+	// Challenge is the verified challenge of a gated campaign's purchase
+	// (zero when not gated): admitting spends it, and it admits once.
+	Challenge ChallengePass
 }
 
 // AdmitCode is what admitting did with one request.
@@ -52,6 +55,9 @@ const (
 	// AdmitKeyReused: the shopper's Idempotency-Key names an earlier
 	// request with another body (ErrIdempotencyKeyReused).
 	AdmitKeyReused
+	// AdmitChallengeSpent: the request's challenge admitted another
+	// request before (ErrChallengeFailed).
+	AdmitChallengeSpent
 )
 
 // AdmitReply is the answer for one AdmitRequest.

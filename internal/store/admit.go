@@ -44,7 +44,10 @@ func parseIdemValue(v string) (requestID, fp string, hasFP bool) {
 }
 
 // Admit applies the rate limits to a batch of one campaign's requests and
-// stores the admitted ones as queued, in one atomic script call. When a
+// stores the admitted ones as queued, in one atomic script call. A gated
+// request's challenge is checked first and spent when it admits: one that
+// admitted another request before is AdmitChallengeSpent, with nothing
+// changed (challenge.go). When a
 // shopper's Idempotency-Key was seen before, the request changes nothing:
 // with the same body its answer names the earlier request and that
 // request's result as it stands, with another body it is AdmitKeyReused.
@@ -55,9 +58,10 @@ func (s *Store) Admit(ctx context.Context, campaignID string, batch []model.Admi
 	}
 	k := campaignKeys(campaignID)
 	keys := []string{k.results, k.idem, k.counters, k.stock, k.campaignLimit, k.userLimits, k.ipLimits, k.meta}
-	args := make([]any, 0, 7+6*len(batch))
+	args := make([]any, 0, 8+6*len(batch))
 	args = append(args, len(batch), limits.UserRate, limits.UserBurst, limits.CampaignRate, limits.CampaignBurst,
 		limits.IPRate, limits.IPBurst)
+	gated := 0
 	for _, a := range batch {
 		if a.KeyTag() != campaignID {
 			return nil, fmt.Errorf("admit %s: request %s belongs to %s", campaignID, a.RequestID, a.KeyTag())
@@ -65,6 +69,16 @@ func (s *Store) Admit(ctx context.Context, campaignID string, batch []model.Admi
 		// admit.lua appends the sequence number and the user id.
 		queued := string(model.StatusQueued) + "|" + strconv.FormatInt(a.Quantity, 10) + "||"
 		args = append(args, a.RequestID, queued, idemField(a.UserID, a.IdempotencyKey), a.UserID, a.ClientIP, fingerprint(a))
+		if a.Challenge.ID != "" {
+			gated++
+		}
+	}
+	args = append(args, gated)
+	for i, a := range batch {
+		if a.Challenge.ID != "" {
+			keys = append(keys, challengeKey(campaignID, a.Challenge.ID))
+			args = append(args, i+1, challengeExpiry(a.Challenge.ExpiresAt), challengeHolder(a.IdempotencyKey))
+		}
 	}
 	reply, err := s.admit.Run(ctx, s.rdb, keys, args...).Slice()
 	if err != nil {
@@ -120,6 +134,8 @@ func parseAdmitReply(batch []model.AdmitRequest, reply []any) ([]model.AdmitRepl
 			out[i] = model.AdmitReply{Code: c, RetryAfter: time.Duration(secs * float64(time.Second))}
 		case -5:
 			out[i] = model.AdmitReply{Code: model.AdmitKeyReused}
+		case -6:
+			out[i] = model.AdmitReply{Code: model.AdmitChallengeSpent}
 		default:
 			return nil, fmt.Errorf("reply for %s: unknown code %d", a.RequestID, code)
 		}

@@ -4,7 +4,8 @@
 -- the writes of the ones before it, exactly as if they had been admitted one
 -- by one.
 --
--- Per request: the per-client-IP, the per-user, then the per-campaign rate
+-- Per request: the bot gate's challenge (a challenge admits once; see below),
+-- then the per-client-IP, the per-user, then the per-campaign rate
 -- limit (GCRA, the algorithm of go-redis/redis_rate: a refusal changes
 -- nothing, a request let through moves the key's theoretical arrival time),
 -- then the Idempotency-Key dedupe and the "queued" result that marks the
@@ -29,6 +30,8 @@
 --         means the same as none, so stale fields need no expiry.
 -- KEYS[7] client IP rate limits: hash client IP -> TAT, like KEYS[6]
 -- KEYS[8] meta      hash: expire_at (rebuild.lua), the lifetime of what this call creates
+-- KEYS[8+j] challenge j: string, the holder ("k<idempotency key>") of the
+--         request it admitted, expiring with the challenge (EXAT)
 -- ARGV[1] n
 -- ARGV[2] user rate per second (0 = off), ARGV[3] user burst
 -- ARGV[4] campaign rate per second (0 = off), ARGV[5] campaign burst
@@ -38,6 +41,9 @@
 --                            appends "<seq>|<user id>"),
 --                            idempotency field ("" when the shopper sent no key), user id,
 --                            client IP ("" when unknown: not limited), fingerprint
+-- ARGV[8+6n] m, the gated requests; then for challenge j = 1..m, at
+--   ARGV[9+6n+3(j-1) ..]: the request's index i, the challenge's expiry
+--   (Unix seconds), the request's holder ("k" .. its Idempotency-Key)
 --
 -- Reply: { code_1, value_1, ..., code_n, value_n }
 --    0, request id    admitted as new (or this request id again: a retry counts once)
@@ -49,6 +55,13 @@
 --   -4, retry after   per-client-IP rate limit; nothing changed
 --   -5, ""            the key names an earlier request with another fingerprint;
 --                     nothing changed but the rate limits, which counted it
+--   -6, ""            the challenge admitted another request before (one that
+--                     was not the same keyed purchase); nothing changed
+--
+-- A challenge is spent when it admits a new request, not before, so a
+-- request refused here (rate limited, say) leaves it for a retry. It then
+-- admits nothing else, but a repeat of the same keyed purchase passes it
+-- and gets its first request back, by the Idempotency-Key, as any repeat.
 
 -- Cost: every redis.call is the expensive part of a script, so the batch
 -- reads everything it needs first (one HMGET per hash), decides in Lua
@@ -79,6 +92,23 @@ for i = 1, n do
   rids[i], idems[i], users[i], ips[i], fps[i] = argv[base], argv[base + 2], argv[base + 3], argv[base + 4], argv[base + 5]
   if idems[i] ~= '' then
     idem_fields[#idem_fields + 1] = idems[i]
+  end
+end
+
+-- The challenges: gate[i] of a gated request i; spent[key], the holder
+-- that spent it or false, read in one MGET and moved as the batch spends.
+local m = tonumber(argv[8 + 6 * n])
+local gate, spent, spends = {}, {}, {}
+if m > 0 then
+  local ckeys = {}
+  for j = 1, m do
+    local base = 9 + 6 * n + 3 * (j - 1)
+    ckeys[j] = KEYS[8 + j]
+    gate[tonumber(argv[base])] = { key = ckeys[j], exat = argv[base + 1], holder = argv[base + 2] }
+  end
+  local held = redis.call('MGET', unpack(ckeys))
+  for j = 1, m do
+    spent[ckeys[j]] = held[j] or false
   end
 end
 
@@ -187,7 +217,15 @@ for i = 1, n do
   local rid, idem = rids[i], idems[i]
   local code, value = 0, rid
   local ok, retry = true, 0
-  if ip_rate > 0 and ips[i] ~= '' then
+  local g = gate[i]
+  if g then
+    local h = spent[g.key]
+    -- "k" holds no key: a keyless purchase is never repeated.
+    if h and (h ~= g.holder or h == 'k') then
+      ok, code, value = false, -6, ''
+    end
+  end
+  if ok and ip_rate > 0 and ips[i] ~= '' then
     ok, retry = allow(ip_tats, ip_moved, ips[i], ip_interval, ip_window)
     if not ok then
       code, value = -4, tostring(retry)
@@ -232,6 +270,10 @@ for i = 1, n do
           new_results[n_results + 1], new_results[n_results + 2] = rid, i
           n_results = n_results + 2
           admitted = admitted + 1
+          if g then
+            spent[g.key] = g.holder
+            spends[#spends + 1] = g
+          end
         end
       end
     end
@@ -267,6 +309,10 @@ for j = 1, #new_results, 4000 do
 end
 if admitted > 0 then
   redis.call('HINCRBY', KEYS[3], 'admitted', admitted)
+end
+-- A challenge key lives no longer than its challenge could be used: no sweep.
+for _, g in ipairs(spends) do
+  redis.call('SET', g.key, g.holder, 'EXAT', g.exat)
 end
 -- Number arguments keep full precision (tostring would round to 14 digits).
 local user_tats = {}

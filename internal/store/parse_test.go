@@ -113,6 +113,7 @@ func TestParseAdmitReply(t *testing.T) {
 		{name: "existing", reply: []any{int64(1), []any{"c.0", "success|2|o1||u1"}}, want: model.AdmitReply{Code: model.AdmitExisting, RequestID: "c.0",
 			Result: model.Result{RequestID: "c.0", CampaignID: "c", UserID: "u1", Status: model.StatusSuccess, Quantity: 2, OrderID: "o1"}}},
 		{name: "key reused", reply: []any{int64(-5), ""}, want: model.AdmitReply{Code: model.AdmitKeyReused}},
+		{name: "challenge spent", reply: []any{int64(-6), ""}, want: model.AdmitReply{Code: model.AdmitChallengeSpent}},
 		{name: "not loaded", reply: []any{int64(-1), ""}, want: model.AdmitReply{Code: model.AdmitNotLoaded}},
 		{name: "user rate limited", reply: []any{int64(-2), "0.25"}, want: model.AdmitReply{Code: model.AdmitUserRateLimited, RetryAfter: 250 * time.Millisecond}},
 		{name: "campaign rate limited", reply: []any{int64(-3), "2"}, want: model.AdmitReply{Code: model.AdmitCampaignRateLimited, RetryAfter: 2 * time.Second}},
