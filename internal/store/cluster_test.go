@@ -15,8 +15,7 @@ import (
 
 // TestCampaignsOnEveryMaster: the calls that take several campaigns at once
 // (Withdraw, AddUnknown, SweepUnknown, Results, Progress, Remaining), and
-// SpendChallenge, which no backend table covers, work
-// when the campaigns live on different masters of the cluster: each key of
+// a challenge spent by Admit, work when the campaigns live on different masters of the cluster: each key of
 // a command stays within its campaign's slot, and a pipeline is split by
 // slot. The other tests cover each script on the cluster one campaign at a
 // time (the "cluster" backend).
