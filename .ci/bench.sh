@@ -19,7 +19,8 @@
 # A/B of the server's CPU per purchase, '--ws-per-shopper' for a crowd, whose
 # CPU per request then includes its connects and the wait after it leaves). Settings of flashsale pass through the
 # environment, e.g. FLASHSALE_GATEWAY_ADMIT_LINGER=0 for an A/B. BENCH_PROFILE=DIR also writes a CPU profile of the server
-# during each stage to DIR/<stage>.pb.gz (`go tool pprof -top -cum FILE`):
+# during each stage to DIR/<stage>.pb.gz (`go tool pprof -top -cum FILE`;
+# BENCH_E2E_PROFILE_SECONDS=N: e2e's over its first N seconds, not 3 from 1):
 # the binaries then get net/http/pprof through `go build -overlay` from a file
 # made in the run's temporary folder, so nothing in the tree imports it.
 # Profiling costs the server a few per cent; compare profiled runs only with
@@ -152,11 +153,11 @@ HZ=$(getconf CLK_TCK)
 REDIS_PID=$(pgrep -o -x redis-server || true)
 MARIADB_PID=$(pgrep -o -x mariadbd || true)
 
-# profile NAME SECONDS: with BENCH_PROFILE, a CPU profile of the server in
-# the background, starting a second into the stage.
+# profile NAME SECONDS [DELAY]: with BENCH_PROFILE, a CPU profile of the
+# server in the background, starting DELAY seconds (1) into the stage.
 profile() {
   [ -n "${BENCH_PROFILE:-}" ] || return 0
-  (sleep 1; curl -fs -o "$BENCH_PROFILE/$1.pb.gz" "http://$PPROF_ADDR/debug/pprof/profile?seconds=$2" \
+  (sleep "${3:-1}"; curl -fs -o "$BENCH_PROFILE/$1.pb.gz" "http://$PPROF_ADDR/debug/pprof/profile?seconds=$2" \
     || say "no profile for $1") &
   PROFILE_PIDS+=($!)
 }
@@ -253,7 +254,9 @@ if want e2e; then
   say "end to end: $SHOPPERS shoppers, $STOCK items"
   E2E=bench-$RUN_ID-e2e
   t0=$(all_ticks) s0=$(cpu_ticks "$SRV") r0=$(cpu_ticks "$REDIS_PID") m0=$(cpu_ticks "$MARIADB_PID")
-  profile e2e 3
+  # BENCH_E2E_PROFILE_SECONDS: a profile from the stage's start over that
+  # many seconds (the whole run when longer), else 3 s from its second one.
+  if [ -n "${BENCH_E2E_PROFILE_SECONDS:-}" ]; then profile e2e "$BENCH_E2E_PROFILE_SECONDS" 0; else profile e2e 3; fi
   set +e
   "$WORK/flashsale" loadtest --url "$BASE" --campaign "$E2E" --stock "$STOCK" --shoppers "$SHOPPERS" \
     --concurrency 256 --repeat 0 --idempotent-share 0 --results ws --settle 30 --progress=false --json \
