@@ -82,6 +82,14 @@ func parseSubscribe(typ int, data []byte) ([]string, error) {
 	if typ != websocket.TextMessage {
 		return nil, errors.New("only text frames are accepted")
 	}
+	if ids, ok := parseCanonicalSubscribe(data); ok {
+		return distinctIDs(ids)
+	}
+	return parseSubscribeJSON(data)
+}
+
+// parseSubscribeJSON is parseSubscribe's full path, for any spelling.
+func parseSubscribeJSON(data []byte) ([]string, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var f clientFrame
@@ -99,12 +107,65 @@ func parseSubscribe(typ int, data []byte) ([]string, error) {
 	if f.Type != "subscribe" {
 		return nil, errors.New(`type must be "subscribe"`)
 	}
-	if len(f.RequestIDs) == 0 {
+	return distinctIDs(f.RequestIDs)
+}
+
+// subscribePrefix and subscribeSuffix frame the subscribe frame as clients
+// (flashsale.js, the load tool) write it.
+const (
+	subscribePrefix = `{"type":"subscribe","request_ids":[`
+	subscribeSuffix = `]}`
+)
+
+// parseCanonicalSubscribe reads a subscribe frame written exactly as
+// subscribePrefix, ids quoted without escapes and joined by commas, and
+// subscribeSuffix: what encoding/json would decode the same way, without its
+// reflection (a socket per purchase parses one such frame each). Any other
+// spelling reports false and takes the full path.
+func parseCanonicalSubscribe(data []byte) ([]string, bool) {
+	if !bytes.HasPrefix(data, []byte(subscribePrefix)) || !bytes.HasSuffix(data, []byte(subscribeSuffix)) {
+		return nil, false
+	}
+	rest := data[len(subscribePrefix) : len(data)-len(subscribeSuffix)]
+	if len(rest) == 0 {
+		return nil, false // empty: the full path says why
+	}
+	ids := make([]string, 0, 1+bytes.Count(rest, []byte(",")))
+	for {
+		if len(rest) < 2 || rest[0] != '"' {
+			return nil, false
+		}
+		end := 1
+		for end < len(rest) && rest[end] != '"' {
+			if c := rest[end]; c < 0x20 || c == '\\' || c >= 0x7f {
+				return nil, false
+			}
+			end++
+		}
+		if end == len(rest) {
+			return nil, false
+		}
+		ids = append(ids, string(rest[1:end]))
+		rest = rest[end+1:]
+		if len(rest) == 0 {
+			return ids, true
+		}
+		if rest[0] != ',' {
+			return nil, false
+		}
+		rest = rest[1:]
+	}
+}
+
+// distinctIDs checks a frame's request ids and drops repeats, keeping the
+// first of each in order.
+func distinctIDs(requestIDs []string) ([]string, error) {
+	if len(requestIDs) == 0 {
 		return nil, errors.New("request_ids must not be empty")
 	}
-	seen := make(map[string]bool, len(f.RequestIDs))
-	ids := f.RequestIDs[:0]
-	for _, id := range f.RequestIDs {
+	seen := make(map[string]bool, len(requestIDs))
+	ids := requestIDs[:0]
+	for _, id := range requestIDs {
 		if id == "" {
 			return nil, errors.New("request_ids must not contain empty strings")
 		}

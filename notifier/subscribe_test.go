@@ -119,3 +119,36 @@ func frameSummary(t *testing.T, f wsFrame) string {
 	}
 	return "unexpected " + f.Type
 }
+
+// FuzzCanonicalSubscribe: whatever the fast path accepts, the full JSON path
+// reads the same way, ids and errors alike.
+func FuzzCanonicalSubscribe(f *testing.F) {
+	for _, s := range []string{
+		`{"type":"subscribe","request_ids":["c1.0123456789abcdef0123456789abcdef"]}`,
+		`{"type":"subscribe","request_ids":["a","b","a"]}`,
+		`{"type":"subscribe","request_ids":[""]}`,
+		`{"type":"subscribe","request_ids":[]}`,
+		`{"type":"subscribe","request_ids":["a",]}`,
+		`{"type":"subscribe","request_ids":["a""b"]}`,
+		`{"type":"subscribe","request_ids":["a\"b"]}`,
+		`{"type":"subscribe","request_ids":["a\u0062"]}`,
+		`{"type":"subscribe","request_ids":["é"]}`,
+		`{"type":"subscribe","request_ids":["a"],"x":1}`,
+		`{"type":"subscribe","request_ids":["a"]}]}`,
+		`{"type":"subscribe","request_ids":[1]}`,
+		`{"type": "subscribe","request_ids":["a"]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fast, ok := parseCanonicalSubscribe(data)
+		if !ok {
+			return
+		}
+		want, wantErr := parseSubscribeJSON(data)
+		got, gotErr := distinctIDs(fast)
+		if (gotErr == nil) != (wantErr == nil) || !slices.Equal(got, want) {
+			t.Errorf("%q: got %q, %v; want %q, %v", data, got, gotErr, want, wantErr)
+		}
+	})
+}
