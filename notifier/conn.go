@@ -531,6 +531,6 @@ func (n *Notifier) readFrame(c *conn) bool {
 		n.push(c, outMsg{data: idError(codeInvalid, "", err.Error())}, n.opts.WriteTimeout)
 		return true
 	}
-	n.subscribe(n.life, c, ids)
+	n.subscribe(c, ids)
 	return true
 }

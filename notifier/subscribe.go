@@ -2,7 +2,6 @@ package notifier
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -181,7 +180,7 @@ func distinctIDs(requestIDs []string) ([]string, error) {
 // the hub before its stored result is read, so a result that lands between
 // the two is either seen by the read or published to the (pending)
 // subscription; the hub's states make sure it is sent once.
-func (n *Notifier) subscribe(ctx context.Context, c *conn, ids []string) {
+func (n *Notifier) subscribe(c *conn, ids []string) {
 	refused := map[string][]byte{}
 	valid := make([]string, 0, len(ids))
 	for _, id := range ids {
@@ -227,9 +226,7 @@ func (n *Notifier) subscribe(ctx context.Context, c *conn, ids []string) {
 		for i, s := range added {
 			ids[i] = s.requestID
 		}
-		rctx, cancel := context.WithTimeout(ctx, storeTimeout)
-		results, err := n.src.Results(rctx, ids)
-		cancel()
+		results, err := n.lookups.results(ids)
 		if err != nil {
 			n.log.Error("read stored results", "user_id", c.userID, "requests", len(ids), "err", err)
 		}
