@@ -109,23 +109,27 @@ func parseSubscribeJSON(data []byte) ([]string, error) {
 	return distinctIDs(f.RequestIDs)
 }
 
-// subscribePrefix and subscribeSuffix frame the subscribe frame as clients
-// (flashsale.js, the load tool) write it.
-const (
-	subscribePrefix = `{"type":"subscribe","request_ids":[`
-	subscribeSuffix = `]}`
-)
+// subscribeSpellings frame the subscribe frame's ids as clients write it:
+// flashsale.js in field order, Go's encoding of a map (the load tool) in
+// key order.
+var subscribeSpellings = [...]struct{ prefix, suffix []byte }{
+	{[]byte(`{"type":"subscribe","request_ids":[`), []byte(`]}`)},
+	{[]byte(`{"request_ids":[`), []byte(`],"type":"subscribe"}`)},
+}
 
-// parseCanonicalSubscribe reads a subscribe frame written exactly as
-// subscribePrefix, ids quoted without escapes and joined by commas, and
-// subscribeSuffix: what encoding/json would decode the same way, without its
+// parseCanonicalSubscribe reads a subscribe frame written exactly as one of
+// subscribeSpellings around ids quoted without escapes and joined by
+// commas: what encoding/json would decode the same way, without its
 // reflection (a socket per purchase parses one such frame each). Any other
 // spelling reports false and takes the full path.
 func parseCanonicalSubscribe(data []byte) ([]string, bool) {
-	if !bytes.HasPrefix(data, []byte(subscribePrefix)) || !bytes.HasSuffix(data, []byte(subscribeSuffix)) {
-		return nil, false
+	var rest []byte
+	for _, sp := range subscribeSpellings {
+		if len(data) >= len(sp.prefix)+len(sp.suffix) && bytes.HasPrefix(data, sp.prefix) && bytes.HasSuffix(data, sp.suffix) {
+			rest = data[len(sp.prefix) : len(data)-len(sp.suffix)]
+			break
+		}
 	}
-	rest := data[len(subscribePrefix) : len(data)-len(subscribeSuffix)]
 	if len(rest) == 0 {
 		return nil, false // empty: the full path says why
 	}

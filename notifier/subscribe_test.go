@@ -137,6 +137,10 @@ func FuzzCanonicalSubscribe(f *testing.F) {
 		`{"type":"subscribe","request_ids":["a"]}]}`,
 		`{"type":"subscribe","request_ids":[1]}`,
 		`{"type": "subscribe","request_ids":["a"]}`,
+		`{"request_ids":["a","b"],"type":"subscribe"}`,
+		`{"request_ids":[],"type":"subscribe"}`,
+		`{"request_ids":["a"],"type":"subscribe"}],"type":"subscribe"}`,
+		`{"request_ids":["],"type":"subscribe"}`,
 	} {
 		f.Add([]byte(s))
 	}
