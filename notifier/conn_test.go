@@ -172,6 +172,32 @@ func TestWSPingsStartNoWriter(t *testing.T) {
 	}
 }
 
+// TestWSSubscribeStartsNoWriter: the read round writes a subscribe frame's
+// answers (the acknowledgement, a result already final) itself; only a
+// result published later starts a writer goroutine.
+func TestWSSubscribeStartsNoWriter(t *testing.T) {
+	t.Parallel()
+	e, f := fakeEnv(t)
+	h := newHarness(t, f, Options{RecheckInterval: time.Hour})
+	queued, final := e.newRequest(t, "alice"), e.newRequest(t, "alice")
+	r := e.decide(t, final, "alice")
+	ws := mustDial(t, h, "alice")
+	started := h.n.writersStarted.Load()
+	if subscribed, _ := mustSubscribe(t, ws, queued, final); !slices.Equal(subscribed, []string{queued, final}) {
+		t.Fatalf("got subscribed %v, want [%s %s]", subscribed, queued, final)
+	}
+	checkResult(t, mustReadResult(t, ws), r)
+	if got := h.n.writersStarted.Load() - started; got != 0 {
+		t.Errorf("got %d writer goroutines started for a subscribe frame's answers, want 0", got)
+	}
+	later := e.decide(t, queued, "alice")
+	e.publish(t, later)
+	checkResult(t, mustReadResult(t, ws), later)
+	if got := h.n.writersStarted.Load() - started; got != 1 {
+		t.Errorf("got %d writer goroutines started after a published result, want 1", got)
+	}
+}
+
 // TestWSSilentClientClosed: a client that answers no ping is dropped 2.5
 // ping intervals after it was last heard from, not before.
 func TestWSSilentClientClosed(t *testing.T) {
