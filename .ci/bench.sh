@@ -281,7 +281,7 @@ want e2e && printf '%-34s %10s %8s  %s\n' "e2e $SHOPPERS shoppers / $STOCK items
 if want e2e; then
   echo
   echo "end to end (loadtest --json, abridged):"
-  for k in fire_seconds all_answered_ms all_results_ms time_to_sell_out_ms admitted successes results_delivered ok; do
+  for k in fire_seconds all_answered_ms all_results_ms time_to_sell_out_ms admitted successes results_delivered polls ok; do
     printf '  %-22s %s\n' "$k" "$(json "$k")"
   done
   sed -n '/"time_to_result_ms"/,/}/p;/"admit_latency_ms"/,/}/p' "$WORK/e2e.json" | tr -d ' \n' | sed 's/}/}\n/g' | sed 's/^,//;s/^/  /'
