@@ -123,6 +123,7 @@ var subscribeSpellings = [...]struct{ prefix, suffix []byte }{
 // reflection (a socket per purchase parses one such frame each). Any other
 // spelling reports false and takes the full path.
 func parseCanonicalSubscribe(data []byte) ([]string, bool) {
+	data = bytes.TrimSuffix(data, []byte("\n")) // json.Encoder's, as gorilla's WriteJSON sends it
 	var rest []byte
 	for _, sp := range subscribeSpellings {
 		if len(data) >= len(sp.prefix)+len(sp.suffix) && bytes.HasPrefix(data, sp.prefix) && bytes.HasSuffix(data, sp.suffix) {
