@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -190,6 +191,22 @@ func TestWSSubscribeStartsNoWriter(t *testing.T) {
 	if got := h.n.writersStarted.Load() - started; got != 0 {
 		t.Errorf("got %d writer goroutines started for a subscribe frame's answers, want 0", got)
 	}
+	// The round may still be in its writer's last look at the queue, which
+	// would write the published result too.
+	waitFor(t, 5*time.Second, "the read round to end", func() bool {
+		h.n.mu.Lock()
+		conns := slices.Collect(maps.Keys(h.n.conns))
+		h.n.mu.Unlock()
+		for _, c := range conns {
+			c.mu.Lock()
+			busy := c.reading || c.writing
+			c.mu.Unlock()
+			if busy {
+				return false
+			}
+		}
+		return true
+	})
 	later := e.decide(t, queued, "alice")
 	e.publish(t, later)
 	checkResult(t, mustReadResult(t, ws), later)
