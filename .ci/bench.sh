@@ -27,7 +27,8 @@
 # A/B of the server's CPU per purchase, '--ws-per-shopper' for a crowd, whose
 # CPU per request then includes its connects and the wait after it leaves). Settings of flashsale pass through the
 # environment, e.g. FLASHSALE_GATEWAY_ADMIT_LINGER=0 for an A/B. BENCH_PROFILE=DIR also writes a CPU profile of the server
-# during each stage to DIR/<stage>.pb.gz (`go tool pprof -top -cum FILE`):
+# during each stage to DIR/<stage>.pb.gz (`go tool pprof -top -cum FILE`;
+# BENCH_E2E_PROFILE_SECONDS=N: e2e's over its first N seconds, not 3 from 1):
 # the binaries then get net/http/pprof through `go build -overlay` from a file
 # made in the run's temporary folder, so nothing in the tree imports it.
 # Profiling costs the server a few per cent; compare profiled runs only with
@@ -209,11 +210,11 @@ evalsha_calls() {
 reset_stats() { local n; for n in $REDIS_NODES; do redis-cli -h "${n%:*}" -p "${n#*:}" config resetstat >/dev/null; done; }
 MARIADB_PID=$(pgrep -o -x mariadbd || true)
 
-# profile NAME SECONDS: with BENCH_PROFILE, a CPU profile of the server in
-# the background, starting a second into the stage.
+# profile NAME SECONDS [DELAY]: with BENCH_PROFILE, a CPU profile of the
+# server in the background, starting DELAY seconds (1) into the stage.
 profile() {
   [ -n "${BENCH_PROFILE:-}" ] || return 0
-  (sleep 1; curl -fs -o "$BENCH_PROFILE/$1.pb.gz" "http://$PPROF_ADDR/debug/pprof/profile?seconds=$2" \
+  (sleep "${3:-1}"; curl -fs -o "$BENCH_PROFILE/$1.pb.gz" "http://$PPROF_ADDR/debug/pprof/profile?seconds=$2" \
     || say "no profile for $1") &
   PROFILE_PIDS+=($!)
 }
@@ -365,7 +366,9 @@ e2e_stage() {
   say "end to end ($name): $SHOPPERS shoppers, $STOCK items"
   # shellcheck disable=SC2086 # REDIS_PIDS is a list
   t0=$(all_ticks) s0=$(cpu_ticks "$SRV") r0=$(cpu_ticks $REDIS_PIDS) m0=$(cpu_ticks "$MARIADB_PID")
-  profile "$name" 3
+  # BENCH_E2E_PROFILE_SECONDS: a profile from the stage's start over that
+  # many seconds (the whole run when longer), else 3 s from its second one.
+  if [ -n "${BENCH_E2E_PROFILE_SECONDS:-}" ]; then profile "$name" "$BENCH_E2E_PROFILE_SECONDS" 0; else profile "$name" 3; fi
   set +e
   # shellcheck disable=SC2086 # BENCH_LOADTEST_ARGS is a list of flags
   "$WORK/flashsale" loadtest --url "$BASE" --campaign "bench-$RUN_ID-$name" --stock "$STOCK" --shoppers "$SHOPPERS" \
@@ -455,7 +458,7 @@ for run in e2e e2e-cluster; do
   [ -f "$WORK/$run.json" ] || continue
   echo
   echo "end to end, $run (loadtest --json, abridged):"
-  for k in fire_seconds all_answered_ms all_results_ms time_to_sell_out_ms admitted successes results_delivered ok; do
+  for k in fire_seconds all_answered_ms all_results_ms time_to_sell_out_ms admitted successes results_delivered polls ok; do
     printf '  %-22s %s\n' "$k" "$(json "$k" "$run")"
   done
   sed -n '/"time_to_result_ms"/,/}/p;/"admit_latency_ms"/,/}/p' "$WORK/$run.json" | tr -d ' \n' | sed 's/}/}\n/g' | sed 's/^,//;s/^/  /'

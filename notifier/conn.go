@@ -160,7 +160,9 @@ func (n *Notifier) forget(c *conn) {
 
 // push queues m for c's writer, waiting up to wait for room (0: not at all,
 // as the hub must never block on one client). A client that cannot keep up
-// is dropped.
+// is dropped. Only c's read round waits (wait > 0): it writes what it queued
+// itself when the round ends (flushRound), so a writer goroutine is started
+// for it only when the queue is full.
 func (n *Notifier) push(c *conn, m outMsg, wait time.Duration) {
 	var timeout *time.Timer
 	for {
@@ -171,7 +173,9 @@ func (n *Notifier) push(c *conn, m outMsg, wait time.Duration) {
 		}
 		if len(c.queue) < c.sendBuffer {
 			c.queue = append(c.queue, m)
-			n.startWriterLocked(c)
+			if wait <= 0 {
+				n.startWriterLocked(c)
+			}
 			c.mu.Unlock()
 			return
 		}
@@ -179,6 +183,7 @@ func (n *Notifier) push(c *conn, m outMsg, wait time.Duration) {
 			c.mu.Unlock()
 			break
 		}
+		n.startWriterLocked(c) // to make room
 		if c.room == nil {
 			c.room = make(chan struct{})
 		}
@@ -211,6 +216,23 @@ func (n *Notifier) startWriterLocked(c *conn) {
 		defer n.wg.Done()
 		n.writeLoop(c)
 	}()
+}
+
+// flushRound writes, in the read round's goroutine, what the round queued
+// and no writer took: a subscribe frame's answers cost no goroutine of
+// their own. It returns once the queue is empty with no writer running, so
+// a message queued later starts a writer as usual.
+func (n *Notifier) flushRound(c *conn) {
+	for {
+		c.mu.Lock()
+		if c.writing || c.dropped || len(c.queue) == 0 {
+			c.mu.Unlock()
+			return
+		}
+		c.writing = true
+		c.mu.Unlock()
+		n.writeLoop(c)
+	}
 }
 
 // writeLoop writes what is due, then the close frame once stopped, and
@@ -433,7 +455,9 @@ func (n *Notifier) readable(c *conn) {
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
-		n.endRead(c, n.readRound(c))
+		ok := n.readRound(c)
+		n.flushRound(c)
+		n.endRead(c, ok)
 	}()
 }
 
@@ -446,7 +470,9 @@ func (n *Notifier) readBlocking(c *conn) {
 			n.log.Debug("websocket closed", "user_id", c.userID, "err", err)
 			break
 		}
-		if !n.readRound(c) {
+		ok := n.readRound(c)
+		n.flushRound(c)
+		if !ok {
 			break
 		}
 	}
@@ -531,6 +557,6 @@ func (n *Notifier) readFrame(c *conn) bool {
 		n.push(c, outMsg{data: idError(codeInvalid, "", err.Error())}, n.opts.WriteTimeout)
 		return true
 	}
-	n.subscribe(n.life, c, ids)
+	n.subscribe(c, ids)
 	return true
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -169,6 +170,48 @@ func TestWSPingsStartNoWriter(t *testing.T) {
 	})
 	if got := h.n.writersStarted.Load() - started; got != 0 {
 		t.Errorf("%d writer goroutines started for %d pings, want 0", got, pings.Load())
+	}
+}
+
+// TestWSSubscribeStartsNoWriter: the read round writes a subscribe frame's
+// answers (the acknowledgement, a result already final) itself; only a
+// result published later starts a writer goroutine.
+func TestWSSubscribeStartsNoWriter(t *testing.T) {
+	t.Parallel()
+	e, f := fakeEnv(t)
+	h := newHarness(t, f, Options{RecheckInterval: time.Hour})
+	queued, final := e.newRequest(t, "alice"), e.newRequest(t, "alice")
+	r := e.decide(t, final, "alice")
+	ws := mustDial(t, h, "alice")
+	started := h.n.writersStarted.Load()
+	if subscribed, _ := mustSubscribe(t, ws, queued, final); !slices.Equal(subscribed, []string{queued, final}) {
+		t.Fatalf("got subscribed %v, want [%s %s]", subscribed, queued, final)
+	}
+	checkResult(t, mustReadResult(t, ws), r)
+	if got := h.n.writersStarted.Load() - started; got != 0 {
+		t.Errorf("got %d writer goroutines started for a subscribe frame's answers, want 0", got)
+	}
+	// The round may still be in its writer's last look at the queue, which
+	// would write the published result too.
+	waitFor(t, 5*time.Second, "the read round to end", func() bool {
+		h.n.mu.Lock()
+		conns := slices.Collect(maps.Keys(h.n.conns))
+		h.n.mu.Unlock()
+		for _, c := range conns {
+			c.mu.Lock()
+			busy := c.reading || c.writing
+			c.mu.Unlock()
+			if busy {
+				return false
+			}
+		}
+		return true
+	})
+	later := e.decide(t, queued, "alice")
+	e.publish(t, later)
+	checkResult(t, mustReadResult(t, ws), later)
+	if got := h.n.writersStarted.Load() - started; got != 1 {
+		t.Errorf("got %d writer goroutines started after a published result, want 1", got)
 	}
 }
 

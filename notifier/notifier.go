@@ -222,6 +222,8 @@ type Notifier struct {
 	// reads its frames cause must not end with that request's context.
 	life    context.Context
 	endLife context.CancelFunc
+	// lookups reads the stored results subscribe frames ask for.
+	lookups *lookups
 
 	// Per-user budgets, shared by the user's connections and polls.
 	polls      *buckets
@@ -273,6 +275,7 @@ func New(log *slog.Logger, src ResultSource, m *metrics.Metrics, opts Options) *
 	n.feeds = newFeeds(n, opts.feedLinger)
 	n.epoch = time.Now()
 	n.life, n.endLife = context.WithCancel(context.Background())
+	n.lookups = newLookups(n.life, src)
 	n.pings = newPinger(opts.PingInterval/2, n.clock, n.visit)
 	p, err := newPoller(n.readable)
 	if err != nil {

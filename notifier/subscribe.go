@@ -82,6 +82,14 @@ func parseSubscribe(typ int, data []byte) ([]string, error) {
 	if typ != websocket.TextMessage {
 		return nil, errors.New("only text frames are accepted")
 	}
+	if ids, ok := parseCanonicalSubscribe(data); ok {
+		return distinctIDs(ids)
+	}
+	return parseSubscribeJSON(data)
+}
+
+// parseSubscribeJSON is parseSubscribe's full path, for any spelling.
+func parseSubscribeJSON(data []byte) ([]string, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var f clientFrame
@@ -99,12 +107,70 @@ func parseSubscribe(typ int, data []byte) ([]string, error) {
 	if f.Type != "subscribe" {
 		return nil, errors.New(`type must be "subscribe"`)
 	}
-	if len(f.RequestIDs) == 0 {
+	return distinctIDs(f.RequestIDs)
+}
+
+// subscribeSpellings frame the subscribe frame's ids as clients write it:
+// flashsale.js in field order, Go's encoding of a map (the load tool) in
+// key order.
+var subscribeSpellings = [...]struct{ prefix, suffix []byte }{
+	{[]byte(`{"type":"subscribe","request_ids":[`), []byte(`]}`)},
+	{[]byte(`{"request_ids":[`), []byte(`],"type":"subscribe"}`)},
+}
+
+// parseCanonicalSubscribe reads a subscribe frame written exactly as one of
+// subscribeSpellings around ids quoted without escapes and joined by
+// commas: what encoding/json would decode the same way, without its
+// reflection (a socket per purchase parses one such frame each). Any other
+// spelling reports false and takes the full path.
+func parseCanonicalSubscribe(data []byte) ([]string, bool) {
+	data = bytes.TrimSuffix(data, []byte("\n")) // json.Encoder's, as gorilla's WriteJSON sends it
+	var rest []byte
+	for _, sp := range subscribeSpellings {
+		if len(data) >= len(sp.prefix)+len(sp.suffix) && bytes.HasPrefix(data, sp.prefix) && bytes.HasSuffix(data, sp.suffix) {
+			rest = data[len(sp.prefix) : len(data)-len(sp.suffix)]
+			break
+		}
+	}
+	if len(rest) == 0 {
+		return nil, false // empty: the full path says why
+	}
+	ids := make([]string, 0, 1+bytes.Count(rest, []byte(",")))
+	for {
+		if len(rest) < 2 || rest[0] != '"' {
+			return nil, false
+		}
+		end := 1
+		for end < len(rest) && rest[end] != '"' {
+			if c := rest[end]; c < 0x20 || c == '\\' || c >= 0x7f {
+				return nil, false
+			}
+			end++
+		}
+		if end == len(rest) {
+			return nil, false
+		}
+		ids = append(ids, string(rest[1:end]))
+		rest = rest[end+1:]
+		if len(rest) == 0 {
+			return ids, true
+		}
+		if rest[0] != ',' {
+			return nil, false
+		}
+		rest = rest[1:]
+	}
+}
+
+// distinctIDs checks a frame's request ids and drops repeats, keeping the
+// first of each in order.
+func distinctIDs(requestIDs []string) ([]string, error) {
+	if len(requestIDs) == 0 {
 		return nil, errors.New("request_ids must not be empty")
 	}
-	seen := make(map[string]bool, len(f.RequestIDs))
-	ids := f.RequestIDs[:0]
-	for _, id := range f.RequestIDs {
+	seen := make(map[string]bool, len(requestIDs))
+	ids := requestIDs[:0]
+	for _, id := range requestIDs {
 		if id == "" {
 			return nil, errors.New("request_ids must not contain empty strings")
 		}
@@ -121,7 +187,7 @@ func parseSubscribe(typ int, data []byte) ([]string, error) {
 // stored result is read, so a result that lands between the two is either
 // seen by the read or published to the (pending) subscription; the hub's
 // states make sure it is sent once.
-func (n *Notifier) subscribe(ctx context.Context, c *conn, ids []string) {
+func (n *Notifier) subscribe(c *conn, ids []string) {
 	refused := map[string][]byte{}
 	valid := make([]string, 0, len(ids))
 	for _, id := range ids {
@@ -167,12 +233,12 @@ func (n *Notifier) subscribe(ctx context.Context, c *conn, ids []string) {
 		for i, s := range added {
 			ids[i] = s.requestID
 		}
-		rctx, cancel := context.WithTimeout(ctx, storeTimeout)
 		// Subscribe to the campaigns' results before reading them: a
 		// result published meanwhile is in the read or reaches the hub.
-		n.feeds.ensure(rctx, ids)
-		results, err := n.src.Results(rctx, ids)
+		fctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		n.feeds.ensure(fctx, ids)
 		cancel()
+		results, err := n.lookups.results(ids)
 		if err != nil {
 			n.log.Error("read stored results", "user_id", c.userID, "requests", len(ids), "err", err)
 		}

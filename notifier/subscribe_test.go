@@ -119,3 +119,69 @@ func frameSummary(t *testing.T, f wsFrame) string {
 	}
 	return "unexpected " + f.Type
 }
+
+// FuzzCanonicalSubscribe: whatever the fast path accepts, the full JSON path
+// reads the same way, ids and errors alike.
+func FuzzCanonicalSubscribe(f *testing.F) {
+	for _, s := range []string{
+		`{"type":"subscribe","request_ids":["c1.0123456789abcdef0123456789abcdef"]}`,
+		`{"type":"subscribe","request_ids":["a","b","a"]}`,
+		`{"type":"subscribe","request_ids":[""]}`,
+		`{"type":"subscribe","request_ids":[]}`,
+		`{"type":"subscribe","request_ids":["a",]}`,
+		`{"type":"subscribe","request_ids":["a""b"]}`,
+		`{"type":"subscribe","request_ids":["a\"b"]}`,
+		`{"type":"subscribe","request_ids":["a\u0062"]}`,
+		`{"type":"subscribe","request_ids":["é"]}`,
+		`{"type":"subscribe","request_ids":["a"],"x":1}`,
+		`{"type":"subscribe","request_ids":["a"]}]}`,
+		`{"type":"subscribe","request_ids":[1]}`,
+		`{"type": "subscribe","request_ids":["a"]}`,
+		`{"request_ids":["a","b"],"type":"subscribe"}`,
+		"{\"request_ids\":[\"a\"],\"type\":\"subscribe\"}\n",
+		"{\"request_ids\":[\"a\"],\"type\":\"subscribe\"}\n\n",
+		"{\"type\":\"subscribe\",\"request_ids\":[\"a\"]}\n",
+		`{"request_ids":[],"type":"subscribe"}`,
+		`{"request_ids":["a"],"type":"subscribe"}],"type":"subscribe"}`,
+		`{"request_ids":["],"type":"subscribe"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fast, ok := parseCanonicalSubscribe(data)
+		if !ok {
+			return
+		}
+		want, wantErr := parseSubscribeJSON(data)
+		got, gotErr := distinctIDs(fast)
+		if (gotErr == nil) != (wantErr == nil) || !slices.Equal(got, want) {
+			t.Errorf("%q: got %q, %v; want %q, %v", data, got, gotErr, want, wantErr)
+		}
+	})
+}
+
+// TestCanonicalSubscribeClients: the fast path takes the frames real
+// clients send: flashsale.js's JSON.stringify (field order), and Go's
+// encoding of a map (key order) as gorilla's WriteJSON sends it (with
+// json.Encoder's newline), which the load tool writes.
+func TestCanonicalSubscribeClients(t *testing.T) {
+	t.Parallel()
+	ids := []string{"c1.0123456789abcdef0123456789abcdef", "c1.fedcba9876543210fedcba9876543210"}
+	mapFrame, _ := json.Marshal(map[string]any{"type": "subscribe", "request_ids": ids})
+	tests := []struct {
+		name string
+		data string
+	}{
+		{"flashsale.js", `{"type":"subscribe","request_ids":["` + ids[0] + `","` + ids[1] + `"]}`},
+		{"a Go map", string(mapFrame)},
+		{"a Go map through WriteJSON", string(mapFrame) + "\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := parseCanonicalSubscribe([]byte(tt.data))
+			if !ok || !slices.Equal(got, ids) {
+				t.Errorf("%s: got %q, %v; want %q, true", tt.data, got, ok, ids)
+			}
+		})
+	}
+}

@@ -39,6 +39,7 @@ type recorder struct {
 	duplicates   int            // a result for a request id seen twice
 	wsFailures   map[string]int // why results were polled on a WebSocket run
 	wsOpened     int            // WebSockets that connected
+	polls        int            // polls sent, answered or not
 	missingN     int
 	missingOne   string           // one missing request, for the report
 	idemBroken   int              // replays that started a second request
@@ -161,6 +162,12 @@ func (r *recorder) wsFailed(err error) {
 	r.wsFailures[err.Error()]++
 }
 
+func (r *recorder) pollSent() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.polls++
+}
+
 func (r *recorder) wsOpen() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -178,30 +185,33 @@ func (r *recorder) missing(rid string, err error) {
 
 // report is what a run measured and what it proved, as printed.
 type report struct {
-	URL               string           `json:"url"`
-	ResultsURL        string           `json:"results_url"`
-	Campaign          string           `json:"campaign"`
-	Stock             int64            `json:"stock"`
-	PerUserLimit      int64            `json:"per_user_limit"`
-	Buckets           int              `json:"buckets"`
-	Shoppers          int              `json:"shoppers"`
-	Mode              string           `json:"mode"`
-	Results           string           `json:"results_channel"`
-	Sockets           socketBudget     `json:"sockets"`
-	Requests          int              `json:"requests"`
-	FireSeconds       float64          `json:"fire_seconds"`
-	RequestsPerSec    float64          `json:"requests_per_second"`
-	Admitted          int              `json:"admitted"`
-	AdmittedPerSec    float64          `json:"admitted_per_second"`
-	Replayed          int              `json:"replayed"`
-	Refused           map[string]int   `json:"refused"`
-	TransportErrors   map[string]int   `json:"transport_errors"`
-	SellOutMillis     *float64         `json:"time_to_sell_out_ms"`
-	AllAnsweredMs     float64          `json:"all_answered_ms"`
-	AllResultsMs      *float64         `json:"all_results_ms"`
-	AdmitLatency      percentiles      `json:"admit_latency_ms"`
-	ResultLatency     percentiles      `json:"time_to_result_ms"`
-	Delivered         int              `json:"results_delivered"`
+	URL             string         `json:"url"`
+	ResultsURL      string         `json:"results_url"`
+	Campaign        string         `json:"campaign"`
+	Stock           int64          `json:"stock"`
+	PerUserLimit    int64          `json:"per_user_limit"`
+	Buckets         int            `json:"buckets"`
+	Shoppers        int            `json:"shoppers"`
+	Mode            string         `json:"mode"`
+	Results         string         `json:"results_channel"`
+	Sockets         socketBudget   `json:"sockets"`
+	Requests        int            `json:"requests"`
+	FireSeconds     float64        `json:"fire_seconds"`
+	RequestsPerSec  float64        `json:"requests_per_second"`
+	Admitted        int            `json:"admitted"`
+	AdmittedPerSec  float64        `json:"admitted_per_second"`
+	Replayed        int            `json:"replayed"`
+	Refused         map[string]int `json:"refused"`
+	TransportErrors map[string]int `json:"transport_errors"`
+	SellOutMillis   *float64       `json:"time_to_sell_out_ms"`
+	AllAnsweredMs   float64        `json:"all_answered_ms"`
+	AllResultsMs    *float64       `json:"all_results_ms"`
+	AdmitLatency    percentiles    `json:"admit_latency_ms"`
+	ResultLatency   percentiles    `json:"time_to_result_ms"`
+	Delivered       int            `json:"results_delivered"`
+	// Polls counts the polls sent: a polled result's cost grows with how
+	// long it takes, a WebSocket's does not.
+	Polls             int              `json:"polls"`
 	ByChannel         map[string]int   `json:"results_by_channel"`
 	WSFallbacks       map[string]int   `json:"ws_fallbacks"`
 	ByStatus          map[string]int   `json:"results_by_status"`
@@ -295,7 +305,7 @@ func (r *recorder) report(st serverStats, lc *lifecycleState) *report {
 		Requests: r.requests, FireSeconds: fire.Seconds(), Admitted: r.admittedN, Replayed: r.replayedN,
 		Refused: r.refused, TransportErrors: r.transport, AllAnsweredMs: ms(r.lastAnswerAt.Sub(r.t0)),
 		AdmitLatency: percentilesOf(r.admitLat), ResultLatency: percentilesOf(r.resultLat),
-		Delivered: len(r.results), ByChannel: r.byChannel, ByStatus: r.byStatus, Successes: r.successes, Server: st}
+		Delivered: len(r.results), Polls: r.polls, ByChannel: r.byChannel, ByStatus: r.byStatus, Successes: r.successes, Server: st}
 	rep.Mode = fmt.Sprintf("closed loop, concurrency %d", r.o.concurrency)
 	if r.o.rate > 0 {
 		rep.Mode = fmt.Sprintf("open loop, %.0f shoppers/s", r.o.rate)
@@ -466,8 +476,8 @@ func (rep *report) writeText(w io.Writer) {
 		opt(rep.SellOutMillis), rep.AllAnsweredMs, opt(rep.AllResultsMs))
 	p("  admit latency   %s", lat(rep.AdmitLatency))
 	p("  time to result  %s", lat(rep.ResultLatency))
-	p("  results         %d delivered of %d admitted: %s; by %s", rep.Delivered, rep.Admitted,
-		countsText(rep.ByStatus), countsText(rep.ByChannel))
+	p("  results         %d delivered of %d admitted: %s; by %s; %d polls sent", rep.Delivered, rep.Admitted,
+		countsText(rep.ByStatus), countsText(rep.ByChannel), rep.Polls)
 	if len(rep.WSFallbacks) > 0 {
 		p("  polled instead  %s", countsText(rep.WSFallbacks))
 	}

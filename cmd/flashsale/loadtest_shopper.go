@@ -298,6 +298,7 @@ func (lt *loadtest) poll(ctx context.Context, s *shopper, rid string) (finalResu
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(lt.o.resultsURL + "/api/v1/purchases/" + url.PathEscape(rid))
 	req.Header.Set("Authorization", "Bearer "+s.token)
+	lt.rec.pollSent()
 	if err := lt.shopperCall(ctx, lt.results, req, resp); err != nil {
 		return finalResult{}, err
 	}

@@ -78,6 +78,9 @@ func TestLoadtestEmbedded(t *testing.T) {
 			if got := rep.ByChannel["poll"] > 0; got != tt.wantPoll {
 				t.Errorf("results by channel %v: got some polled %v, want %v", rep.ByChannel, got, tt.wantPoll)
 			}
+			if rep.Polls < rep.ByChannel["poll"] || (rep.Polls > 0) != tt.wantPoll {
+				t.Errorf("polls: got %d sent for %d polled results, want at least one each (and none without)", rep.Polls, rep.ByChannel["poll"])
+			}
 			if rep.Requests < 400 || rep.AdmitLatency.Max <= 0 || rep.ResultLatency.P50 <= 0 {
 				t.Errorf("measurements: got %d requests, admit max %v ms, result p50 %v ms; want >= 400 and positive latencies",
 					rep.Requests, rep.AdmitLatency.Max, rep.ResultLatency.P50)

@@ -495,7 +495,12 @@ func (s *system) listen() (err error) {
 }
 
 func (s *system) bind(addr string, h http.Handler) (string, error) {
-	ln, err := net.Listen("tcp", addr)
+	// TCP keep-alive stays on with the system's timers: Go's 15 s ones cost
+	// three setsockopt calls per accepted connection (a WebSocket per
+	// purchase pays them each time), and every connection is bounded
+	// anyway: HTTP by the server's timeouts, WebSockets by the pings.
+	lc := net.ListenConfig{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: -1, Interval: -1, Count: -1}}
+	ln, err := lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return "", fmt.Errorf("listen %s: %w", addr, err)
 	}
