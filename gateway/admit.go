@@ -46,9 +46,10 @@ type admitter struct {
 
 // pendingPurchase is one purchase waiting for its batch.
 type pendingPurchase struct {
-	req  model.AdmitRequest
-	body []byte // the queue message, encoded by the request's own goroutine
-	done chan admitAnswer
+	req     model.AdmitRequest
+	buckets int    // the campaign's bucket count
+	body    []byte // the queue message, encoded by the request's own goroutine
+	done    chan admitAnswer
 }
 
 type admitAnswer struct {
@@ -73,7 +74,7 @@ func (s *Service) enqueue(ctx context.Context, p Purchase, pass model.ChallengeP
 	if err != nil {
 		return Admitted{}, fmt.Errorf("encode request: %w", err)
 	}
-	pp := &pendingPurchase{req: a, body: body, done: make(chan admitAnswer, 1)}
+	pp := &pendingPurchase{req: a, buckets: p.buckets, body: body, done: make(chan admitAnswer, 1)}
 	s.submit(pp)
 	// The batch runs detached from ctx and is bounded by PublishTimeout per
 	// step: once submitted, the outcome must be known before answering, or a
@@ -228,7 +229,7 @@ func (s *Service) admitGroup(group []*pendingPurchase) []*pendingPurchase {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
 	defer cancel()
-	replies, err := s.stock.Admit(ctx, reqs[0].KeyTag(), reqs, s.opts.RateLimits)
+	replies, err := s.stock.Admit(ctx, reqs[0].KeyTag(), reqs, s.opts.RateLimits.PerBucket(group[0].buckets))
 	if err != nil {
 		for _, p := range group {
 			p.done <- admitAnswer{err: s.refuse("unavailable", fmt.Errorf("%w: %v", model.ErrUnavailable, err))}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -396,5 +397,56 @@ func TestAdmitNotLoaded(t *testing.T) {
 				t.Errorf("publishes: got %v, want none", got)
 			}
 		})
+	}
+}
+
+// TestAdmitCampaignLimitSharedByBuckets: a campaign of 4 buckets admits no
+// more than the campaign rate limit in all, although each bucket keeps its
+// own limiter state (before, each admitted the whole limit: 4 times it).
+func TestAdmitCampaignLimitSharedByBuckets(t *testing.T) {
+	const buckets, rate, burst = 4, 1, 8
+	st := store.New(testenv.Redis(t))
+	campaigns := &memCampaigns{c: model.Campaign{ID: testenv.Name(t, "admb"), Name: "t", Stock: 1000, PerUserLimit: 1,
+		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour), Buckets: buckets}}
+	c := mustLoad(t, campaigns, st)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	svc := New(log, st, campaigns, newGatePublisher(false), metrics.New(), Options{Topic: testenv.Topic(t), AdmitConcurrency: 1,
+		RateLimits: model.RateLimits{CampaignRate: rate, CampaignBurst: burst}})
+
+	var users []string
+	perBucket := make([]int, buckets)
+	for i := 0; len(users) < 40; i++ {
+		u := fmt.Sprintf("u%d", i)
+		perBucket[model.BucketOf(u, buckets)]++
+		users = append(users, u)
+	}
+	for b, n := range perBucket {
+		if n <= burst/buckets {
+			t.Fatalf("bucket %d has %d of the shoppers: the test cannot tell the limits apart", b, n)
+		}
+	}
+	start := time.Now()
+	var admitted, limited atomic.Int64
+	var wg sync.WaitGroup
+	for _, u := range users {
+		wg.Go(func() {
+			_, err := svc.Purchase(t.Context(), Purchase{UserID: u, CampaignID: c.ID, Quantity: 1}, nil)
+			var rl *model.RateLimitError
+			switch {
+			case err == nil:
+				admitted.Add(1)
+			case errors.As(err, &rl):
+				limited.Add(1)
+			default:
+				t.Errorf("purchase of %s: %v", u, err)
+			}
+		})
+	}
+	wg.Wait()
+	// Each bucket refills at 1/s while the purchases run.
+	allowed := int64(burst) + buckets*int64(time.Since(start)/time.Second+1)
+	if n := admitted.Load(); n > allowed || n == 0 {
+		t.Errorf("admitted %d of %d (%d rate limited); want 1 to %d: the campaign's burst of %d shared by its buckets",
+			n, len(users), limited.Load(), allowed, burst)
 	}
 }

@@ -78,6 +78,9 @@ type Purchase struct {
 	// tag is the shopper's bucket's tag (model.UserTag), set once the
 	// campaign is known: their request's keys and queue partition.
 	tag string
+	// buckets is the campaign's bucket count: the campaign rate limit is
+	// shared among them (model.RateLimits.PerBucket).
+	buckets int
 }
 
 var idempotencyKeyPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
@@ -123,7 +126,7 @@ func (s *Service) Purchase(ctx context.Context, p Purchase, read func() (quantit
 	if err != nil {
 		return Admitted{}, s.refuse("campaign", err)
 	}
-	p.tag = model.UserTag(c, p.UserID)
+	p.tag, p.buckets = model.UserTag(c, p.UserID), c.Buckets
 	if p.Quantity > c.PerUserLimit {
 		return Admitted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("exceeds the per-user limit of %d", c.PerUserLimit)))
 	}

@@ -17,6 +17,28 @@ type RateLimits struct {
 	IPBurst int `yaml:"ip_burst" env:"IP_BURST"`
 }
 
+// PerBucket returns the limits one bucket of a campaign of n buckets
+// admits under. Each bucket keeps its own rate-limit state (its keys carry
+// its tag), so the campaign-wide limit is split: n buckets together admit
+// no more than the setting (at least 1 per second each, so a rate below n
+// admits up to n). The per-user limit stays whole (a shopper always
+// reaches one bucket); so does the per-IP one, since one address's
+// shoppers may all share a bucket: an address driving accounts in every
+// bucket gets up to n times its rate.
+func (l RateLimits) PerBucket(n int) RateLimits {
+	if n <= 1 {
+		return l
+	}
+	split := func(v int) int {
+		if v <= 0 {
+			return v
+		}
+		return max(1, v/n)
+	}
+	l.CampaignRate, l.CampaignBurst = split(l.CampaignRate), split(l.CampaignBurst)
+	return l
+}
+
 // AdmitRequest is one purchase request to admit: rate-limit, deduplicate by
 // its Idempotency-Key and store as queued.
 type AdmitRequest struct {
