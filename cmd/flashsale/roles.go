@@ -255,7 +255,7 @@ func (s *system) open(ctx context.Context, so startOptions) error {
 		return err
 	}
 	rdb.AddHook(s.Metrics.ScriptHook(scriptNames()))
-	storeOpts := []store.Option{store.WithKeyRetention(s.cfg.Redis.KeyRetention)}
+	storeOpts := []store.Option{store.WithKeyRetention(s.cfg.Redis.KeyRetention), store.WithTransferObserver(s.Metrics.ObserveTransfer)}
 	if s.cfg.Redis.Mode == "embedded" {
 		storeOpts = append(storeOpts, store.WithPlainResults()) // miniredis has no sharded pub/sub
 	}

@@ -56,6 +56,10 @@ type Metrics struct {
 	// (ObserveReplicaAck).
 	ReplicaAckLatency prometheus.Histogram // seconds
 	ReplicaShortfalls prometheus.Counter
+	// BucketTransfers and BucketUnitsMoved count stock moved between a
+	// campaign's buckets (ObserveTransfer).
+	BucketTransfers  *prometheus.CounterVec // outcome
+	BucketUnitsMoved prometheus.Counter
 	// Notifier.
 	ResultsDelivered       *CounterVec // channel: ws, poll
 	WebSocketClients       prometheus.Gauge
@@ -139,6 +143,12 @@ func New(roles ...Role) *Metrics {
 		ReplicaShortfalls: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_replica_ack_shortfalls_total", Help: "Deductions that fewer than redis.min_replicas_ack replicas acknowledged in time: their batch was handed back.",
 		}),
+		BucketTransfers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flashsale_bucket_transfers_total", Help: "Stock transfers between a bucketed campaign's buckets, by outcome: moved, empty (the donor had none), recovered (a pending one completed), failed (left pending).",
+		}, []string{"outcome"}),
+		BucketUnitsMoved: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flashsale_bucket_units_moved_total", Help: "Units moved between a bucketed campaign's buckets (moved and recovered transfers).",
+		}),
 		ResultsDelivered: newCounterVec(prometheus.CounterOpts{
 			Name: "flashsale_results_delivered_total", Help: "Final results delivered to shoppers, by channel.",
 		}, []string{"channel"}),
@@ -167,7 +177,10 @@ func New(roles ...Role) *Metrics {
 	}
 	if has(Worker) {
 		m.Registry.MustRegister(m.WorkerBatchSize, m.Deductions, m.PersistLatency, m.PoisonMessages, m.NotEnqueued, m.LeaseEvents, m.PartitionsOwned,
-			m.ReplicaAckLatency, m.ReplicaShortfalls)
+			m.ReplicaAckLatency, m.ReplicaShortfalls, m.BucketTransfers, m.BucketUnitsMoved)
+		for _, o := range []string{"moved", "empty", "recovered", "failed"} {
+			m.BucketTransfers.WithLabelValues(o)
+		}
 		// Zero from the start, so a rate over them has a first point.
 		for _, r := range []string{"success", "sold_out", "limit_exceeded", "rejected"} {
 			m.Deductions.WithLabelValues(r)
@@ -189,6 +202,13 @@ func (m *Metrics) ObserveReplicaAck(latency time.Duration, acked, wanted int) {
 	if acked < wanted {
 		m.ReplicaShortfalls.Inc()
 	}
+}
+
+// ObserveTransfer records one stock transfer between buckets
+// (store.WithTransferObserver).
+func (m *Metrics) ObserveTransfer(outcome string, units int64) {
+	m.BucketTransfers.WithLabelValues(outcome).Inc()
+	m.BucketUnitsMoved.Add(float64(units))
 }
 
 // SetBuildInfo sets flashsale_build_info to 1 for version and this

@@ -329,9 +329,35 @@ func (s *Store) transfer(ctx context.Context, campaignID string, n, from, to int
 	xid := strconv.FormatInt(epoch, 10) + "-" + hex.EncodeToString(id[:])
 	units, err := s.takeUnits(ctx, campaignID, n, from, to, epoch, xid, want)
 	if err != nil || units == 0 {
+		s.observeTransfer(outcomeOf(err, "empty"), 0)
 		return 0, err
 	}
-	return units, s.completeTransfer(ctx, campaignID, n, from, to, epoch, xid, units)
+	err = s.completeTransfer(ctx, campaignID, n, from, to, epoch, xid, units)
+	s.observeTransfer(outcomeOf(err, "moved"), units)
+	return units, err
+}
+
+// Transfer outcomes, as TransferObserver is told them: moved (taken and
+// given), empty (the donor had nothing left, or its epoch moved on),
+// recovered (a pending transfer completed by RecoverTransfers or a scan),
+// failed (a step failed: it stays pending until recovered).
+func outcomeOf(err error, ok string) string {
+	if err != nil {
+		return "failed"
+	}
+	return ok
+}
+
+// WithTransferObserver has Store tell observe each stock transfer between
+// a campaign's buckets: its outcome and the units it moved.
+func WithTransferObserver(observe func(outcome string, units int64)) Option {
+	return func(s *Store) { s.transferObserver = observe }
+}
+
+func (s *Store) observeTransfer(outcome string, units int64) {
+	if s.transferObserver != nil {
+		s.transferObserver(outcome, units)
+	}
 }
 
 // takeUnits is a transfer's first step (take.lua); 0 units when the donor
@@ -450,8 +476,10 @@ func (s *Store) recoverPending(ctx context.Context, campaignID string, n int, sn
 				return fmt.Errorf("pending transfer %s of %s: record %q malformed", xid, campaignID, str)
 			}
 			if err := s.completeTransfer(ctx, campaignID, n, from, to, epoch, xid, units); err != nil {
+				s.observeTransfer("failed", 0)
 				return err
 			}
+			s.observeTransfer("recovered", units)
 		}
 	}
 	return nil

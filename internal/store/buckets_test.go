@@ -287,3 +287,32 @@ func TestRecoverTransfers(t *testing.T) {
 		t.Fatal("a removed campaign stayed on the index")
 	}
 }
+
+// TestTransferObserver: every unit sold through one bucket of four came from
+// the others by transfers, and the observer is told each one and its units.
+func TestTransferObserver(t *testing.T) {
+	var mu sync.Mutex
+	outcomes := map[string]int{}
+	var moved int64
+	s := New(testenv.Redis(t), WithTransferObserver(func(outcome string, units int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		outcomes[outcome]++
+		moved += units
+	}))
+	const n, stock = 4, 12
+	c := bucketed(t, s, stock, n)
+	tag := model.BucketTag(c.ID, 0, n)
+	for i, u := range usersOf(0, n, stock, "u") {
+		r := mustDeduct(t, s, tag, []model.Deduction{{RequestID: newRequestID(tag), UserID: u, Quantity: 1, OrderID: fmt.Sprint("o", i)}})
+		if r.Results[0].Status != model.StatusSuccess {
+			t.Fatalf("purchase %d: got %+v, want success", i, r)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// Bucket 0 started with a quarter of the stock; the rest moved to it.
+	if moved != stock-stock/n || outcomes["moved"] == 0 || outcomes["failed"] != 0 {
+		t.Errorf("observed %v, %d units moved; want transfers moved, none failed, %d units", outcomes, moved, stock-stock/n)
+	}
+}

@@ -71,6 +71,10 @@ type Store struct {
 	give     *redis.Script
 	settle   *redis.Script
 
+	// transferObserver, when set, is told every transfer between buckets
+	// (WithTransferObserver).
+	transferObserver func(outcome string, units int64)
+
 	// retention is how long a campaign's keys outlive its sale (expireAt).
 	retention time.Duration
 	// replicaAck is how many replicas must have a deduction's writes
