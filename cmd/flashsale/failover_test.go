@@ -104,29 +104,7 @@ func masterKilledMidSale(t *testing.T, ack int) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	var wg sync.WaitGroup
-	next := make(chan string)
-	for range 16 {
-		wg.Go(func() {
-			for user := range next {
-				shop(user)
-			}
-		})
-	}
-	go func() {
-		for i := range users {
-			next <- fmt.Sprintf("s%04d", i)
-		}
-		close(next)
-	}()
-
-	deadline := time.Now().Add(60 * time.Second)
-	for c.stats(campaign).Sold < stock/3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("a third of the stock not sold within a minute")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wg := c.shopUntilSold(campaign, users, stock/3, shop)
 	master, err := rdb.MasterForKey(context.Background(), "{"+campaign+"}")
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -250,6 +251,36 @@ func (c *client) stats(id string) statsBody {
 		c.t.Fatalf("stats: got %d, want 200", code)
 	}
 	return st
+}
+
+// shopUntilSold has users shoppers (s0000, s0001, …) shop, 16 at a time,
+// and returns once sold units of the campaign are sold: a sale in
+// progress, for a fault to strike. Wait on the group for the shoppers.
+func (c *client) shopUntilSold(campaign string, users int, sold int64, shop func(user string)) *sync.WaitGroup {
+	c.t.Helper()
+	var wg sync.WaitGroup
+	next := make(chan string)
+	for range 16 {
+		wg.Go(func() {
+			for user := range next {
+				shop(user)
+			}
+		})
+	}
+	go func() {
+		for i := range users {
+			next <- fmt.Sprintf("s%04d", i)
+		}
+		close(next)
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for c.stats(campaign).Sold < sold {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%d units not sold within a minute", sold)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return &wg
 }
 
 // settle waits until no admitted request of the campaign is still queued and

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -215,30 +214,7 @@ func TestRedisLostMidSale(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	var wg sync.WaitGroup
-	next := make(chan string)
-	for range 16 {
-		wg.Go(func() {
-			for user := range next {
-				shop(user)
-			}
-		})
-	}
-	go func() {
-		for i := range users {
-			next <- fmt.Sprintf("s%04d", i)
-		}
-		close(next)
-	}()
-
-	// Mid-sale: a third of the stock sold.
-	deadline := time.Now().Add(60 * time.Second)
-	for c.stats(campaign).Sold < stock/3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("a third of the stock not sold within a minute")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wg := c.shopUntilSold(campaign, users, stock/3, shop)
 	before := c.ordersInDB(campaign) // stored before the loss: request -> order
 	flushed.Store(true)
 	flushAll(t, rs.addr())
