@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -231,30 +230,7 @@ func runSkewedSale(t *testing.T, c *client, campaign string, stock, limit int64,
 			users = append(users, u, u)
 		}
 	}
-	tokens := map[string]string{}
-	for _, u := range users {
-		if tokens[u] == "" {
-			tokens[u] = c.token(u)
-		}
-	}
-	outcomes := make([]shopperOutcome, len(users))
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i, u := range users {
-		wg.Go(func() {
-			<-start
-			var p purchaseBody
-			code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", tokens[u], map[string]int{"quantity": 1}, nil, &p)
-			o := shopperOutcome{user: u, status: code, requestID: p.RequestID, code: p.Code}
-			if code == http.StatusAccepted && i%40 == 0 {
-				r, err := c.wsResult(u, p.RequestID, 30*time.Second)
-				o.wsResult, o.wsErr = &r, err
-			}
-			outcomes[i] = o
-		})
-	}
-	close(start)
-	wg.Wait()
+	outcomes := c.fireAll(campaign, users, 30*time.Second)
 
 	st = c.settle(campaign, 90*time.Second)
 	admitted := map[string]string{}

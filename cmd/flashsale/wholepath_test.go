@@ -43,6 +43,39 @@ type shopperOutcome struct {
 	wsErr     error
 }
 
+// fireAll sends users' purchases of one unit all at once (a user listed
+// twice buys twice) and returns their outcomes, in order. Every 40th
+// admitted shopper also waits for its result over WebSocket, subscribing
+// while the request may still be in flight.
+func (c *client) fireAll(campaign string, users []string, wsTimeout time.Duration) []shopperOutcome {
+	c.t.Helper()
+	tokens := map[string]string{}
+	for _, u := range users {
+		if tokens[u] == "" {
+			tokens[u] = c.token(u)
+		}
+	}
+	outcomes := make([]shopperOutcome, len(users))
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i, u := range users {
+		wg.Go(func() {
+			<-start
+			var p purchaseBody
+			code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", tokens[u], map[string]int{"quantity": 1}, nil, &p)
+			o := shopperOutcome{user: u, status: code, requestID: p.RequestID, code: p.Code}
+			if code == http.StatusAccepted && i%40 == 0 {
+				r, err := c.wsResult(u, p.RequestID, wsTimeout)
+				o.wsResult, o.wsErr = &r, err
+			}
+			outcomes[i] = o
+		})
+	}
+	close(start)
+	wg.Wait()
+	return outcomes
+}
+
 // runSale fires 2,000 purchases (1,700 users; 150 of them send 3 requests)
 // and checks every invariant of DEVELOPERS.md once the system settles.
 func runSale(t *testing.T, c *client, campaign string, stock, limit int64) {
@@ -57,35 +90,7 @@ func runSale(t *testing.T, c *client, campaign string, stock, limit int64) {
 	if len(users) != 2000 {
 		t.Fatalf("got %d requests, want 2000", len(users))
 	}
-	tokens := map[string]string{}
-	for _, u := range users {
-		if tokens[u] == "" {
-			tokens[u] = c.token(u)
-		}
-	}
-
-	outcomes := make([]shopperOutcome, len(users))
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i, u := range users {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			var p purchaseBody
-			code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", tokens[u], map[string]int{"quantity": 1}, nil, &p)
-			o := shopperOutcome{user: u, status: code, requestID: p.RequestID, code: p.Code}
-			// A sample of shoppers waits over WebSocket, subscribing while the
-			// request may still be in flight.
-			if code == http.StatusAccepted && i%40 == 0 {
-				r, err := c.wsResult(u, p.RequestID, 20*time.Second)
-				o.wsResult, o.wsErr = &r, err
-			}
-			outcomes[i] = o
-		}()
-	}
-	close(start)
-	wg.Wait()
+	outcomes := c.fireAll(campaign, users, 20*time.Second)
 
 	st := c.settle(campaign, 60*time.Second)
 
