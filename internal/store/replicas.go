@@ -31,46 +31,55 @@ func WithReplicaAck(a ReplicaAck) Option {
 	return func(s *Store) { s.replicaAck = a }
 }
 
-// runDeduct runs deduct.lua, followed by WAIT when replicas must acknowledge.
-func (s *Store) runDeduct(ctx context.Context, keys []string, args []any) ([]any, error) {
+// runAcked runs script, followed by WAIT when replicas must acknowledge its
+// writes (deductions; the transfers and releases of a campaign's buckets;
+// the records of unknown publishes). A shortfall is the Cmd's error,
+// model.ErrUnavailable: what the script did stands on the master, and the
+// caller repeats the call, which each of these scripts answers as before.
+func (s *Store) runAcked(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	if s.replicaAck.Replicas <= 0 {
-		return s.deduct.Run(ctx, s.rdb, keys, args...).Slice()
+		return script.Run(ctx, s.rdb, keys, args...)
+	}
+	fail := func(err error) *redis.Cmd {
+		c := redis.NewCmd(ctx)
+		c.SetErr(err)
+		return c
 	}
 	// WAIT counts the writes of its own connection, so the script and the
 	// WAIT go down one connection, pipelined: one round trip. On a cluster
-	// it is one of the master that holds the campaign's slot.
+	// it is one of the master that holds the keys' slot.
 	var node redis.UniversalClient = s.rdb
 	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
 		m, err := cc.MasterForKey(ctx, keys[0])
 		if err != nil {
-			return nil, unavailable(err)
+			return fail(unavailable(err))
 		}
 		node = m
 	}
 	conn, ok := node.(*redis.Client)
 	if !ok {
-		return nil, fmt.Errorf("min_replicas_ack needs a Redis client or cluster, not %T", node)
+		return fail(fmt.Errorf("min_replicas_ack needs a Redis client or cluster, not %T", node))
 	}
 	c := conn.Conn()
 	defer c.Close()
-	reply, err := s.deductAndWait(ctx, c, keys, args, false)
-	if redis.HasErrorPrefix(err, "NOSCRIPT") {
-		reply, err = s.deductAndWait(ctx, c, keys, args, true)
+	run := s.runAndWait(ctx, c, script, keys, args, false)
+	if redis.HasErrorPrefix(run.Err(), "NOSCRIPT") {
+		run = s.runAndWait(ctx, c, script, keys, args, true)
 	}
-	return reply, err
+	return run
 }
 
-// deductAndWait pipelines EVALSHA (EVAL when load) and WAIT on c.
-func (s *Store) deductAndWait(ctx context.Context, c *redis.Conn, keys []string, args []any, load bool) ([]any, error) {
+// runAndWait pipelines EVALSHA (EVAL when load) and WAIT on c.
+func (s *Store) runAndWait(ctx context.Context, c *redis.Conn, script *redis.Script, keys []string, args []any, load bool) *redis.Cmd {
 	a := s.replicaAck
 	var run *redis.Cmd
 	var wait *redis.IntCmd
 	start := time.Now()
 	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		if load {
-			run = s.deduct.Eval(ctx, p, keys, args...)
+			run = script.Eval(ctx, p, keys, args...)
 		} else {
-			run = s.deduct.EvalSha(ctx, p, keys, args...)
+			run = script.EvalSha(ctx, p, keys, args...)
 		}
 		// Pipeliner lacks Wait, which *redis.Pipeline has: unlike a plain
 		// Do, it gives the read the time WAIT may block.
@@ -79,30 +88,33 @@ func (s *Store) deductAndWait(ctx context.Context, c *redis.Conn, keys []string,
 		}).Wait(ctx, a.Replicas, a.Timeout)
 		return nil
 	})
-	reply, err := run.Slice()
+	err := run.Err()
 	switch {
 	case redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK"):
-		// The slot moved since MasterForKey: the batch comes back, by
+		// The slot moved since MasterForKey: the call comes back, by
 		// then to the slot's new master.
 		if cc, ok := s.rdb.(*redis.ClusterClient); ok {
 			cc.ReloadState(ctx)
 		}
-		return nil, fmt.Errorf("%w: %w", model.ErrUnavailable, err)
+		run.SetErr(fmt.Errorf("%w: %w", model.ErrUnavailable, err))
+		return run
 	case err != nil:
 		// A master that died mid-call holds the batch like one that
-		// answers short; a script error stays an error.
-		return nil, unavailable(err)
+		// answers short; a script error (NOSCRIPT too) stays itself.
+		run.SetErr(unavailable(err))
+		return run
 	}
 	acked, err := wait.Result()
 	if err != nil {
-		return nil, unavailable(fmt.Errorf("wait for %d replicas: %w", a.Replicas, err))
+		run.SetErr(unavailable(fmt.Errorf("wait for %d replicas: %w", a.Replicas, err)))
+		return run
 	}
 	if a.Observe != nil {
 		a.Observe(time.Since(start), int(acked), a.Replicas)
 	}
 	if acked < int64(a.Replicas) {
-		return nil, fmt.Errorf("%w: %d of %d replicas acknowledged the deduction within %v",
-			model.ErrUnavailable, acked, a.Replicas, a.Timeout)
+		run.SetErr(fmt.Errorf("%w: %d of %d replicas acknowledged the writes within %v",
+			model.ErrUnavailable, acked, a.Replicas, a.Timeout))
 	}
-	return reply, nil
+	return run
 }

@@ -240,7 +240,7 @@ func (s *Store) deductOnce(ctx context.Context, tag string, batch []model.Deduct
 	if final != "" {
 		args = append(args, final)
 	}
-	reply, err := s.runDeduct(ctx, []string{k.stock, k.users, k.results, k.soldout, k.counters, k.meta, k.unknown}, args)
+	reply, err := s.runAcked(ctx, s.deduct, []string{k.stock, k.users, k.results, k.soldout, k.counters, k.meta, k.unknown}, args...).Slice()
 	if err != nil {
 		return model.DeductReply{}, shortState{}, fmt.Errorf("deduct %s (%d requests): %w", tag, len(batch), err)
 	}

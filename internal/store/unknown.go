@@ -27,7 +27,8 @@ func unknownIndex(topic string) string { return "fs:unknown:" + topic }
 const sweepBatch = 500
 
 // AddUnknown records admitted requests whose publish to topic had an
-// unknown outcome, on Redis's clock. A campaign is added to the topic's
+// unknown outcome, on Redis's clock (with min_replicas_ack, once replicas
+// hold the record: it may be all that is left of a request). A campaign is added to the topic's
 // index after its requests, so a sweep that empties the campaign's set and
 // takes it off the index finds them when it checks again (SweepUnknown).
 func (s *Store) AddUnknown(ctx context.Context, topic string, batch []model.AdmitRequest) error {
@@ -40,7 +41,7 @@ func (s *Store) AddUnknown(ctx context.Context, topic string, batch []model.Admi
 		ids[a.KeyTag()] = append(ids[a.KeyTag()], a.RequestID)
 	}
 	for _, c := range order {
-		if err := s.unknown.Run(ctx, s.rdb, []string{campaignKeys(c).unknown, campaignKeys(c).meta}, ids[c]...).Err(); err != nil {
+		if err := s.runAcked(ctx, s.unknown, []string{campaignKeys(c).unknown, campaignKeys(c).meta}, ids[c]...).Err(); err != nil {
 			return fmt.Errorf("record unknown publishes of %s: %w", c, err)
 		}
 		if err := s.rdb.SAdd(ctx, unknownIndex(topic), c).Err(); err != nil {
