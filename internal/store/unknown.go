@@ -28,9 +28,10 @@ const sweepBatch = 500
 
 // AddUnknown records admitted requests whose publish to topic had an
 // unknown outcome, on Redis's clock (with min_replicas_ack, once replicas
-// hold the record: it may be all that is left of a request). A campaign is added to the topic's
-// index after its requests, so a sweep that empties the campaign's set and
-// takes it off the index finds them when it checks again (SweepUnknown).
+// hold the record: it may be all that is left of a request). A campaign
+// is added to the topic's index after its requests, so a sweep that
+// empties the campaign's set and takes it off the index finds them when
+// it checks again (SweepUnknown).
 func (s *Store) AddUnknown(ctx context.Context, topic string, batch []model.AdmitRequest) error {
 	var order []string
 	ids := map[string][]any{}
