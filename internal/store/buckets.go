@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -23,7 +22,8 @@ import (
 // Deduct moves stock from the other buckets (a transfer) and asks again.
 // Only when a consistent scan finds every bucket empty is the request
 // decided as sold out, and the campaign's own sold-out flag (the one the
-// gateways read) is set first.
+// gateways read) is set first, unless a unit came back to any bucket since
+// the scan began (soldout.lua): then the request is decided again.
 //
 // A transfer is two scripts on two slots, keyed by a transfer id: take.lua
 // takes units from the donor and records them pending there; give.lua adds
@@ -52,7 +52,13 @@ func (s *Store) deductShort(ctx context.Context, tag string, batch []model.Deduc
 			return model.DeductReply{}, err
 		}
 		others := otherUnits(snap, bucket)
+		var returns string
 		if others == 0 || hasPending(snap) {
+			// Read before the scan: the flag may go up only if no unit
+			// came back since (soldout.lua).
+			if returns, err = s.returnsSeen(ctx, campaignID); err != nil {
+				return model.DeductReply{}, err
+			}
 			if snap, err = s.scan(ctx, campaignID, n); err != nil {
 				return model.DeductReply{}, err
 			}
@@ -65,9 +71,15 @@ func (s *Store) deductShort(ctx context.Context, tag string, batch []model.Deduc
 			// only once the campaign's flag is up.
 			soldOut := snap[bucket].remaining == 0
 			if soldOut {
-				if err := s.setSoldOut(ctx, campaignID, true); err != nil {
+				s.hook("scanned")
+				up, err := s.soldOutUnlessReturned(ctx, campaignID, returns)
+				if err != nil {
 					return model.DeductReply{}, err
 				}
+				if !up {
+					continue // a unit came back since the scan: look again
+				}
+				s.hook("flagged")
 			}
 			out, st, err = s.deductOnce(ctx, tag, batch, strconv.FormatInt(snap[bucket].moves, 10))
 			if err != nil {
@@ -105,6 +117,12 @@ func (s *Store) deductShort(ctx context.Context, tag string, batch []model.Deduc
 		}
 	}
 	return model.DeductReply{}, fmt.Errorf("deduct %s: still short after %d transfers: %w", tag, maxShortRounds, model.ErrUnavailable)
+}
+
+func (s *Store) hook(point string) {
+	if s.testHook != nil {
+		s.testHook(point)
+	}
 }
 
 // otherUnits is what the buckets other than b hold in snap.
@@ -148,7 +166,11 @@ func (s *Store) markSoldOut(ctx context.Context, campaignID string, n int) (bool
 	if snap, err := s.readBuckets(ctx, campaignID, n); err != nil {
 		return false, err
 	} else if hasUnits(snap) {
-		return false, s.setSoldOut(ctx, campaignID, false)
+		return false, s.clearSoldOut(ctx, campaignID)
+	}
+	returns, err := s.returnsSeen(ctx, campaignID)
+	if err != nil {
+		return false, err
 	}
 	for pass := range 2 {
 		snap, err := s.scan(ctx, campaignID, n)
@@ -156,11 +178,11 @@ func (s *Store) markSoldOut(ctx context.Context, campaignID string, n int) (bool
 			return false, err
 		}
 		if hasUnits(snap) {
-			return false, s.setSoldOut(ctx, campaignID, false)
+			return false, s.clearSoldOut(ctx, campaignID)
 		}
 		if pass == 0 {
-			if err := s.setSoldOut(ctx, campaignID, true); err != nil {
-				return false, err
+			if up, err := s.soldOutUnlessReturned(ctx, campaignID, returns); err != nil || !up {
+				return false, err // refused: a unit came back since the first scan
 			}
 		}
 	}
@@ -176,29 +198,48 @@ func (s *Store) confirmSoldOut(ctx context.Context, campaignID string, n int) (b
 		return false, err
 	}
 	if hasUnits(snap) {
-		return false, s.setSoldOut(ctx, campaignID, false)
+		return false, s.clearSoldOut(ctx, campaignID)
 	}
 	return true, nil
 }
 
-// setSoldOut puts a campaign's own sold-out flag up (expiring with its
-// other keys) or takes it down.
-func (s *Store) setSoldOut(ctx context.Context, campaignID string, up bool) error {
-	k := campaignKeys(campaignID)
-	var err error
-	if !up {
-		err = s.rdb.Del(ctx, k.soldout).Err()
-	} else if set, serr := s.rdb.SetNX(ctx, k.soldout, "1", 0).Result(); serr != nil {
-		err = serr
-	} else if set { // new: it expires with the campaign (one up already does)
-		var at int64
-		if at, err = s.rdb.HGet(ctx, k.meta, "expire_at").Int64(); err == nil {
-			err = s.rdb.ExpireAt(ctx, k.soldout, time.Unix(at, 0)).Err()
-		} else if errors.Is(err, redis.Nil) {
-			err = nil
-		}
+// clearSoldOut takes a campaign's own sold-out flag down.
+func (s *Store) clearSoldOut(ctx context.Context, campaignID string) error {
+	if err := s.rdb.Del(ctx, campaignKeys(campaignID).soldout).Err(); err != nil {
+		return fmt.Errorf("sold-out flag %s: %w", campaignID, unavailable(err))
 	}
+	return nil
+}
+
+// returnsSeen reads a campaign's returns counter (soldout.lua), "" before
+// the first return.
+func (s *Store) returnsSeen(ctx context.Context, campaignID string) (string, error) {
+	v, err := s.rdb.HGet(ctx, campaignKeys(campaignID).meta, "returns").Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return "", fmt.Errorf("returns of %s: %w", campaignID, unavailable(err))
+	}
+	return v, nil
+}
+
+// soldOutUnlessReturned puts a campaign's own sold-out flag up (expiring
+// with its other keys) unless its returns counter moved from returns, read
+// before the scan that found every bucket empty; it reports whether the
+// flag is up.
+func (s *Store) soldOutUnlessReturned(ctx context.Context, campaignID, returns string) (bool, error) {
+	k := campaignKeys(campaignID)
+	up, err := s.soldOut.Run(ctx, s.rdb, []string{k.soldout, k.meta}, "up", returns).Int()
 	if err != nil {
+		return false, fmt.Errorf("sold-out flag %s: %w", campaignID, unavailable(err))
+	}
+	return up == 1, nil
+}
+
+// unitsReturned takes a campaign's own sold-out flag down after a release
+// put units back into one of its buckets, and counts the return, so that a
+// worker whose scan missed those units cannot put the flag up afterwards.
+func (s *Store) unitsReturned(ctx context.Context, campaignID string) error {
+	k := campaignKeys(campaignID)
+	if err := s.runAcked(ctx, s.soldOut, []string{k.soldout, k.meta}, "down").Err(); err != nil {
 		return fmt.Errorf("sold-out flag %s: %w", campaignID, unavailable(err))
 	}
 	return nil
@@ -364,7 +405,7 @@ func (s *Store) observeTransfer(outcome string, units int64) {
 // had none or is at another epoch.
 func (s *Store) takeUnits(ctx context.Context, campaignID string, n, from, to int, epoch int64, xid string, want int64) (int64, error) {
 	k := campaignKeys(model.BucketTag(campaignID, from, n))
-	reply, err := s.take.Run(ctx, s.rdb, []string{k.stock, k.meta, k.xfer, k.xpend}, xid, want, epoch, to).Int64Slice()
+	reply, err := s.runAcked(ctx, s.take, []string{k.stock, k.meta, k.xfer, k.xpend}, xid, want, epoch, to).Int64Slice()
 	if err != nil {
 		return 0, fmt.Errorf("transfer %s from bucket %d of %s: %w", xid, from, campaignID, err)
 	}
@@ -381,7 +422,7 @@ func (s *Store) takeUnits(ctx context.Context, campaignID string, n, from, to in
 // recipient, settle.lua on the donor. Safe to run again.
 func (s *Store) completeTransfer(ctx context.Context, campaignID string, n, from, to int, epoch int64, xid string, units int64) error {
 	kt := campaignKeys(model.BucketTag(campaignID, to, n))
-	code, err := s.give.Run(ctx, s.rdb, []string{kt.stock, kt.meta, kt.got}, xid, units, epoch).Int()
+	code, err := s.runAcked(ctx, s.give, []string{kt.stock, kt.meta, kt.got}, xid, units, epoch).Int()
 	if err != nil {
 		return fmt.Errorf("transfer %s to bucket %d of %s: %w", xid, to, campaignID, err)
 	}
@@ -394,7 +435,7 @@ func (s *Store) completeTransfer(ctx context.Context, campaignID string, n, from
 		return fmt.Errorf("transfer %s to bucket %d of %s: unexpected reply %d", xid, to, campaignID, code)
 	}
 	kf := campaignKeys(model.BucketTag(campaignID, from, n))
-	if err := s.settle.Run(ctx, s.rdb, []string{kf.xfer, kf.xpend, kf.meta}, xid, state).Err(); err != nil {
+	if err := s.runAcked(ctx, s.settle, []string{kf.xfer, kf.xpend, kf.meta}, xid, state).Err(); err != nil {
 		return fmt.Errorf("settle transfer %s of %s: %w", xid, campaignID, err)
 	}
 	return nil

@@ -9,23 +9,6 @@ import (
 	"github.com/flashsale/flashsale/model"
 )
 
-// bucketBackends are backends plus the test Redis Cluster: a campaign's
-// buckets live on different slots there, and every script and pipeline of
-// buckets.go must work across them.
-func bucketBackends() []backend {
-	return append(backends(), backend{name: "cluster", store: func(t *testing.T) *Store {
-		return New(testenv.RedisCluster(t))
-	}})
-}
-
-// forEachBucketBackend runs fn as one subtest per bucket backend.
-func forEachBucketBackend(t *testing.T, fn func(t *testing.T, s *Store)) {
-	t.Helper()
-	for _, b := range bucketBackends() {
-		t.Run(b.name, func(t *testing.T) { fn(t, b.store(t)) })
-	}
-}
-
 // bucketed returns a loaded campaign of n buckets holding stock units.
 func bucketed(t *testing.T, s *Store, stock int64, n int) model.Campaign {
 	t.Helper()
@@ -88,7 +71,7 @@ func mustComplete(t *testing.T, s *Store, c model.Campaign, from, to int, epoch 
 // between the steps is completed by the next scan exactly once; a load
 // under a new epoch voids an older transfer.
 func TestTransfer(t *testing.T) {
-	forEachBucketBackend(t, func(t *testing.T, s *Store) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
 		t.Run("idempotent", func(t *testing.T) {
 			c := bucketed(t, s, 10, 2)
 			wantUnits(t, s, c, []int64{5, 5}, 0)
@@ -147,7 +130,7 @@ func TestTransfer(t *testing.T) {
 // rather than say sold out; sold out (and the campaign's flag) only when
 // every bucket is empty; the per-user limit holds within the user's bucket.
 func TestDeductBuckets(t *testing.T) {
-	forEachBucketBackend(t, func(t *testing.T, s *Store) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
 		const n, stock = 4, 10
 		c := bucketed(t, s, stock, n)
 		c.PerUserLimit = 100
@@ -179,12 +162,7 @@ func TestDeductBuckets(t *testing.T) {
 // (most shoppers in bucket 0) exactly as large as the stock: every request
 // must succeed, since any sold_out would be answered while another bucket
 // held a unit. Then one more request per bucket: all sold out.
-func TestDeductBucketsRace(t *testing.T) {
-	for _, b := range bucketBackends()[:1] {
-		t.Run(b.name, func(t *testing.T) { deductBucketsRace(t, b.store(t)) })
-	}
-	t.Run("cluster", func(t *testing.T) { deductBucketsRace(t, bucketBackends()[2].store(t)) })
-}
+func TestDeductBucketsRace(t *testing.T) { forEachServer(t, deductBucketsRace) }
 
 func deductBucketsRace(t *testing.T, s *Store) {
 	const n, stock = 4, 40
@@ -222,7 +200,7 @@ func deductBucketsRace(t *testing.T, s *Store) {
 // TestReleaseBuckets: a unit given back goes to the buyer's bucket, once,
 // and takes the campaign's sold-out flag down.
 func TestReleaseBuckets(t *testing.T) {
-	forEachBucketBackend(t, func(t *testing.T, s *Store) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
 		const n = 4
 		c := bucketed(t, s, 4, n)
 		buyer := usersOf(2, n, 1, "b")[0]
@@ -314,5 +292,67 @@ func TestTransferObserver(t *testing.T) {
 	// Bucket 0 started with a quarter of the stock; the rest moved to it.
 	if moved != stock-stock/n || outcomes["moved"] == 0 || outcomes["failed"] != 0 {
 		t.Errorf("observed %v, %d units moved; want transfers moved, none failed, %d units", outcomes, moved, stock-stock/n)
+	}
+}
+
+// TestReturnDuringSoldOutDecision: a unit given back to another bucket
+// while a worker decides its bucket's request against every bucket found
+// empty. Before the flag goes up, the return stops it: the request is
+// decided again and buys that unit (it failed, sold_out, when the flag was
+// set without regard to returns). After the flag went up, the request may
+// be sold out (every bucket was empty when it was decided), but the flag
+// comes down with the return and the unit sells to the next shopper.
+func TestReturnDuringSoldOutDecision(t *testing.T) {
+	for _, tc := range []struct {
+		point      string
+		wantStatus model.Status
+	}{
+		{"scanned", model.StatusSuccess},
+		{"flagged", model.StatusSoldOut},
+	} {
+		t.Run(tc.point, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, s *Store) {
+				const n = 2
+				c := bucketed(t, s, 2, n)
+				tags := []string{model.BucketTag(c.ID, 0, n), model.BucketTag(c.ID, 1, n)}
+				users := usersOf(0, n, 3, "a")
+				other := usersOf(1, n, 1, "b")[0]
+				sell(t, s, tags[0], users[0], 1)
+				returned := sell(t, s, tags[1], other, 1)
+				wantUnits(t, s, c, []int64{0, 0}, 0)
+
+				hits := 0
+				s.testHook = func(point string) {
+					if point == tc.point && hits == 0 {
+						hits++
+						if !mustRelease(t, s, c.ID, returned, other, 1) {
+							t.Fatal("release: not released")
+						}
+					}
+				}
+				tag := tags[0]
+				r := mustDeduct(t, s, tag, []model.Deduction{{RequestID: newRequestID(tag), UserID: users[1], Quantity: 1, OrderID: "o-c"}})
+				s.testHook = nil
+				if hits != 1 {
+					t.Fatalf("the decision never reached %s", tc.point)
+				}
+				if got := r.Results[0].Status; got != tc.wantStatus {
+					t.Fatalf("request decided while a unit came back: got %s, want %s", got, tc.wantStatus)
+				}
+				if tc.wantStatus == model.StatusSoldOut {
+					if mustSoldOut(t, s, c.ID) {
+						t.Fatal("sold-out flag up after the return")
+					}
+					r = mustDeduct(t, s, tag, []model.Deduction{{RequestID: newRequestID(tag), UserID: users[2], Quantity: 1, OrderID: "o-d"}})
+					if got := r.Results[0].Status; got != model.StatusSuccess {
+						t.Fatalf("next shopper after the return: got %s, want success", got)
+					}
+				}
+				wantUnits(t, s, c, []int64{0, 0}, 0)
+				if !r.SoldOutNow || !mustSoldOut(t, s, c.ID) {
+					t.Fatalf("the returned unit sold: want sold out now and the flag up, got %+v, flag %v", r, mustSoldOut(t, s, c.ID))
+				}
+			})
+		})
 	}
 }

@@ -40,7 +40,7 @@
 -- later (admit, deduct, reject, release): Redis forgets a sale on its own
 -- once it is long over, and a load gives it a new lifetime.
 
-local current = redis.call('HMGET', KEYS[1], 'stock', 'epoch')
+local current = redis.call('HMGET', KEYS[1], 'stock', 'epoch', 'returns')
 if current[1] and tonumber(current[2] or '0') >= tonumber(ARGV[1]) then
   return 0
 end
@@ -54,6 +54,10 @@ end
 redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[11], KEYS[12], KEYS[13], KEYS[14])
 redis.call('HSET', KEYS[1], 'stock', ARGV[2], 'limit', ARGV[3], 'start_ms', ARGV[4], 'end_ms', ARGV[5],
   'epoch', ARGV[1], 'paused', ARGV[6], 'expire_at', ARGV[9], 'ended_early', ARGV[10], 'buckets', ARGV[11])
+-- A campaign's returns counter only rises (soldout.lua), and a load counts
+-- as a return: a worker that read it before this load scanned the old
+-- state, and must not put the sold-out flag up over the new one.
+redis.call('HSET', KEYS[1], 'returns', tonumber(current[3] or '0') + 1)
 redis.call('SET', KEYS[2], ARGV[7])
 if tonumber(ARGV[7]) == 0 then
   redis.call('SET', KEYS[3], '1')

@@ -27,17 +27,17 @@ func (s *Store) Release(ctx context.Context, campaignID, orderID, userID string,
 		return false, fmt.Errorf("release order %s of %s: %w", orderID, campaignID, unavailable(err))
 	}
 	k := campaignKeys(model.BucketTag(campaignID, model.BucketOf(userID, n), n))
-	code, err := s.release.Run(ctx, s.rdb,
+	code, err := s.runAcked(ctx, s.release,
 		[]string{k.stock, k.users, k.soldout, k.counters, k.meta, k.released},
 		orderID, userID, units).Int()
 	if err != nil {
 		return false, fmt.Errorf("release order %s of %s: %w", orderID, campaignID, err)
 	}
 	if n > 1 && code >= 0 {
-		// After the units are in (see confirmSoldOut), and on a repeated
-		// call too: a crash may have come between the two.
-		if err := s.rdb.Del(ctx, campaignKeys(campaignID).soldout).Err(); err != nil {
-			return false, fmt.Errorf("release order %s of %s: sold-out flag: %w", orderID, campaignID, unavailable(err))
+		// After the units are in (soldout.lua), and on a repeated call
+		// too: a crash may have come between the two.
+		if err := s.unitsReturned(ctx, campaignID); err != nil {
+			return false, fmt.Errorf("release order %s: %w", orderID, err)
 		}
 	}
 	return parseReleaseReply(campaignID, orderID, code)

@@ -165,3 +165,49 @@ func errString(err error) string {
 	}
 	return err.Error()
 }
+
+// TestBucketScriptsWaitForReplicas: with min_replicas_ack 1 a transfer's
+// steps, a release and its returns count wait for replicas too: on a
+// server without replicas each is model.ErrUnavailable, having done its
+// work on the master, and repeating it (here without the wait) finishes it
+// exactly once: the transfer's units arrive once, the release's unit comes
+// back once, and the sold-out flag comes down.
+func TestBucketScriptsWaitForReplicas(t *testing.T) {
+	rdb := testenv.Redis(t)
+	plain := New(rdb)
+	waiting := New(rdb, WithReplicaAck(ReplicaAck{Replicas: 1, Timeout: 20 * time.Millisecond}))
+	const n = 2
+	c := bucketed(t, plain, 2, n)
+	tags := []string{model.BucketTag(c.ID, 0, n), model.BucketTag(c.ID, 1, n)}
+	buyer := usersOf(0, n, 1, "a")[0]
+	sell(t, plain, tags[0], buyer, 1)
+	wantUnits(t, plain, c, []int64{0, 1}, 0)
+
+	snap, err := plain.readBuckets(t.Context(), c.ID, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := waiting.transfer(t.Context(), c.ID, n, 1, 0, snap[0].epoch, 1); !errors.Is(err, model.ErrUnavailable) {
+		t.Fatalf("transfer without a replica: got %v, want model.ErrUnavailable", err)
+	}
+	wantUnits(t, plain, c, []int64{0, 0}, 1) // taken, pending: not given yet
+	if err := plain.RecoverTransfers(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	wantUnits(t, plain, c, []int64{1, 0}, 0)
+
+	order := sell(t, plain, tags[0], buyer, 1)
+	if !mustSoldOut(t, plain, c.ID) {
+		t.Fatal("sold-out flag down with every unit sold")
+	}
+	if _, err := waiting.Release(t.Context(), c.ID, order, buyer, 1); !errors.Is(err, model.ErrUnavailable) {
+		t.Fatalf("release without a replica: got %v, want model.ErrUnavailable", err)
+	}
+	if mustRelease(t, plain, c.ID, order, buyer, 1) {
+		t.Fatal("release repeated: released again, want released before")
+	}
+	wantUnits(t, plain, c, []int64{1, 0}, 0)
+	if mustSoldOut(t, plain, c.ID) {
+		t.Fatal("sold-out flag up after the release was repeated")
+	}
+}

@@ -51,6 +51,8 @@ var (
 	giveSource string
 	//go:embed settle.lua
 	settleSource string
+	//go:embed soldout.lua
+	soldOutSource string
 )
 
 // Store runs flashsale's Redis operations on a client, ring or cluster.
@@ -70,6 +72,7 @@ type Store struct {
 	take     *redis.Script
 	give     *redis.Script
 	settle   *redis.Script
+	soldOut  *redis.Script
 
 	// transferObserver, when set, is told every transfer between buckets
 	// (WithTransferObserver).
@@ -83,6 +86,11 @@ type Store struct {
 	// plainResults sends results by PUBLISH/SUBSCRIBE instead of their
 	// sharded forms (WithPlainResults).
 	plainResults bool
+
+	// testHook, when set by a test, runs at the named points of a
+	// bucketed campaign's sold-out decision (buckets.go), where a test
+	// puts what races it.
+	testHook func(point string)
 }
 
 // DefaultKeyRetention is how long a campaign's keys outlive its sale (its
@@ -124,6 +132,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Store {
 		take:     redis.NewScript(takeSource),
 		give:     redis.NewScript(giveSource),
 		settle:   redis.NewScript(settleSource),
+		soldOut:  redis.NewScript(soldOutSource),
 	}
 	s.retention = DefaultKeyRetention
 	for _, o := range opts {
