@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -88,13 +89,24 @@ const (
 // orders. Nothing here depends on the machine's speed but the deadlines,
 // which are generous: a buyer late for its window (reported, never seen
 // on an idle machine) buys again.
+//
+// The redisstream/buckets=4 run splits the stock into 4 buckets: units come
+// back to their buyer's bucket while other buckets' workers decide against
+// every bucket found empty, and must still all be sold.
 func TestLifecycleRace(t *testing.T) {
-	for _, driver := range []string{"memqueue", "redisstream", "rocketmq"} {
-		t.Run(driver, func(t *testing.T) {
-			cfg := realConfig(t, driver)
+	for _, run := range []struct {
+		driver  string
+		buckets int
+	}{{"memqueue", 1}, {"redisstream", 1}, {"rocketmq", 1}, {"redisstream", 4}} {
+		name := run.driver
+		if run.buckets > 1 {
+			name += "/buckets=" + strconv.Itoa(run.buckets)
+		}
+		t.Run(name, func(t *testing.T) {
+			cfg := realConfig(t, run.driver)
 			cfg.Payment.Grace = lifecycleGrace
 			var c *client
-			if driver == "rocketmq" {
+			if run.driver == "rocketmq" {
 				c = startRocketMQProcess(t, cfg)
 			} else {
 				c = startSystem(t, cfg)
@@ -102,15 +114,16 @@ func TestLifecycleRace(t *testing.T) {
 			campaign := testenv.Name(t, "life-")
 			const stock = 100
 			c.openCampaignOf(campaignBody{ID: campaign, Name: "lifecycle", Stock: stock, PerUserLimit: 1, Price: 1999,
-				PaymentWindow: lifecycleWindow.String(), StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour)})
-			runLifecycleSale(t, c, cfg.Redis.Addr, campaign, stock, 2000, lifecycleDeadline)
+				PaymentWindow: lifecycleWindow.String(), StartAt: time.Now().Add(-time.Second), EndAt: time.Now().Add(time.Hour),
+				Buckets: run.buckets})
+			runLifecycleSale(t, c, cfg.Redis.Addr, campaign, run.buckets, stock, 2000, lifecycleDeadline)
 		})
 	}
 }
 
 // runLifecycleSale runs shoppers against campaign until every unit is paid
 // for (or timeout), then checks the lifecycle's invariants.
-func runLifecycleSale(t *testing.T, c *client, redisAddr, campaign string, stock int64, shoppers int, timeout time.Duration) {
+func runLifecycleSale(t *testing.T, c *client, redisAddr, campaign string, buckets int, stock int64, shoppers int, timeout time.Duration) {
 	t.Helper()
 	db, err := sqlstore.Open(context.Background(), c.db.Driver, c.db.DSN)
 	if err != nil {
@@ -193,10 +206,20 @@ func runLifecycleSale(t *testing.T, c *client, redisAddr, campaign string, stock
 		t.Errorf("got %d orders in MySQL, shoppers were told %d successes", len(orders), tally.successes.Load())
 	}
 
-	// Each ended order gave its unit back exactly once.
-	released, err := rdb.HGetAll(context.Background(), "fs:{"+campaign+"}:released").Result()
-	if err != nil {
-		t.Fatalf("released: %v", err)
+	// Each ended order gave its unit back exactly once (to its buyer's
+	// bucket).
+	released := map[string]string{}
+	for b := range max(buckets, 1) {
+		in, err := rdb.HGetAll(context.Background(), "fs:{"+model.BucketTag(campaign, b, buckets)+"}:released").Result()
+		if err != nil {
+			t.Fatalf("released: %v", err)
+		}
+		for id, units := range in {
+			if _, twice := released[id]; twice {
+				t.Errorf("order %s released in two buckets", id)
+			}
+			released[id] = units
+		}
 	}
 	if len(released) != ended {
 		t.Errorf("got %d releases in Redis, want one per ended order (%d)", len(released), ended)
