@@ -39,6 +39,10 @@
 # (redis.mode cluster), plus the stage "deduct": BenchmarkDeductShards,
 # deduct.lua's deductions/s on the one Redis and on the cluster; the rows
 # marked "cluster" are the comparison of docs/BENCHMARKS.md's issue 18.
+# Not in the default stages, "ack" (with BENCH_REDIS_CLUSTER=1): the e2e
+# stage on the cluster with redis.min_replicas_ack 0 and 1 in turn,
+# BENCH_ACK_ROUNDS (3) rounds; with BENCH_SHOPPERS = BENCH_STOCK every
+# purchase is a deduction the worker waits on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -411,6 +415,39 @@ if [ "$CLUSTER" = 1 ] && { want admit || want e2e; }; then
   use_redis single
 fi
 
+# The worker with and without WAIT (redis.min_replicas_ack 0 and 1) on the
+# cluster, end to end: BENCH_ACK_ROUNDS (3) rounds of the two in turn (the
+# order reversed every other round), each a serve of its own.
+if want ack; then
+  [ "$CLUSTER" = 1 ] || die "the ack stage needs BENCH_REDIS_CLUSTER=1"
+  if [ -n "${SRV:-}" ]; then
+    kill "$SRV"
+    wait "$SRV" 2>/dev/null || true
+    SRV=
+  fi
+  use_redis cluster
+  ACK_RUNS=()
+  for round in $(seq 1 "${BENCH_ACK_ROUNDS:-3}"); do
+    order="0 1"
+    [ $((round % 2)) = 0 ] && order="1 0"
+    for ack in $order; do
+      PORT=$(free_port)
+      export FLASHSALE_HTTP_ADDR=127.0.0.1:$PORT
+      BASE=http://127.0.0.1:$PORT
+      FLASHSALE_REDIS_MIN_REPLICAS_ACK=$ack "$WORK/flashsale" serve --config "$CONFIG" >"$WORK/serve-ack$ack-$round.log" 2>&1 &
+      PIDS+=($!)
+      SRV=${PIDS[-1]}
+      wait_http "$BASE/healthz" "$SRV"
+      e2e_stage "e2e-ack$ack-$round"
+      ACK_RUNS+=("e2e-ack$ack-$round")
+      kill "$SRV"
+      wait "$SRV" 2>/dev/null || true
+      SRV=
+    done
+  done
+  use_redis single
+fi
+
 # deduct.lua alone, on the one Redis and on the cluster (the Go benchmark;
 # nothing else runs meanwhile).
 if want deduct; then
@@ -453,6 +490,17 @@ if want gate; then
   echo "gate (--challenge-bits $GATE_BITS), gateway CPU per admitted purchase, medians of $GATE_ROUNDS interleaved rounds:"
   echo "  fetch/off $GATE_FETCH (the GET), gate/off $GATE_GATE (GET and check), gate/fetch $GATE_VERIFY (the check: verify and spend)"
   echo "  us per admitted purchase by round: $GATE_LINE"
+fi
+if want ack; then
+  echo
+  echo "worker with WAIT, cluster, end to end ($SHOPPERS shoppers / $STOCK items), by round:"
+  for run in "${ACK_RUNS[@]}"; do
+    printf '  %-14s all results %6s ms, sold out at %6s ms, %s\n' "$run" "$(json all_results_ms "$run")" "$(json time_to_sell_out_ms "$run")" "${CPU[$run]}"
+  done
+  for round in $(seq 1 "${BENCH_ACK_ROUNDS:-3}"); do
+    awk -v a="$(json all_results_ms "e2e-ack1-$round")" -v b="$(json all_results_ms "e2e-ack0-$round")" -v r="$round" \
+      'BEGIN{if(b>0) printf "  round %s: all results ack1/ack0 %.2f\n", r, a/b}'
+  done
 fi
 for run in e2e e2e-cluster; do
   [ -f "$WORK/$run.json" ] || continue
