@@ -727,8 +727,12 @@ func openQueue(c config.Queue, rdb redis.UniversalClient, log *slog.Logger, sys 
 		consumer := func(name string) queue.Consumer { return q.Consumer(name) }
 		return q, consumer, consumer, q, nil
 	case "redisstream":
+		// The queue's streams live in the same Redis as the stock: a
+		// failover may lose an unreplicated entry as it may a deduction.
+		ack := redisstream.ReplicaAck{Replicas: sys.cfg.Redis.MinReplicasAck, Timeout: sys.cfg.Redis.ReplicaAckTimeout,
+			Observe: sys.Metrics.ObserveReplicaAck}
 		q := redisstream.New(rdb, redisstream.Options{Partitions: c.Partitions, BatchSize: c.BatchSize, Group: c.Group,
-			LeaseTTL: c.LeaseTTL, Logger: log.With("component", "redisstream"), Observer: sys.Metrics})
+			LeaseTTL: c.LeaseTTL, Logger: log.With("component", "redisstream"), Observer: sys.Metrics, ReplicaAck: ack})
 		consumer := func(name string) queue.Consumer { return q.Consumer(name) }
 		return q, consumer, consumer, q, nil
 	case "rocketmq":

@@ -137,11 +137,11 @@ func New(roles ...Role) *Metrics {
 			Name: "flashsale_queue_partitions_owned", Help: "Queue partitions this process's consumers hold, by topic.",
 		}, []string{"topic"}),
 		ReplicaAckLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "flashsale_replica_ack_seconds", Help: "Latency of a deduction together with its WAIT for redis.min_replicas_ack replicas (one round trip).",
+			Name: "flashsale_replica_ack_seconds", Help: "Latency of a Redis write (a deduction, a queue publish, a transfer or release) together with its WAIT for redis.min_replicas_ack replicas (one round trip).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}),
 		ReplicaShortfalls: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "flashsale_replica_ack_shortfalls_total", Help: "Deductions that fewer than redis.min_replicas_ack replicas acknowledged in time: their batch was handed back.",
+			Name: "flashsale_replica_ack_shortfalls_total", Help: "Writes that fewer than redis.min_replicas_ack replicas acknowledged in time: a deduction's batch was handed back, a publish answered as of unknown outcome, a transfer or release left to be repeated.",
 		}),
 		BucketTransfers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flashsale_bucket_transfers_total", Help: "Stock transfers between a bucketed campaign's buckets, by outcome: moved, empty (the donor had none), recovered (a pending one completed), failed (left pending).",

@@ -2,12 +2,8 @@ package store
 
 import (
 	"errors"
-	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -77,18 +73,7 @@ func TestDeductWaitsForReplica(t *testing.T) {
 		t.Fatalf("after SCRIPT FLUSH: got %+v, want success", r.Results[0])
 	}
 
-	replica := replicaPID(t, c, master)
-	if err := syscall.Kill(replica, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			_ = syscall.Kill(replica, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(resume)
+	resume := c.StopReplicaOf(t, master)
 	d := deduction()
 	if _, err := s.Deduct(t.Context(), camp.ID, []model.Deduction{d}); !errors.Is(err, model.ErrUnavailable) {
 		t.Fatalf("replica stopped: got %v, want model.ErrUnavailable", err)
@@ -128,35 +113,6 @@ func TestDeductReplicaShortfall(t *testing.T) {
 	if r := mustDeduct(t, New(rdb), camp.ID, d); r.Results[0].Status != model.StatusSuccess {
 		t.Errorf("without the wait: got %+v, want the success decided before", r.Results[0])
 	}
-}
-
-// replicaPID returns the process id of master's replica in cluster c.
-func replicaPID(t *testing.T, c *testenv.Cluster, master *redis.Client) int {
-	t.Helper()
-	info, err := master.Info(t.Context(), "replication").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.SplitSeq(info, "\r\n") {
-		if !strings.HasPrefix(line, "slave0:") {
-			continue
-		}
-		for f := range strings.SplitSeq(strings.TrimPrefix(line, "slave0:"), ",") {
-			if port, ok := strings.CutPrefix(f, "port="); ok {
-				b, err := os.ReadFile(filepath.Join(c.Dir, "node-"+port+".pid"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-				if err != nil {
-					t.Fatal(err)
-				}
-				return pid
-			}
-		}
-	}
-	t.Fatalf("no replica in %q", info)
-	return 0
 }
 
 func errString(err error) string {

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -171,6 +172,55 @@ func (c *Cluster) Kill(port int) error {
 	err := cmd.Process.Kill()
 	_ = cmd.Wait()
 	return err
+}
+
+// ReplicaAddr returns the address of master's first replica.
+func ReplicaAddr(t testing.TB, master *redis.Client) string {
+	t.Helper()
+	info, err := master.Info(context.Background(), "replication").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\r\n") {
+		fields, ok := strings.CutPrefix(line, "slave0:")
+		if !ok {
+			continue
+		}
+		var ip, port string
+		for f := range strings.SplitSeq(fields, ",") {
+			if v, ok := strings.CutPrefix(f, "ip="); ok {
+				ip = v
+			} else if v, ok := strings.CutPrefix(f, "port="); ok {
+				port = v
+			}
+		}
+		return net.JoinHostPort(ip, port)
+	}
+	t.Fatalf("no replica in %q", info)
+	return ""
+}
+
+// StopReplicaOf stops the first replica of master with SIGSTOP, so that
+// WAIT on master falls short, until the returned resume (also run at t's
+// cleanup) sends SIGCONT.
+func (c *Cluster) StopReplicaOf(t testing.TB, master *redis.Client) (resume func()) {
+	t.Helper()
+	_, port, _ := net.SplitHostPort(ReplicaAddr(t, master))
+	b, err := os.ReadFile(filepath.Join(c.Dir, "node-"+port+".pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	resume = func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }
+	t.Cleanup(resume)
+	return resume
 }
 
 // Stop kills the nodes this process started.

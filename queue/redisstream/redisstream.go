@@ -133,6 +133,9 @@ type Options struct {
 	// Observer, when set, is told of every partition lease the Queue's
 	// consumers take, release or lose (metrics).
 	Observer queue.PartitionObserver
+	// ReplicaAck, with Replicas > 0, makes Publish return nil only once
+	// that many replicas hold the messages (publish.go).
+	ReplicaAck ReplicaAck
 }
 
 func (o Options) withDefaults() Options {
@@ -208,13 +211,17 @@ func Features() queue.Features {
 // trip. It fails with queue.ErrClosed after Close and with ctx's error if ctx
 // is already done; then nothing is stored. If Redis refused every message,
 // nothing is stored either; any other failure (a timeout, a broken
-// connection, a partial refusal) wraps queue.ErrUnknown.
+// connection, a partial refusal, and with Options.ReplicaAck fewer replicas
+// than asked) wraps queue.ErrUnknown.
 func (q *Queue) Publish(ctx context.Context, topic string, msgs ...queue.Message) error {
 	if err := q.checkPublish(ctx, topic); err != nil {
 		return err
 	}
 	if len(msgs) == 0 {
 		return nil
+	}
+	if q.opts.ReplicaAck.Replicas > 0 {
+		return q.publishAcked(ctx, topic, msgs)
 	}
 	cmds, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, m := range msgs {
