@@ -15,8 +15,10 @@ import (
 const feedLinger = 30 * time.Second
 
 // feeds keeps one results subscription (a sharded channel, on the shard
-// that decides the campaign) per campaign a local shopper waits on, so a
-// notifier receives the results of its shoppers' campaigns and no others.
+// that decides it) per tag a local shopper waits on: a campaign, or each
+// bucket of a campaign of several (model.TagOfRequest), so a notifier
+// receives the results of its shoppers' campaigns and no others, and a hot
+// bucketed campaign's results come from every shard that decides them.
 type feeds struct {
 	n      *Notifier
 	linger time.Duration
@@ -24,21 +26,21 @@ type feeds struct {
 	mu sync.Mutex
 	// ctx is Run's context while Run runs; nil before and after, when no
 	// feed is started.
-	ctx        context.Context
-	byCampaign map[string]*feed
+	ctx   context.Context
+	byTag map[string]*feed
 	// failing counts the feeds whose last attempt to subscribe failed.
 	failing int
 	wg      sync.WaitGroup
 }
 
-// feed is the results subscription of one campaign.
+// feed is the results subscription of one tag.
 type feed struct {
 	cancel context.CancelFunc
 	// tried is closed when the first attempt to subscribe ends: confirmed
 	// by Redis, or failed (then waiters need not wait for the retries).
 	tried     chan struct{}
 	triedOnce sync.Once
-	// idleSince is when the sweep first saw the campaign without a waiter,
+	// idleSince is when the sweep first saw the tag without a waiter,
 	// zero while it has one.
 	idleSince time.Time
 	failing   bool // guarded by feeds.mu
@@ -48,7 +50,7 @@ func newFeeds(n *Notifier, linger time.Duration) *feeds {
 	if linger <= 0 {
 		linger = feedLinger
 	}
-	return &feeds{n: n, linger: linger, byCampaign: map[string]*feed{}}
+	return &feeds{n: n, linger: linger, byTag: map[string]*feed{}}
 }
 
 // run starts feeds on demand until ctx ends, and ends those that lost their
@@ -60,9 +62,9 @@ func (f *feeds) run(ctx context.Context) {
 	every(ctx, max(f.linger/4, 10*time.Millisecond), func() { f.sweep(time.Now()) })
 	f.mu.Lock()
 	f.ctx = nil
-	for c, fd := range f.byCampaign {
+	for tag, fd := range f.byTag {
 		fd.cancel()
-		delete(f.byCampaign, c)
+		delete(f.byTag, tag)
 	}
 	f.n.metrics.ResultsChannels.Set(0)
 	f.failing = 0
@@ -77,14 +79,14 @@ func (f *feeds) healthy() bool {
 	return f.ctx != nil && f.failing == 0
 }
 
-// count returns the number of campaigns subscribed to (for tests).
+// count returns the number of tags subscribed to (for tests).
 func (f *feeds) count() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return len(f.byCampaign)
+	return len(f.byTag)
 }
 
-// ensure makes sure the campaigns of ids are subscribed to and waits, at
+// ensure makes sure the tags of ids are subscribed to and waits, at
 // most until ctx ends, for each subscription's first confirmation (or its
 // first failure: Redis is down, and the stored read will say so). Callers
 // register their waiters in the hub first and read stored results after: a
@@ -95,14 +97,14 @@ func (f *feeds) ensure(ctx context.Context, ids []string) {
 	seen := map[string]bool{}
 	f.mu.Lock()
 	for _, id := range ids {
-		c, ok := model.CampaignOfRequest(id)
-		if !ok || seen[c] {
+		tag, ok := model.TagOfRequest(id)
+		if !ok || seen[tag] {
 			continue
 		}
-		seen[c] = true
-		fd := f.byCampaign[c]
+		seen[tag] = true
+		fd := f.byTag[tag]
 		if fd == nil {
-			if fd = f.startLocked(c); fd == nil {
+			if fd = f.startLocked(tag); fd == nil {
 				break // not running
 			}
 		}
@@ -121,35 +123,35 @@ func (f *feeds) ensure(ctx context.Context, ids []string) {
 	}
 }
 
-func (f *feeds) startLocked(campaignID string) *feed {
+func (f *feeds) startLocked(tag string) *feed {
 	if f.ctx == nil {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(f.ctx)
 	fd := &feed{cancel: cancel, tried: make(chan struct{})}
-	f.byCampaign[campaignID] = fd
-	f.n.metrics.ResultsChannels.Set(float64(len(f.byCampaign)))
-	f.wg.Go(func() { f.keep(ctx, campaignID, fd) })
+	f.byTag[tag] = fd
+	f.n.metrics.ResultsChannels.Set(float64(len(f.byTag)))
+	f.wg.Go(func() { f.keep(ctx, tag, fd) })
 	return fd
 }
 
-// keep holds the subscription of one campaign until ctx ends, subscribing
-// again with backoff when it fails or the server ends it (the slot moved).
-// Each confirmation after the first follows a gap in which results may have
-// been published unseen: the campaign's waiters re-read their stored results.
-func (f *feeds) keep(ctx context.Context, campaignID string, fd *feed) {
+// keep holds the subscription of one tag until ctx ends, subscribing again
+// with backoff when it fails or the server ends it (the slot moved). Each
+// confirmation after the first follows a gap in which results may have been
+// published unseen: the tag's waiters re-read their stored results.
+func (f *feeds) keep(ctx context.Context, tag string, fd *feed) {
 	// gap: results may have been published unseen since the feed started
 	// (a confirmation or an attempt came before).
 	gap := false
 	backoff := minBackoff
 	for {
 		var confirmed bool
-		err := f.n.src.SubscribeResults(ctx, campaignID, func() {
+		err := f.n.src.SubscribeResults(ctx, tag, func() {
 			confirmed = true
-			f.setFailing(campaignID, fd, false)
+			f.setFailing(tag, fd, false)
 			fd.triedOnce.Do(func() { close(fd.tried) })
 			if gap {
-				f.n.recheckCampaign(ctx, campaignID)
+				f.n.recheckTag(ctx, tag)
 			}
 			gap = true
 		}, f.n.published)
@@ -160,10 +162,10 @@ func (f *feeds) keep(ctx context.Context, campaignID string, fd *feed) {
 		if confirmed {
 			backoff = minBackoff
 		} else {
-			f.setFailing(campaignID, fd, true)
+			f.setFailing(tag, fd, true)
 			fd.triedOnce.Do(func() { close(fd.tried) })
 		}
-		f.n.log.Warn("results subscription ended; subscribing again", "campaign_id", campaignID, "err", err, "retry_in", backoff)
+		f.n.log.Warn("results subscription ended; subscribing again", "tag", tag, "err", err, "retry_in", backoff)
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
@@ -175,10 +177,10 @@ func (f *feeds) keep(ctx context.Context, campaignID string, fd *feed) {
 	}
 }
 
-func (f *feeds) setFailing(campaignID string, fd *feed, failing bool) {
+func (f *feeds) setFailing(tag string, fd *feed, failing bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if fd.failing == failing || f.byCampaign[campaignID] != fd {
+	if fd.failing == failing || f.byTag[tag] != fd {
 		return // unchanged, or the feed was ended and uncounted
 	}
 	fd.failing = failing
@@ -189,17 +191,17 @@ func (f *feeds) setFailing(campaignID string, fd *feed, failing bool) {
 	}
 }
 
-// sweep ends the feeds whose campaign has had no waiter for linger.
+// sweep ends the feeds whose tag has had no waiter for linger.
 func (f *feeds) sweep(now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if len(f.byCampaign) == 0 {
+	if len(f.byTag) == 0 {
 		return
 	}
-	waiting := f.n.hub.campaignsWaitedOn()
-	for c, fd := range f.byCampaign {
+	waiting := f.n.hub.tagsWaitedOn()
+	for tag, fd := range f.byTag {
 		switch {
-		case waiting[c]:
+		case waiting[tag]:
 			fd.idleSince = time.Time{}
 		case fd.idleSince.IsZero():
 			fd.idleSince = now
@@ -208,8 +210,8 @@ func (f *feeds) sweep(now time.Time) {
 			if fd.failing {
 				f.failing--
 			}
-			delete(f.byCampaign, c)
+			delete(f.byTag, tag)
 		}
 	}
-	f.n.metrics.ResultsChannels.Set(float64(len(f.byCampaign)))
+	f.n.metrics.ResultsChannels.Set(float64(len(f.byTag)))
 }

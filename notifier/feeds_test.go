@@ -227,6 +227,75 @@ func TestFeedsFollowWaiters(t *testing.T) {
 	}
 }
 
+// TestFeedsPerBucket: a shopper waiting on a request of one bucket of a
+// campaign of several makes the notifier subscribe to that bucket's
+// channel, on the shard that decides the bucket, and to no other of the
+// campaign's; the result is pushed from there.
+func TestFeedsPerBucket(t *testing.T) {
+	for _, r := range liveRedis {
+		t.Run(r.name, func(t *testing.T) {
+			s := sale{rdb: r.client(t)}
+			s.st = store.New(s.rdb)
+			const n = 4
+			id := testenv.Name(t, "nf_")
+			now := time.Now()
+			c := model.Campaign{ID: id, Name: "feeds test", Stock: 1000, PerUserLimit: 1000, Buckets: n,
+				StartAt: now.Add(-time.Hour), EndAt: now.Add(time.Hour)}
+			if _, err := s.st.Rebuild(mustContext(t), c, nil); err != nil {
+				t.Fatalf("load: %v", err)
+			}
+			h := newHarness(t, s.st, Options{RecheckInterval: time.Hour})
+			// Two shoppers of different buckets.
+			users := map[int]string{}
+			for i := 0; len(users) < 2; i++ {
+				u := fmt.Sprint("u", i)
+				if b := model.BucketOf(u, n); users[b] == "" && (len(users) == 0 || b != 0) {
+					users[b] = u
+				}
+			}
+			type wait struct {
+				tag, user, id string
+				ws            *websocket.Conn
+			}
+			var waits []wait
+			for b, u := range users {
+				tag := model.BucketTag(id, b, n)
+				w := wait{tag: tag, user: u, id: s.queue(t, tag, u), ws: mustDial(t, h, u)}
+				if got, _ := mustSubscribe(t, w.ws, w.id); len(got) != 1 {
+					t.Fatalf("subscribed %v, want %s", got, w.id)
+				}
+				waits = append(waits, w)
+			}
+			for b := range n {
+				tag := model.BucketTag(id, b, n)
+				want := 0
+				if users[b] != "" {
+					want = 1
+				}
+				if got := shardChannels(t, s.rdb, tag); len(got) != want {
+					t.Errorf("bucket %d has subscribed channels %v, want %d", b, got, want)
+				}
+			}
+			if got := shardChannels(t, s.rdb, id); len(got) != 0 {
+				t.Errorf("the campaign's own channel is subscribed: %v", got)
+			}
+			if got := h.n.feeds.count(); got != 2 {
+				t.Errorf("feeds: got %d, want one per bucket waited on (2)", got)
+			}
+			for _, w := range waits {
+				reply, err := s.st.Deduct(mustContext(t), w.tag, []model.Deduction{{RequestID: w.id, UserID: w.user, Quantity: 1, OrderID: "o-" + w.user}})
+				if err != nil {
+					t.Fatalf("decide: %v", err)
+				}
+				if err := s.st.PublishResults(mustContext(t), reply.Results); err != nil {
+					t.Fatalf("publish: %v", err)
+				}
+				checkResult(t, readResult(t, w.ws, 5*time.Second), reply.Results[0])
+			}
+		})
+	}
+}
+
 // readHook is a store whose Results calls after once, right after its
 // first read: the stored state changes just after the notifier read it.
 type readHook struct {

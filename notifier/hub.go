@@ -79,9 +79,10 @@ type hub struct {
 	// walks the waiting entries only when it moved or a campaign's
 	// decisions did.
 	activations uint64
-	// campaigns counts the request ids with subscriptions per campaign:
-	// the campaigns whose results channel the notifier needs (feeds.go).
-	campaigns map[string]int
+	// tags counts the request ids with subscriptions per tag (a campaign,
+	// or a bucket of one: model.TagOfRequest): the results channels the
+	// notifier needs (feeds.go).
+	tags map[string]int
 }
 
 // activationCount returns how many subscriptions have turned active.
@@ -91,27 +92,26 @@ func (h *hub) activationCount() uint64 {
 	return h.activations
 }
 
-func newHub() *hub { return &hub{byID: map[string]*entry{}, campaigns: map[string]int{}} }
+func newHub() *hub { return &hub{byID: map[string]*entry{}, tags: map[string]int{}} }
 
-// campaignsWaitedOn returns the campaigns with a subscription.
-func (h *hub) campaignsWaitedOn() map[string]bool {
+// tagsWaitedOn returns the tags with a subscription.
+func (h *hub) tagsWaitedOn() map[string]bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := make(map[string]bool, len(h.campaigns))
-	for c := range h.campaigns {
+	out := make(map[string]bool, len(h.tags))
+	for c := range h.tags {
 		out[c] = true
 	}
 	return out
 }
 
-// waitingOn returns the request ids of campaignID with an active
-// subscription.
-func (h *hub) waitingOn(campaignID string) []string {
+// waitingOn returns the request ids of tag with an active subscription.
+func (h *hub) waitingOn(tag string) []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var ids []string
 	for id, e := range h.byID {
-		if c, _ := model.CampaignOfRequest(id); c == campaignID && e.active > 0 {
+		if t, _ := model.TagOfRequest(id); t == tag && e.active > 0 {
 			ids = append(ids, id)
 		}
 	}
@@ -139,8 +139,8 @@ func (h *hub) add(c *conn, ids []string, limit int) (added []*subscription, exis
 		if e == nil {
 			e = &entry{requestID: id, subs: map[*subscription]struct{}{}, ahead: -1}
 			h.byID[id] = e
-			c, _ := model.CampaignOfRequest(id)
-			h.campaigns[c]++
+			tag, _ := model.TagOfRequest(id)
+			h.tags[tag]++
 		}
 		e.subs[s] = struct{}{}
 		added = append(added, s)
@@ -270,9 +270,9 @@ func (h *hub) removeLocked(s *subscription) {
 	}
 	if len(e.subs) == 0 {
 		delete(h.byID, s.requestID)
-		c, _ := model.CampaignOfRequest(s.requestID)
-		if h.campaigns[c]--; h.campaigns[c] <= 0 {
-			delete(h.campaigns, c)
+		tag, _ := model.TagOfRequest(s.requestID)
+		if h.tags[tag]--; h.tags[tag] <= 0 {
+			delete(h.tags, tag)
 		}
 	}
 }

@@ -41,11 +41,12 @@ type ResultSource interface {
 	// one round trip; an unknown or malformed id has the zero Result (empty
 	// Status) at its place. An error means no result was read.
 	Results(ctx context.Context, requestIDs []string) ([]model.Result, error)
-	// SubscribeResults calls fn for every result published for campaignID
-	// until ctx ends, calling ready each time the subscription is
-	// confirmed (results published before a confirmation are missed). It
-	// returns an error when the subscription fails or the server ends it.
-	SubscribeResults(ctx context.Context, campaignID string, ready func(), fn func(model.Result)) error
+	// SubscribeResults calls fn for every result published for tag (a
+	// campaign id, or a bucket's tag: model.TagOfRequest) until ctx ends,
+	// calling ready each time the subscription is confirmed (results
+	// published before a confirmation are missed). It returns an error
+	// when the subscription fails or the server ends it.
+	SubscribeResults(ctx context.Context, tag string, ready func(), fn func(model.Result)) error
 	// Progress returns the queue progress of each campaign, in order, in
 	// one round trip.
 	Progress(ctx context.Context, campaignIDs []string) ([]model.QueueProgress, error)

@@ -33,12 +33,12 @@ func (n *Notifier) recheck(ctx context.Context, cutoff time.Time) {
 	n.reread(ctx, n.hub.due(cutoff, maxRecheckPerTick))
 }
 
-// recheckCampaign re-reads the stored results of every request of
-// campaignID with an active subscription, maxRecheckPerTick to a round trip:
-// its results subscription was re-established, and what was published
-// before that was not received.
-func (n *Notifier) recheckCampaign(ctx context.Context, campaignID string) {
-	ids := n.hub.waitingOn(campaignID)
+// recheckTag re-reads the stored results of every request of tag with an
+// active subscription, maxRecheckPerTick to a round trip: its results
+// subscription was re-established, and what was published before that was
+// not received.
+func (n *Notifier) recheckTag(ctx context.Context, tag string) {
+	ids := n.hub.waitingOn(tag)
 	for start := 0; start < len(ids) && ctx.Err() == nil; start += maxRecheckPerTick {
 		n.reread(ctx, ids[start:min(start+maxRecheckPerTick, len(ids))])
 	}

@@ -25,11 +25,13 @@ func (s *Store) PublishEvent(ctx context.Context, e model.Event) error {
 // channel (about 200 bytes each).
 const resultsPerMessage = 256
 
-// resultsChannel is the channel of a campaign's results. Its hash tag puts it
-// in the slot of the campaign's keys: SPUBLISH runs on the shard that decided
-// the results, and only the notifiers that subscribed to the campaign (they
-// have a shopper waiting on it) receive them.
-func resultsChannel(campaignID string) string { return "fs:{" + campaignID + "}:published" }
+// resultsChannel is the channel of the results of a tag: a campaign, or one
+// bucket of a campaign of several (model.TagOfRequest). Its hash tag puts it
+// in the slot of the tag's keys: SPUBLISH runs on the shard that decided the
+// results, and only the notifiers that subscribed to it (they have a
+// shopper waiting on it) receive them. So a bucketed campaign's results
+// spread over the shards of its buckets, as its deductions do.
+func resultsChannel(tag string) string { return "fs:{" + tag + "}:published" }
 
 // PublishResults sends final results to the notifiers that wait on their
 // campaigns, in one round trip (one per shard on a cluster). Results travel
@@ -43,19 +45,23 @@ func (s *Store) PublishResults(ctx context.Context, results []model.Result) erro
 	if len(results) == 0 {
 		return nil
 	}
-	// Group by campaign, keeping each campaign's order: a worker's batch
-	// is one campaign's, so this is usually one group.
+	// Group by tag, keeping each tag's order: a worker's batch is one
+	// tag's, so this is usually one group.
 	var order []string
 	groups := map[string][]model.Result{}
 	for _, r := range results {
-		if _, ok := groups[r.CampaignID]; !ok {
-			order = append(order, r.CampaignID)
+		tag, ok := model.TagOfRequest(r.RequestID)
+		if !ok {
+			tag = r.CampaignID
 		}
-		groups[r.CampaignID] = append(groups[r.CampaignID], r)
+		if _, ok := groups[tag]; !ok {
+			order = append(order, tag)
+		}
+		groups[tag] = append(groups[tag], r)
 	}
 	pipe := s.rdb.Pipeline()
-	for _, campaignID := range order {
-		group := groups[campaignID]
+	for _, tag := range order {
+		group := groups[tag]
 		for start := 0; start < len(group); start += resultsPerMessage {
 			part := group[start:min(start+resultsPerMessage, len(group))]
 			msg := make([]byte, 0, 200*len(part))
@@ -69,9 +75,9 @@ func (s *Store) PublishResults(ctx context.Context, results []model.Result) erro
 				}
 			}
 			if s.plainResults {
-				pipe.Publish(ctx, resultsChannel(campaignID), msg)
+				pipe.Publish(ctx, resultsChannel(tag), msg)
 			} else {
-				pipe.SPublish(ctx, resultsChannel(campaignID), msg)
+				pipe.SPublish(ctx, resultsChannel(tag), msg)
 			}
 		}
 	}
@@ -92,16 +98,16 @@ func (s *Store) SubscribeEvents(ctx context.Context, ready func(), fn func(model
 	})
 }
 
-// SubscribeResults calls fn for every result published for campaignID until
-// ctx ends. It calls ready when Redis confirms the subscription; results
+// SubscribeResults calls fn for every result published for tag (a campaign
+// id, or a bucket's tag: model.TagOfRequest) until ctx ends. It calls ready when Redis confirms the subscription; results
 // published before that are missed, so subscribers re-read the stored
 // results they wait on once it is confirmed again after an error. It
 // returns an error when the subscription fails, its connection breaks, the
-// server ends it (the campaign's slot moved to another shard) or refuses it
+// server ends it (the tag's slot moved to another shard) or refuses it
 // (MOVED: the client's slot map was stale): the caller subscribes again,
 // which looks the slot's master up anew.
-func (s *Store) SubscribeResults(ctx context.Context, campaignID string, ready func(), fn func(model.Result)) error {
-	channel := resultsChannel(campaignID)
+func (s *Store) SubscribeResults(ctx context.Context, tag string, ready func(), fn func(model.Result)) error {
+	channel := resultsChannel(tag)
 	var ps *redis.PubSub
 	var err error
 	if s.plainResults {

@@ -281,3 +281,67 @@ func campaignsOnEveryMaster(t *testing.T, s *Store) []string {
 	}
 	return ids
 }
+
+// TestResultsPerBucket: a campaign of 16 buckets publishes each bucket's
+// results on the bucket's own channel, so on the cluster they leave from
+// every master, as its deductions do; a bucket's subscriber receives its
+// bucket's results and no other's, and the campaign's own channel none.
+func TestResultsPerBucket(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		const n = 16
+		c := newCampaign(t, 1, 1)
+		tags := make([]string, n+1) // the buckets, then the campaign's own
+		for b := range n {
+			tags[b] = model.BucketTag(c.ID, b, n)
+		}
+		tags[n] = c.ID
+		if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+			masters := map[string]bool{}
+			for _, tag := range tags[:n] {
+				m, err := cc.MasterForKey(t.Context(), resultsChannel(tag))
+				if err != nil {
+					t.Fatal(err)
+				}
+				masters[m.Options().Addr] = true
+			}
+			if len(masters) != 3 {
+				t.Errorf("the buckets' channels are on %d masters, want all 3", len(masters))
+			}
+		}
+		got := make([]chan model.Result, len(tags))
+		for i, tag := range tags {
+			got[i] = make(chan model.Result, 64)
+			subscribed(t, func(ctx context.Context, ready func()) error {
+				return s.SubscribeResults(ctx, tag, ready, func(r model.Result) { got[i] <- r })
+			})
+		}
+		var batch []model.Result
+		for round := range 2 {
+			for _, tag := range tags[:n] {
+				batch = append(batch, model.Result{RequestID: newRequestID(tag), CampaignID: c.ID, UserID: fmt.Sprintf("u%d", round),
+					Status: model.StatusSoldOut, Quantity: 1})
+			}
+		}
+		if err := s.PublishResults(t.Context(), batch); err != nil {
+			t.Fatalf("PublishResults: %v", err)
+		}
+		for i, tag := range tags {
+			if i < n {
+				for round := range 2 {
+					if r, want := recv(t, got[i], "result of "+tag), batch[round*n+i]; r != want {
+						t.Errorf("bucket %d, result %d: got %+v, want %+v", i, round, r, want)
+					}
+				}
+			}
+			// A marker published after the batch comes next: nothing of
+			// another bucket reached this channel.
+			marker := model.Result{RequestID: newRequestID(tag), CampaignID: c.ID, UserID: "marker", Status: model.StatusSoldOut, Quantity: 1}
+			if err := s.PublishResults(t.Context(), []model.Result{marker}); err != nil {
+				t.Fatalf("PublishResults: %v", err)
+			}
+			if r := recv(t, got[i], "marker of "+tag); r != marker {
+				t.Errorf("%s: got %+v, want only its own results, then the marker", tag, r)
+			}
+		}
+	})
+}
