@@ -186,7 +186,7 @@ func (s *Service) flush(batch []*pendingPurchase) {
 	defer ucancel()
 	reqs := admitRequests(fresh)
 	if werr := s.stock.Withdraw(uctx, reqs); werr != nil {
-		s.log.Error("withdraw after failed publish", "count", len(reqs), "campaign_id", reqs[0].CampaignID, "err", werr)
+		s.recordOrphans(reqs, werr)
 	}
 	for _, p := range fresh {
 		p.done <- admitAnswer{err: s.refuse("unavailable", fmt.Errorf("publish %s: %w: %v", p.req.RequestID, model.ErrUnavailable, err))}
@@ -212,6 +212,44 @@ func (s *Service) keepUnknown(fresh []*pendingPurchase, cause error) {
 	}
 }
 
+// orphanRetryFor bounds how long recordOrphans keeps trying: longer than a
+// Redis Cluster failover takes.
+const orphanRetryFor = time.Minute
+
+// recordOrphans records requests answered 503 whose admission may be stored
+// all the same (admit.lua's reply was lost, or a withdraw failed): a queued
+// marker that no message will ever decide. They are recorded as of unknown
+// publish outcome, so the workers' sweep rejects the stored ones
+// (not_enqueued) once worker.max_queue_delay has passed, and forgets the
+// others. Not withdrawn: a shopper who retries with the same
+// Idempotency-Key meanwhile gets the stored request back, and a withdraw
+// landing after that would delete it under them; recorded, it ends in a
+// final result. Redis may be down for a while (a failover): the record is
+// retried in the background, with backoff, for orphanRetryFor.
+func (s *Service) recordOrphans(reqs []model.AdmitRequest, cause error) {
+	s.log.Warn("admission outcome unknown; recording the requests for the sweep",
+		"count", len(reqs), "campaign_id", reqs[0].CampaignID, "request_id", reqs[0].RequestID, "err", cause)
+	go func() {
+		deadline := time.Now().Add(orphanRetryFor)
+		for wait := 50 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+			ctx, cancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
+			err := s.stock.AddUnknown(ctx, s.opts.Topic, reqs)
+			cancel()
+			if err == nil {
+				s.m.Orphans.WithLabelValues("recorded").Add(float64(len(reqs)))
+				return
+			}
+			if time.Now().Add(wait).After(deadline) {
+				s.m.Orphans.WithLabelValues("unrecorded").Add(float64(len(reqs)))
+				s.log.Error("could not record requests of unknown admission outcome; reconcile shows any stored one as still_queued",
+					"count", len(reqs), "campaign_id", reqs[0].CampaignID, "request_id", reqs[0].RequestID, "err", err)
+				return
+			}
+			time.Sleep(wait)
+		}
+	}()
+}
+
 func admitRequests(ps []*pendingPurchase) []model.AdmitRequest {
 	reqs := make([]model.AdmitRequest, len(ps))
 	for i, p := range ps {
@@ -231,6 +269,9 @@ func (s *Service) admitGroup(group []*pendingPurchase) []*pendingPurchase {
 	defer cancel()
 	replies, err := s.stock.Admit(ctx, reqs[0].KeyTag(), reqs, s.opts.RateLimits.PerBucket(group[0].buckets))
 	if err != nil {
+		if errors.Is(err, model.ErrMaybeApplied) {
+			s.recordOrphans(reqs, err)
+		}
 		for _, p := range group {
 			p.done <- admitAnswer{err: s.refuse("unavailable", fmt.Errorf("%w: %v", model.ErrUnavailable, err))}
 		}

@@ -75,6 +75,13 @@ func (p *gatePublisher) sizes() []int {
 // preloaded with stock 100 and a per-user limit of 2.
 func newAdmitService(t *testing.T, pub queue.Publisher, opts Options) (*Service, *store.Store, model.Campaign) {
 	t.Helper()
+	return newAdmitServiceOn(t, pub, opts, func(st *store.Store) Stock { return st })
+}
+
+// newAdmitServiceOn is newAdmitService with the Service's Stock made by
+// wrap from the real store (to inject faults).
+func newAdmitServiceOn(t *testing.T, pub queue.Publisher, opts Options, wrap func(*store.Store) Stock) (*Service, *store.Store, model.Campaign) {
+	t.Helper()
 	st := store.New(testenv.Redis(t))
 	campaigns := &memCampaigns{c: model.Campaign{ID: testenv.Name(t, "adm"), Name: "t", Stock: 100, PerUserLimit: 2,
 		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}}
@@ -85,7 +92,7 @@ func newAdmitService(t *testing.T, pub queue.Publisher, opts Options) (*Service,
 		opts.AdmitConcurrency = 1
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return New(log, st, campaigns, pub, metrics.New(), opts), st, c
+	return New(log, wrap(st), campaigns, pub, metrics.New(), opts), st, c
 }
 
 type purchaseOutcome struct {

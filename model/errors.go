@@ -51,6 +51,12 @@ var (
 	// request must be decided again there.
 	ErrPaused      = errors.New("sale paused")
 	ErrLedgerMoved = errors.New("campaign reloaded since the decision")
+
+	// ErrMaybeApplied wraps a Redis call's error after which the call may
+	// have run: it was sent, and its reply was lost (a timeout, a broken
+	// connection, a master killed mid-call). It always comes with
+	// ErrUnavailable.
+	ErrMaybeApplied = errors.New("outcome unknown")
 )
 
 // InvalidError reports one invalid input field. It is always a client error.

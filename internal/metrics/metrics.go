@@ -40,6 +40,7 @@ type Metrics struct {
 	Refusals        *CounterVec          // reason
 	PublishLatency  prometheus.Histogram // seconds
 	PublishUnknown  prometheus.Counter   // requests published with an unknown outcome, kept admitted
+	Orphans         *CounterVec          // outcome: recorded, unrecorded (admissions answered 503 that may hold a queued marker)
 	LatePayments    prometheus.Counter   // payments for orders that had ended
 	CachedCampaigns *prometheus.GaugeVec // kind: known, unknown (ids naming no campaign)
 	// Gateway and worker: the Lua scripts they run (ScriptHook).
@@ -103,6 +104,10 @@ func New(roles ...Role) *Metrics {
 			Name: "flashsale_publish_unknown_total",
 			Help: "Purchase requests whose publish outcome was unknown (the queue may have stored them), admitted all the same.",
 		}),
+		Orphans: newCounterVec(prometheus.CounterOpts{
+			Name: "flashsale_orphaned_admissions_total",
+			Help: "Purchases answered 503 whose admission may have been stored (admit.lua's reply lost, or a withdraw that failed), by outcome: recorded for the sweep, or unrecorded (Redis did not answer within a minute; reconcile shows them still_queued).",
+		}, []string{"outcome"}),
 		NotEnqueued: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_not_enqueued_total",
 			Help: "Requests with an unknown publish outcome that no worker saw within worker.max_queue_delay, rejected (not_enqueued).",
@@ -170,7 +175,7 @@ func New(roles ...Role) *Metrics {
 		m.buildInfo, m.Requests, m.RequestDuration)
 	has := func(r Role) bool { return slices.Contains(roles, r) }
 	if has(Gateway) {
-		m.Registry.MustRegister(m.Refusals, m.PublishLatency, m.PublishUnknown, m.LatePayments, m.CachedCampaigns)
+		m.Registry.MustRegister(m.Refusals, m.PublishLatency, m.PublishUnknown, m.Orphans, m.LatePayments, m.CachedCampaigns)
 	}
 	if has(Gateway) || has(Worker) {
 		m.Registry.MustRegister(m.ScriptDuration)

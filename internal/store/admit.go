@@ -82,6 +82,9 @@ func (s *Store) Admit(ctx context.Context, campaignID string, batch []model.Admi
 	}
 	reply, err := s.admit.Run(ctx, s.rdb, keys, args...).Slice()
 	if err != nil {
+		if maybeApplied(err) {
+			err = fmt.Errorf("%w: %w: %w", model.ErrUnavailable, model.ErrMaybeApplied, err)
+		}
 		return nil, fmt.Errorf("admit %s (%d requests): %w", campaignID, len(batch), err)
 	}
 	out, err := parseAdmitReply(batch, reply)

@@ -8,6 +8,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -186,6 +187,19 @@ func unavailable(err error) error {
 		return err
 	}
 	return fmt.Errorf("%w: %w", model.ErrUnavailable, err)
+}
+
+// maybeApplied reports whether a call that failed with err may have run on
+// the server: not when Redis answered with an error (a script runs whole or
+// not at all, unless it fails halfway, which is a bug), nor when no
+// connection was made; any other failure came after the call was sent.
+func maybeApplied(err error) bool {
+	var reply redis.Error
+	if errors.As(err, &reply) {
+		return false
+	}
+	var op *net.OpError
+	return !errors.As(err, &op) || op.Op != "dial"
 }
 
 // transientReply reports whether a Redis error reply says the server

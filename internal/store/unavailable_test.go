@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -54,5 +55,58 @@ func TestTransientReply(t *testing.T) {
 		if got := transientReply(tc.msg); got != tc.want {
 			t.Errorf("%q: got %v, want %v", tc.msg, got, tc.want)
 		}
+	}
+}
+
+// TestAdmitMaybeApplied: an admission whose call reached a server that
+// never answered may have been stored (model.ErrMaybeApplied, with
+// model.ErrUnavailable); one refused at the dial, or answered with an
+// error, was not.
+func TestAdmitMaybeApplied(t *testing.T) {
+	batch := []model.AdmitRequest{{RequestID: newRequestID("c"), CampaignID: "c", UserID: "u", Quantity: 1}}
+	admit := func(addr string) error {
+		c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 200 * time.Millisecond, MaxRetries: -1})
+		defer c.Close()
+		_, err := New(c).Admit(t.Context(), "c", batch, model.RateLimits{})
+		return err
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() { // accepts, reads, never answers: a reply lost
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, conn) }()
+		}
+	}()
+	if err := admit(ln.Addr().String()); !errors.Is(err, model.ErrMaybeApplied) || !errors.Is(err, model.ErrUnavailable) {
+		t.Errorf("no reply: got %v, want model.ErrMaybeApplied and model.ErrUnavailable", err)
+	}
+
+	down, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := down.Addr().String()
+	_ = down.Close()
+	if err := admit(addr); err == nil || errors.Is(err, model.ErrMaybeApplied) {
+		t.Errorf("connection refused: got %v, want an error that is not model.ErrMaybeApplied", err)
+	}
+
+	rdb := testenv.Redis(t)
+	camp := newCampaign(t, 1, 1)
+	mustLoad(t, New(rdb), camp)
+	if err := rdb.Set(t.Context(), campaignKeys(camp.ID).results, "not a hash", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	batch[0].CampaignID, batch[0].RequestID = camp.ID, newRequestID(camp.ID)
+	if _, err := New(rdb).Admit(t.Context(), camp.ID, batch, model.RateLimits{}); err == nil || errors.Is(err, model.ErrMaybeApplied) {
+		t.Errorf("an error reply: got %v, want an error that is not model.ErrMaybeApplied", err)
 	}
 }
