@@ -207,14 +207,17 @@ func (s *Service) keepUnknown(fresh []*pendingPurchase, cause error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
 	defer cancel()
 	if err := s.stock.AddUnknown(ctx, s.opts.Topic, reqs); err != nil {
-		s.log.Error("record unknown publish outcome; a request whose message was not stored stays queued",
-			"count", len(reqs), "campaign_id", reqs[0].CampaignID, "request_id", reqs[0].RequestID, "err", err)
+		// Redis is failing over (the publish's own master died, say):
+		// the answers go out, the record follows when Redis is back.
+		s.log.Warn("record unknown publish outcome: retrying in the background", "count", len(reqs),
+			"campaign_id", reqs[0].CampaignID, "request_id", reqs[0].RequestID, "err", err)
+		go s.recordUnknown(reqs, nil)
 	}
 }
 
-// orphanRetryFor bounds how long recordOrphans keeps trying: longer than a
+// recordRetryFor bounds how long recordUnknown keeps trying: longer than a
 // Redis Cluster failover takes.
-const orphanRetryFor = time.Minute
+const recordRetryFor = time.Minute
 
 // recordOrphans records requests answered 503 whose admission may be stored
 // all the same (admit.lua's reply was lost, or a withdraw failed): a queued
@@ -224,30 +227,39 @@ const orphanRetryFor = time.Minute
 // others. Not withdrawn: a shopper who retries with the same
 // Idempotency-Key meanwhile gets the stored request back, and a withdraw
 // landing after that would delete it under them; recorded, it ends in a
-// final result. Redis may be down for a while (a failover): the record is
-// retried in the background, with backoff, for orphanRetryFor.
+// final result.
 func (s *Service) recordOrphans(reqs []model.AdmitRequest, cause error) {
 	s.log.Warn("admission outcome unknown; recording the requests for the sweep",
 		"count", len(reqs), "campaign_id", reqs[0].CampaignID, "request_id", reqs[0].RequestID, "err", cause)
-	go func() {
-		deadline := time.Now().Add(orphanRetryFor)
-		for wait := 50 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-			ctx, cancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
-			err := s.stock.AddUnknown(ctx, s.opts.Topic, reqs)
-			cancel()
-			if err == nil {
-				s.m.Orphans.WithLabelValues("recorded").Add(float64(len(reqs)))
-				return
+	go s.recordUnknown(reqs, s.m.Orphans)
+}
+
+// recordUnknown records reqs for the sweep (store.AddUnknown), retrying
+// with backoff for recordRetryFor while Redis does not take it (a
+// failover); orphans, when set, counts the outcome. A request recorded
+// nowhere whose message was not stored stays queued for good.
+func (s *Service) recordUnknown(reqs []model.AdmitRequest, orphans *metrics.CounterVec) {
+	deadline := time.Now().Add(recordRetryFor)
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		ctx, cancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
+		err := s.stock.AddUnknown(ctx, s.opts.Topic, reqs)
+		cancel()
+		if err == nil {
+			if orphans != nil {
+				orphans.WithLabelValues("recorded").Add(float64(len(reqs)))
 			}
-			if time.Now().Add(wait).After(deadline) {
-				s.m.Orphans.WithLabelValues("unrecorded").Add(float64(len(reqs)))
-				s.log.Error("could not record requests of unknown admission outcome; reconcile shows any stored one as still_queued",
-					"count", len(reqs), "campaign_id", reqs[0].CampaignID, "request_id", reqs[0].RequestID, "err", err)
-				return
-			}
-			time.Sleep(wait)
+			return
 		}
-	}()
+		if time.Now().Add(wait).After(deadline) {
+			if orphans != nil {
+				orphans.WithLabelValues("unrecorded").Add(float64(len(reqs)))
+			}
+			s.log.Error("could not record requests for the sweep; reconcile shows any stored one as still_queued",
+				"count", len(reqs), "campaign_id", reqs[0].CampaignID, "request_id", reqs[0].RequestID, "err", err)
+			return
+		}
+		time.Sleep(wait)
+	}
 }
 
 func admitRequests(ps []*pendingPurchase) []model.AdmitRequest {

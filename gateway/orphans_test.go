@@ -100,3 +100,27 @@ func TestOrphanedAdmission(t *testing.T) {
 		})
 	}
 }
+
+// TestUnknownPublishRecordRetried: a publish of unknown outcome is answered
+// 202 and recorded for the sweep; when Redis does not take the record at
+// first (the publish's master is failing over), it is retried until it
+// does, so the request still ends rejected (not_enqueued) if its message
+// was never stored.
+func TestUnknownPublishRecordRetried(t *testing.T) {
+	fs := &faultyStock{}
+	fs.failRecords.Store(3)
+	svc, st, c := newAdmitServiceOn(t, &unknownPublisher{}, Options{}, func(st *store.Store) Stock { fs.Store = st; return fs })
+	adm, err := svc.Purchase(t.Context(), Purchase{UserID: "u1", CampaignID: c.ID, Quantity: 1}, nil)
+	if err != nil || adm.Existing {
+		t.Fatalf("purchase: got %+v, %v; want admitted (202)", adm, err)
+	}
+	var swept []model.Result
+	testenv.Eventually(t, 10*time.Second, "the request recorded for the sweep", func() (bool, string) {
+		rs, err := st.SweepUnknown(t.Context(), svc.opts.Topic, 0)
+		swept = append(swept, rs...)
+		return len(swept) > 0, fmt.Sprint(len(swept), " swept, ", err)
+	})
+	if len(swept) != 1 || swept[0].RequestID != adm.RequestID || swept[0].Reason != model.ReasonNotEnqueued {
+		t.Fatalf("swept %+v, want %s rejected (%s)", swept, adm.RequestID, model.ReasonNotEnqueued)
+	}
+}

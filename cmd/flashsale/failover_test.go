@@ -18,6 +18,8 @@ import (
 	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/queue"
+	"github.com/flashsale/flashsale/queue/redisstream"
 )
 
 // TestMasterKilledMidSale: gateway, worker and notifier on a private Redis
@@ -32,18 +34,30 @@ import (
 // the last deductions before the kill may be lost (docs/RELIABILITY.md, "A
 // Redis master lost"): Redis is then repaired from MySQL (reconcile
 // --repair, after ending the sale), and agrees after it.
+//
+// The redisstream run keeps the queue in the same cluster: the partitions
+// on the killed master fail over with it, and at min_replicas_ack 1 a
+// purchase is answered 202 only once a replica holds its queue entry, so
+// none of the accepted requests may be lost.
 func TestMasterKilledMidSale(t *testing.T) {
-	for _, ack := range []int{1, 0} {
-		t.Run("min_replicas_ack="+strconv.Itoa(ack), func(t *testing.T) { masterKilledMidSale(t, ack) })
+	for _, run := range []struct {
+		ack    int
+		driver string
+	}{{1, "memqueue"}, {0, "memqueue"}, {1, "redisstream"}} {
+		name := "min_replicas_ack=" + strconv.Itoa(run.ack)
+		if run.driver != "memqueue" {
+			name += "/" + run.driver
+		}
+		t.Run(name, func(t *testing.T) { masterKilledMidSale(t, run.ack, run.driver) })
 	}
 }
 
-func masterKilledMidSale(t *testing.T, ack int) {
+func masterKilledMidSale(t *testing.T, ack int, driver string) {
 	// The replica promoted must itself have ack replicas, or every
 	// deduction after the failover falls short until the dead node returns
 	// as a replica: a master gets ack+1 of them (docs/RELIABILITY.md).
 	cl := testenv.PrivateCluster(t, 3, ack+1)
-	cfg := realConfig(t, "memqueue") // the queue is not what this test kills
+	cfg := realConfig(t, driver)
 	cfg.Redis.Mode, cfg.Redis.Addr, cfg.Redis.Addrs = "cluster", "", cl.Addrs()
 	cfg.Redis.ClusterReloadInterval = 500 * time.Millisecond
 	cfg.Redis.MinReplicasAck, cfg.Redis.ReplicaAckTimeout = ack, time.Second
@@ -55,6 +69,16 @@ func masterKilledMidSale(t *testing.T, ack int) {
 	t.Cleanup(func() { _ = rdb.Close() })
 
 	campaign := testenv.Name(t, "failover-")
+	if driver == "redisstream" {
+		// A campaign whose queue partition shares its master: the kill
+		// takes the purchases' queue entries with the stock.
+		for i := 0; !samePartitionMaster(t, rdb, cfg.Queue, campaign); i++ {
+			if i == 200 {
+				t.Fatal("no campaign id whose queue partition shares its master")
+			}
+			campaign = testenv.Name(t, "failover-")
+		}
+	}
 	soak := testenv.Soak()
 	stock, limit := int64(150*soak), int64(2)
 	users, tries := 200*soak, 3 // demand outlasts the stock
@@ -274,4 +298,20 @@ func settledWithin(d time.Duration, cond func() (bool, string)) (bool, string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// samePartitionMaster reports whether campaign's keys and its queue
+// partition's stream (cfg's topic) live on one master.
+func samePartitionMaster(t *testing.T, rdb *redis.ClusterClient, cfg config.Queue, campaign string) bool {
+	t.Helper()
+	ctx := context.Background()
+	m1, err := rdb.MasterForKey(ctx, "{"+campaign+"}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m2, err := rdb.MasterForKey(ctx, redisstream.StreamKey(cfg.Topic, queue.PartitionOf(campaign, cfg.Partitions)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m1.Options().Addr == m2.Options().Addr
 }

@@ -288,6 +288,10 @@ func streamKey(topic string, p int) string {
 	return "fsq:{" + topic + ":" + strconv.Itoa(p) + "}"
 }
 
+// StreamKey returns the Redis key of a topic's partition p, where Publish
+// appends its messages: an operator or a test finds its node from it.
+func StreamKey(topic string, p int) string { return streamKey(topic, p) }
+
 // leaseKey is partition p's lease; it shares the stream's hash tag.
 func leaseKey(topic string, p int) string {
 	return streamKey(topic, p) + ":lease"
