@@ -206,13 +206,7 @@ func TestResultsShareMessages(t *testing.T) {
 func TestResultsPerCampaign(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		campaigns := campaignsOnEveryMaster(t, s)
-		got := make([]chan model.Result, len(campaigns))
-		for i, c := range campaigns {
-			got[i] = make(chan model.Result, 64)
-			subscribed(t, func(ctx context.Context, ready func()) error {
-				return s.SubscribeResults(ctx, c, ready, func(r model.Result) { got[i] <- r })
-			})
-		}
+		got := subscribeEach(t, s, campaigns)
 		var batch []model.Result
 		for round := range 2 {
 			for _, c := range campaigns {
@@ -243,6 +237,20 @@ func TestResultsPerCampaign(t *testing.T) {
 			}
 		}
 	})
+}
+
+// subscribeEach subscribes to the results of each tag and returns their
+// channels, in order.
+func subscribeEach(t *testing.T, s *Store, tags []string) []chan model.Result {
+	t.Helper()
+	got := make([]chan model.Result, len(tags))
+	for i, tag := range tags {
+		got[i] = make(chan model.Result, 64)
+		subscribed(t, func(ctx context.Context, ready func()) error {
+			return s.SubscribeResults(ctx, tag, ready, func(r model.Result) { got[i] <- r })
+		})
+	}
+	return got
 }
 
 // campaignsOnEveryMaster returns a campaign id on each master of s's cluster
@@ -308,13 +316,7 @@ func TestResultsPerBucket(t *testing.T) {
 				t.Errorf("the buckets' channels are on %d masters, want all 3", len(masters))
 			}
 		}
-		got := make([]chan model.Result, len(tags))
-		for i, tag := range tags {
-			got[i] = make(chan model.Result, 64)
-			subscribed(t, func(ctx context.Context, ready func()) error {
-				return s.SubscribeResults(ctx, tag, ready, func(r model.Result) { got[i] <- r })
-			})
-		}
+		got := subscribeEach(t, s, tags)
 		var batch []model.Result
 		for round := range 2 {
 			for _, tag := range tags[:n] {
