@@ -41,7 +41,10 @@ func TestDeductWaitsForReplica(t *testing.T) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	seen := &acks{}
-	s := New(rdb, WithReplicaAck(ReplicaAck{Replicas: 1, Timeout: 300 * time.Millisecond, Observe: seen.observe}))
+	// A wait that may take long on a busy machine for the deductions that
+	// must succeed; a short one where the replica is stopped.
+	s := New(rdb, WithReplicaAck(ReplicaAck{Replicas: 1, Timeout: 10 * time.Second, Observe: seen.observe}))
+	short := New(rdb, WithReplicaAck(ReplicaAck{Replicas: 1, Timeout: 300 * time.Millisecond, Observe: seen.observe}))
 	camp := newCampaign(t, 10, 10)
 	mustLoad(t, s, camp)
 	deduction := func() model.Deduction {
@@ -75,7 +78,7 @@ func TestDeductWaitsForReplica(t *testing.T) {
 
 	resume := c.StopReplicaOf(t, master)
 	d := deduction()
-	if _, err := s.Deduct(t.Context(), camp.ID, []model.Deduction{d}); !errors.Is(err, model.ErrUnavailable) {
+	if _, err := short.Deduct(t.Context(), camp.ID, []model.Deduction{d}); !errors.Is(err, model.ErrUnavailable) {
 		t.Fatalf("replica stopped: got %v, want model.ErrUnavailable", err)
 	}
 	if got := seen.last(); got[len(got)-1] != 0 {
