@@ -32,8 +32,10 @@ import (
 // publish withdraws exactly the requests it carried before they are told 503.
 // A publish whose outcome is unknown (queue.ErrUnknown: the queue may have
 // stored the messages) withdraws nothing: its requests stay admitted and
-// are answered as published, and are recorded so that a worker's sweep
-// rejects the ones whose message never arrives (store.SweepUnknown).
+// are answered as published. Nothing more is needed: admit.lua put every
+// admitted request on its campaign's unseen set, and a worker's sweep
+// rejects the ones whose message never arrives (store.SweepUnseen), as it
+// does those of a gateway that died before publishing.
 
 // admitter is the pending list and its flush loops. Loops start on demand
 // and end when nothing is pending, so it needs no lifecycle of its own.
@@ -186,7 +188,7 @@ func (s *Service) flush(batch []*pendingPurchase) {
 	defer ucancel()
 	reqs := admitRequests(fresh)
 	if werr := s.stock.Withdraw(uctx, reqs); werr != nil {
-		s.recordOrphans(reqs, werr)
+		s.noteOrphans(reqs, werr)
 	}
 	for _, p := range fresh {
 		p.done <- admitAnswer{err: s.refuse("unavailable", fmt.Errorf("publish %s: %w: %v", p.req.RequestID, model.ErrUnavailable, err))}
@@ -194,72 +196,26 @@ func (s *Service) flush(batch []*pendingPurchase) {
 }
 
 // keepUnknown keeps the requests of a publish whose outcome is unknown
-// admitted (queued marker, Idempotency-Key, count) and records them for
-// the sweep. Withdrawing them instead would tell a shopper "failed" about a
-// purchase a worker may still decide, and make a retry with the same key a
-// second request. Their answers wait for the record: a request recorded
-// nowhere whose message was not stored would stay queued for good.
+// admitted (queued marker, Idempotency-Key, count, and the unseen set that
+// the workers' sweep reads). Withdrawing them instead would tell a shopper
+// "failed" about a purchase a worker may still decide, and make a retry
+// with the same key a second request.
 func (s *Service) keepUnknown(fresh []*pendingPurchase, cause error) {
-	reqs := admitRequests(fresh)
-	s.m.PublishUnknown.Add(float64(len(reqs)))
+	s.m.PublishUnknown.Add(float64(len(fresh)))
 	s.log.Warn("publish outcome unknown; the requests stay queued, and are rejected as not enqueued if no worker sees them",
-		"count", len(reqs), "campaign_id", reqs[0].CampaignID, "request_id", reqs[0].RequestID, "err", cause)
-	ctx, cancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
-	defer cancel()
-	if err := s.stock.AddUnknown(ctx, s.opts.Topic, reqs); err != nil {
-		// Redis is failing over (the publish's own master died, say):
-		// the answers go out, the record follows when Redis is back.
-		s.log.Warn("record unknown publish outcome: retrying in the background", "count", len(reqs),
-			"campaign_id", reqs[0].CampaignID, "request_id", reqs[0].RequestID, "err", err)
-		go s.recordUnknown(reqs, nil)
-	}
+		"count", len(fresh), "campaign_id", fresh[0].req.CampaignID, "request_id", fresh[0].req.RequestID, "err", cause)
 }
 
-// recordRetryFor bounds how long recordUnknown keeps trying: longer than a
-// Redis Cluster failover takes.
-const recordRetryFor = time.Minute
-
-// recordOrphans records requests answered 503 whose admission may be stored
-// all the same (admit.lua's reply was lost, or a withdraw failed): a queued
-// marker that no message will ever decide. They are recorded as of unknown
-// publish outcome, so the workers' sweep rejects the stored ones
-// (not_enqueued) once worker.max_queue_delay has passed, and forgets the
-// others. Not withdrawn: a shopper who retries with the same
-// Idempotency-Key meanwhile gets the stored request back, and a withdraw
-// landing after that would delete it under them; recorded, it ends in a
-// final result.
-func (s *Service) recordOrphans(reqs []model.AdmitRequest, cause error) {
-	s.log.Warn("admission outcome unknown; recording the requests for the sweep",
+// noteOrphans counts and logs requests answered 503 whose admission may be
+// stored all the same (admit.lua's reply was lost, or a withdraw failed): a
+// queued marker that no message will decide. The sweep of unseen requests
+// rejects the stored ones (not_enqueued). Not withdrawn: a shopper who
+// retries with the same Idempotency-Key meanwhile gets the stored request
+// back, and a withdraw landing after that would delete it under them.
+func (s *Service) noteOrphans(reqs []model.AdmitRequest, cause error) {
+	s.m.Orphans.Add(float64(len(reqs)))
+	s.log.Warn("admission outcome unknown; a stored request ends rejected as not enqueued",
 		"count", len(reqs), "campaign_id", reqs[0].CampaignID, "request_id", reqs[0].RequestID, "err", cause)
-	go s.recordUnknown(reqs, s.m.Orphans)
-}
-
-// recordUnknown records reqs for the sweep (store.AddUnknown), retrying
-// with backoff for recordRetryFor while Redis does not take it (a
-// failover); orphans, when set, counts the outcome. A request recorded
-// nowhere whose message was not stored stays queued for good.
-func (s *Service) recordUnknown(reqs []model.AdmitRequest, orphans *metrics.CounterVec) {
-	deadline := time.Now().Add(recordRetryFor)
-	for wait := 50 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-		ctx, cancel := context.WithTimeout(context.Background(), s.opts.PublishTimeout)
-		err := s.stock.AddUnknown(ctx, s.opts.Topic, reqs)
-		cancel()
-		if err == nil {
-			if orphans != nil {
-				orphans.WithLabelValues("recorded").Add(float64(len(reqs)))
-			}
-			return
-		}
-		if time.Now().Add(wait).After(deadline) {
-			if orphans != nil {
-				orphans.WithLabelValues("unrecorded").Add(float64(len(reqs)))
-			}
-			s.log.Error("could not record requests for the sweep; reconcile shows any stored one as still_queued",
-				"count", len(reqs), "campaign_id", reqs[0].CampaignID, "request_id", reqs[0].RequestID, "err", err)
-			return
-		}
-		time.Sleep(wait)
-	}
 }
 
 func admitRequests(ps []*pendingPurchase) []model.AdmitRequest {
@@ -282,7 +238,7 @@ func (s *Service) admitGroup(group []*pendingPurchase) []*pendingPurchase {
 	replies, err := s.stock.Admit(ctx, reqs[0].KeyTag(), reqs, s.opts.RateLimits.PerBucket(group[0].buckets))
 	if err != nil {
 		if errors.Is(err, model.ErrMaybeApplied) {
-			s.recordOrphans(reqs, err)
+			s.noteOrphans(reqs, err)
 		}
 		for _, p := range group {
 			p.done <- admitAnswer{err: s.refuse("unavailable", fmt.Errorf("%w: %v", model.ErrUnavailable, err))}

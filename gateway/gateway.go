@@ -29,7 +29,6 @@ type Stock interface {
 	Projection(ctx context.Context, campaignID string) (model.Projection, error)
 	Admit(ctx context.Context, campaignID string, batch []model.AdmitRequest, limits model.RateLimits) ([]model.AdmitReply, error)
 	Withdraw(ctx context.Context, batch []model.AdmitRequest) error
-	AddUnknown(ctx context.Context, topic string, batch []model.AdmitRequest) error
 	IdempotentRequest(ctx context.Context, a model.AdmitRequest) (model.AdmitReply, bool, error)
 	SoldOut(ctx context.Context, campaignID string) (bool, error)
 	Stats(ctx context.Context, campaignID string) (model.Stats, error)

@@ -33,7 +33,7 @@ type Stock interface {
 	Reject(ctx context.Context, d model.Deduction, campaignID, reason string) (model.Result, error)
 	PublishResults(ctx context.Context, results []model.Result) error
 	PublishEvent(ctx context.Context, e model.Event) error
-	SweepUnknown(ctx context.Context, topic string, maxDelay time.Duration) ([]model.Result, error)
+	SweepUnseen(ctx context.Context, tags []string, maxDelay time.Duration) ([]model.Result, error)
 	// RecoverTransfers completes stock transfers between a campaign's
 	// buckets that a worker left half done.
 	RecoverTransfers(ctx context.Context) error
@@ -46,6 +46,8 @@ type Stock interface {
 type Orders interface {
 	InsertOrders(ctx context.Context, orders []model.Order, epochs map[string]int64) error
 	Campaigns
+	// CampaignsEndingAfter lists the campaigns whose sale ends after t.
+	CampaignsEndingAfter(ctx context.Context, t time.Time) ([]model.Campaign, error)
 }
 
 // Options tune the worker.
@@ -67,6 +69,10 @@ type Options struct {
 	// the lifecycle's sweeper.
 	Expiry      queue.Publisher
 	ExpiryTopic string
+	// KeyRetention is how long after its sale Redis may hold a campaign
+	// (redis.key_retention): the sweep of unseen requests looks at the
+	// campaigns that ended less than this ago. Default 7 days.
+	KeyRetention time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -78,6 +84,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.PersistBackoff <= 0 {
 		o.PersistBackoff = 50 * time.Millisecond
+	}
+	if o.KeyRetention <= 0 {
+		o.KeyRetention = 7 * 24 * time.Hour
 	}
 	return o
 }

@@ -377,7 +377,7 @@ func (s *system) watchBacklog() {
 func (s *system) mountWorker() {
 	log := s.log.With("role", "worker")
 	s.worker = worker.New(log, s.store, s.db, s.Metrics, worker.Options{MaxAttempts: s.cfg.Worker.MaxAttempts,
-		Expiry: s.pub, ExpiryTopic: s.cfg.Queue.ExpiryTopic})
+		Expiry: s.pub, ExpiryTopic: s.cfg.Queue.ExpiryTopic, KeyRetention: s.cfg.Redis.KeyRetention})
 	s.consumer = s.newConsumer(consumerName())
 	if _, ok := s.pub.(queue.DelayPublisher); !ok {
 		log.Info("the queue driver has no delayed delivery: unpaid orders expire through the sweeper, payment.grace after their window",
@@ -532,7 +532,7 @@ func (s *system) run(ctx context.Context) {
 		g.Go(func() error { return s.worker.Run(gctx, s.consumer, s.cfg.Queue.Topic) })
 		g.Go(func() error { return s.expiry.Run(gctx, s.expiryConsumer) })
 		g.Go(func() error { return s.expiry.Sweep(gctx, s.cfg.Payment.SweepInterval) })
-		g.Go(func() error { return s.worker.SweepUnknown(gctx, s.cfg.Queue.Topic, s.cfg.Worker.MaxQueueDelay) })
+		g.Go(func() error { return s.worker.SweepUnseen(gctx, s.cfg.Worker.MaxQueueDelay) })
 	}
 	for _, l := range s.listeners {
 		g.Go(func() error {

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"net"
 	"net/http"
 	"strconv"
@@ -29,11 +30,14 @@ import (
 // in dropReply mode it forwards a request carrying XADD, but when Redis
 // answers it closes the client's connection instead of passing the answer
 // on (stored, outcome unknown to the client); in swallow mode it discards
-// every request (nothing stored; the client times out).
+// every request (nothing stored; the client times out); in holdPublish
+// mode it discards the requests carrying XADD, signalling held, and passes
+// the rest.
 type faultProxy struct {
 	ln      net.Listener
 	backend string
 	mode    atomic.Int32
+	held    chan struct{}
 	mu      sync.Mutex
 	conns   []net.Conn
 }
@@ -42,6 +46,7 @@ const (
 	proxyPass int32 = iota
 	proxyDropReply
 	proxySwallow
+	proxyHoldPublish
 )
 
 func newFaultProxy(t *testing.T, backend string) *faultProxy {
@@ -50,7 +55,7 @@ func newFaultProxy(t *testing.T, backend string) *faultProxy {
 	if err != nil {
 		t.Fatalf("proxy listen: %v", err)
 	}
-	p := &faultProxy{ln: ln, backend: backend}
+	p := &faultProxy{ln: ln, backend: backend, held: make(chan struct{}, 1)}
 	go p.serve()
 	t.Cleanup(func() {
 		_ = ln.Close()
@@ -91,6 +96,14 @@ func (p *faultProxy) serve() {
 				switch p.mode.Load() {
 				case proxySwallow:
 					continue
+				case proxyHoldPublish:
+					if bytes.Contains(bytes.ToLower(buf[:n]), []byte("xadd")) {
+						select {
+						case p.held <- struct{}{}:
+						default:
+						}
+						continue
+					}
 				case proxyDropReply:
 					if bytes.Contains(bytes.ToLower(buf[:n]), []byte("xadd")) {
 						publishing.Store(true)
@@ -163,8 +176,9 @@ func (c *client) mustRetrySame(campaign, user, key, rid string) {
 // TestPublishUnknownRedisStream: the gateway publishes through the
 // redisstream driver on a connection to Redis that a proxy faults. An XADD
 // Redis stored but whose answer was lost is answered 202, and the worker
-// sells it; one that never reached Redis is answered 202 too, and the sweep
-// rejects it as not enqueued, pushed over WebSocket. A retry with the same
+// sells it; one that never reached Redis is answered 202 too, and once the
+// queue has moved past it (a later purchase decided) the sweep rejects it
+// as not enqueued, pushed over WebSocket. A retry with the same
 // Idempotency-Key names the same request in both cases.
 func TestPublishUnknownRedisStream(t *testing.T) {
 	cfg := realConfig(t, "redisstream")
@@ -209,6 +223,9 @@ func TestPublishUnknownRedisStream(t *testing.T) {
 	if code, r := c.poll("ben", ben.RequestID); code != http.StatusOK || r.Status != "queued" {
 		t.Fatalf("never stored, before the sweep: got %d %+v, want queued", code, r)
 	}
+	if code, _ := c.buyWithKey(campaign, "cat", "c"); code != http.StatusAccepted {
+		t.Fatalf("purchase after the faults: got %d, want 202", code)
+	}
 	r, err := c.wsResult("ben", ben.RequestID, 60*time.Second)
 	if err != nil || r.Status != "rejected" || r.Reason != "not_enqueued" {
 		t.Fatalf("never stored: pushed %+v, %v; want rejected/not_enqueued", r, err)
@@ -216,8 +233,8 @@ func TestPublishUnknownRedisStream(t *testing.T) {
 	c.mustRetrySame(campaign, "ben", "b", ben.RequestID)
 
 	st := c.settle(campaign, 10*time.Second)
-	if st.Admitted != 3 || st.Sold != 2 || st.FinishedByStatus["rejected"] != 1 || st.OrdersInDB != 2 {
-		t.Fatalf("stats: got %+v, want 3 admitted, 2 sold and in MySQL, 1 rejected", st)
+	if st.Admitted != 4 || st.Sold != 3 || st.FinishedByStatus["rejected"] != 1 || st.OrdersInDB != 3 {
+		t.Fatalf("stats: got %+v, want 4 admitted, 3 sold and in MySQL, 1 rejected", st)
 	}
 	orders := c.ordersInDB(campaign)
 	if _, ok := orders[ben.RequestID]; ok {
@@ -281,5 +298,80 @@ func TestPublishUnknownRocketMQ(t *testing.T) {
 	}
 	if got := c.metric("flashsale_publish_unknown_total"); got != 1 {
 		t.Fatalf("flashsale_publish_unknown_total: got %v, want 1", got)
+	}
+}
+
+// TestGatewayKilledBeforePublish: a gateway process is SIGKILLed after
+// admit.lua stored a purchase and before its publish reached the queue (a
+// proxy holds its XADD): the shopper has no answer, and no message will
+// ever come. Their retry with the same Idempotency-Key at another gateway
+// names the stored request; once the queue has moved past it (a later
+// purchase decided) and worker.max_queue_delay has passed, the workers'
+// sweep rejects it as not enqueued, pushed over WebSocket, so it ends
+// instead of staying queued for good. Nothing is sold for it.
+func TestGatewayKilledBeforePublish(t *testing.T) {
+	cfg := realConfig(t, "redisstream")
+	cfg.Worker.MaxQueueDelay = 3 * time.Second
+	proxy := newFaultProxy(t, cfg.Redis.Addr)
+	bin := buildBinary(t)
+	c := startFrontEnd(t, cfg)
+	startRole(t, bin, "worker", processEnv(cfg))
+	doomedCfg := cfg
+	doomedCfg.Redis.Addr = proxy.addr()
+	doomed := startRole(t, bin, "gateway", append(processEnv(doomedCfg), "FLASHSALE_GATEWAY_PUBLISH_TIMEOUT=1m"))
+
+	campaign := testenv.Name(t, "gwkill-")
+	c.openCampaign(campaign, 10, 1)
+	if code, _ := c.buyWithKey(campaign, "warm", "w"); code != http.StatusAccepted {
+		t.Fatalf("purchase before the fault: got %d, want 202", code)
+	}
+	c.settle(campaign, 30*time.Second)
+
+	proxy.mode.Store(proxyHoldPublish)
+	answered := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", "http://"+doomed.addr+"/api/v1/campaigns/"+campaign+"/purchases", strings.NewReader(`{"quantity":1}`))
+		req.Header.Set("Authorization", "Bearer "+c.token("ann"))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "a")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			_ = resp.Body.Close()
+			err = fmt.Errorf("answered %d", resp.StatusCode)
+		}
+		answered <- err
+	}()
+	select {
+	case <-proxy.held:
+	case err := <-answered:
+		t.Fatalf("the doomed gateway answered before its publish was held: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no publish held within 30 s")
+	}
+	doomed.kill()
+	if err := <-answered; err == nil || strings.HasPrefix(err.Error(), "answered") {
+		t.Fatalf("the shopper's request to the killed gateway: got %v, want no answer", err)
+	}
+
+	code, ann := c.buyWithKey(campaign, "ann", "a")
+	if code != http.StatusOK || ann.RequestID == "" {
+		t.Fatalf("retry with the key at another gateway: got %d %+v, want 200 naming the stored request", code, ann)
+	}
+	if code, r := c.poll("ann", ann.RequestID); code != http.StatusOK || r.Status != "queued" {
+		t.Fatalf("the orphan before the sweep: got %d %+v, want queued", code, r)
+	}
+	if code, _ := c.buyWithKey(campaign, "cat", "c"); code != http.StatusAccepted {
+		t.Fatalf("purchase after the fault: got %d, want 202", code)
+	}
+	r, err := c.wsResult("ann", ann.RequestID, 60*time.Second)
+	if err != nil || r.Status != "rejected" || r.Reason != "not_enqueued" {
+		t.Fatalf("the orphan: pushed %+v, %v; want rejected/not_enqueued", r, err)
+	}
+	st := c.settle(campaign, 30*time.Second)
+	if st.Admitted != 3 || st.Sold != 2 || st.FinishedByStatus["rejected"] != 1 || st.OrdersInDB != 2 {
+		t.Fatalf("stats: got %+v, want 3 admitted, 2 sold and in MySQL, 1 rejected", st)
+	}
+	if _, ok := c.ordersInDB(campaign)[ann.RequestID]; ok {
+		t.Fatalf("the request rejected as not enqueued has an order")
 	}
 }

@@ -40,7 +40,7 @@ type Metrics struct {
 	Refusals        *CounterVec          // reason
 	PublishLatency  prometheus.Histogram // seconds
 	PublishUnknown  prometheus.Counter   // requests published with an unknown outcome, kept admitted
-	Orphans         *CounterVec          // outcome: recorded, unrecorded (admissions answered 503 that may hold a queued marker)
+	Orphans         prometheus.Counter   // admissions answered 503 that may hold a queued marker (the sweep ends them)
 	LatePayments    prometheus.Counter   // payments for orders that had ended
 	CachedCampaigns *prometheus.GaugeVec // kind: known, unknown (ids naming no campaign)
 	// Gateway and worker: the Lua scripts they run (ScriptHook).
@@ -104,13 +104,13 @@ func New(roles ...Role) *Metrics {
 			Name: "flashsale_publish_unknown_total",
 			Help: "Purchase requests whose publish outcome was unknown (the queue may have stored them), admitted all the same.",
 		}),
-		Orphans: newCounterVec(prometheus.CounterOpts{
+		Orphans: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_orphaned_admissions_total",
-			Help: "Purchases answered 503 whose admission may have been stored (admit.lua's reply lost, or a withdraw that failed), by outcome: recorded for the sweep, or unrecorded (Redis did not answer within a minute; reconcile shows them still_queued).",
-		}, []string{"outcome"}),
+			Help: "Purchases answered 503 whose admission may have been stored (admit.lua's reply lost, or a withdraw that failed); a stored one is rejected (not_enqueued) by the workers' sweep.",
+		}),
 		NotEnqueued: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_not_enqueued_total",
-			Help: "Requests with an unknown publish outcome that no worker saw within worker.max_queue_delay, rejected (not_enqueued).",
+			Help: "Admitted requests no worker saw within worker.max_queue_delay and that the queue has moved past (never published, or lost), rejected (not_enqueued).",
 		}),
 		LatePayments: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_late_payments_total",

@@ -63,6 +63,21 @@ func (db *DB) OpenCampaigns(ctx context.Context, now time.Time, limit int) ([]mo
 	return out, nil
 }
 
+// CampaignsEndingAfter returns every campaign whose sale ends after t, in
+// no particular order: the workers' sweep of unseen requests looks at the
+// ones Redis may still hold.
+func (db *DB) CampaignsEndingAfter(ctx context.Context, t time.Time) ([]model.Campaign, error) {
+	var rows []campaignRow
+	if err := db.gdb.WithContext(ctx).Where("end_at > ?", t.UTC()).Find(&rows).Error; err != nil {
+		return nil, fmt.Errorf("campaigns ending after %s: %w", t.Format(time.RFC3339), err)
+	}
+	out := make([]model.Campaign, len(rows))
+	for i, r := range rows {
+		out[i] = r.toModel()
+	}
+	return out, nil
+}
+
 func (r campaignRow) key() (time.Time, string) { return r.CreatedAt, r.ID }
 
 // ChangeCampaign reads campaign id under a lock, asks change for its new

@@ -30,7 +30,13 @@
 --         means the same as none, so stale fields need no expiry.
 -- KEYS[7] client IP rate limits: hash client IP -> TAT, like KEYS[6]
 -- KEYS[8] meta      hash: expire_at (rebuild.lua), the lifetime of what this call creates
--- KEYS[8+j] challenge j: string, the holder ("k<idempotency key>") of the
+-- KEYS[9] unseen    sorted set: request id -> ms admitted (Redis's clock). A
+--                   request is on it until a worker sees it (deduct.lua,
+--                   reject.lua) or it is withdrawn; sweep.lua rejects what
+--                   no worker saw within the longest queue delay. Written
+--                   here, in the admission itself, so no crash of a
+--                   gateway can leave a queued marker that nothing decides.
+-- KEYS[9+j] challenge j: string, the holder ("k<idempotency key>") of the
 --         request it admitted, expiring with the challenge (EXAT)
 -- ARGV[1] n
 -- ARGV[2] user rate per second (0 = off), ARGV[3] user burst
@@ -103,7 +109,7 @@ if m > 0 then
   local ckeys = {}
   for j = 1, m do
     local base = 9 + 6 * n + 3 * (j - 1)
-    ckeys[j] = KEYS[8 + j]
+    ckeys[j] = KEYS[9 + j]
     gate[tonumber(argv[base])] = { key = ckeys[j], exat = argv[base + 1], holder = argv[base + 2] }
   end
   local held = redis.call('MGET', unpack(ckeys))
@@ -309,6 +315,14 @@ for j = 1, #new_results, 4000 do
 end
 if admitted > 0 then
   redis.call('HINCRBY', KEYS[3], 'admitted', admitted)
+  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local unseen = {}
+  for j = 1, n_results, 2 do
+    unseen[j], unseen[j + 1] = ms, new_results[j]
+  end
+  for j = 1, n_results, 4000 do
+    redis.call('ZADD', KEYS[9], unpack(unseen, j, math.min(j + 3999, n_results)))
+  end
 end
 -- A challenge key lives no longer than its challenge could be used: no sweep.
 for _, g in ipairs(spends) do
@@ -337,7 +351,7 @@ for j = 1, #moved_ips, 4000 do
 end
 -- The hashes written may be new: they expire with the campaign's other keys.
 local written = {}
-if #new_results > 0 then written[#written + 1] = KEYS[1] end
+if #new_results > 0 then written[#written + 1] = KEYS[1]; written[#written + 1] = KEYS[9] end
 if #new_idem > 0 then written[#written + 1] = KEYS[2] end
 if #user_tats > 0 then written[#written + 1] = KEYS[6] end
 if #moved_ips > 0 then written[#written + 1] = KEYS[7] end

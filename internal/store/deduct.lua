@@ -18,8 +18,8 @@
 --                   expire_at (rebuild.lua), the lifetime of what this call creates,
 --                   ended_early (endearly.lua): every request not decided yet
 --                   is rejected (ended_early), paused or not
--- KEYS[7] unknown   sorted set of requests whose publish outcome was unknown
---                   (unknown.lua); the batch's are removed, as the worker
+-- KEYS[7] unseen    sorted set of the admitted requests no worker has seen
+--                   (admit.lua); the batch's are removed, as the worker
 --                   has seen them (sweep.lua then leaves them alone)
 -- ARGV[1]           number of requests n
 -- ARGV[2+4i .. 5+4i] request i: request id, user id, quantity, order id to use on success
@@ -76,12 +76,10 @@ local meta = redis.call('HMGET', KEYS[6], 'limit', 'epoch', 'paused', 'expire_at
 if not remaining or not meta[1] then
   return { -1 }
 end
--- EXISTS first: the set is nearly always empty, and then this costs one
--- call without the batch's ids.
-if redis.call('EXISTS', KEYS[7]) == 1 then
+do
   local seen = {}
   for i = 0, n - 1 do
-    seen[#seen + 1] = ARGV[2 + 4 * i]
+    seen[i + 1] = ARGV[2 + 4 * i]
   end
   redis.call('ZREM', KEYS[7], unpack(seen))
 end

@@ -41,12 +41,18 @@ type positionPair struct {
 // positionPairs returns today's side and the baseline's, with the scripts
 // set by script (admit or deduct).
 func positionPairs(b *testing.B, script func(s *Store, today bool)) []*positionPair {
+	return scriptPairs(b, "position", script)
+}
+
+// scriptPairs returns today's side, named today, and the baseline's, with
+// the scripts set by script.
+func scriptPairs(b *testing.B, today string, script func(s *Store, today bool)) []*positionPair {
 	b.Helper()
 	var out []*positionPair
 	for _, side := range []struct {
 		name  string
 		today bool
-	}{{"position", true}, {"baseline", false}} {
+	}{{today, true}, {"baseline", false}} {
 		s, c := benchStore(b)
 		script(s, side.today)
 		out = append(out, &positionPair{name: side.name, s: s, c: c})

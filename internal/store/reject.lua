@@ -5,7 +5,7 @@
 -- KEYS[1] results   hash request id -> "status|qty|order_id|reason|user"
 -- KEYS[2] counters  hash: admitted, fin:<status>
 -- KEYS[3] meta      hash: expire_at (rebuild.lua), the lifetime of what this call creates
--- KEYS[4] unknown   sorted set (unknown.lua): the worker has seen the
+-- KEYS[4] unseen    sorted set (admit.lua): the worker has seen the
 --                   request, so sweep.lua must leave it alone
 -- ARGV[1] request id
 -- ARGV[2] rejected result value

@@ -38,8 +38,6 @@ var (
 	rejectSource string
 	//go:embed release.lua
 	releaseSource string
-	//go:embed unknown.lua
-	unknownSource string
 	//go:embed sweep.lua
 	sweepSource string
 	//go:embed endearly.lua
@@ -66,7 +64,6 @@ type Store struct {
 	reject   *redis.Script
 	admit    *redis.Script
 	release  *redis.Script
-	unknown  *redis.Script
 	sweep    *redis.Script
 	endEarly *redis.Script
 	remove   *redis.Script
@@ -126,7 +123,6 @@ func New(rdb redis.UniversalClient, opts ...Option) *Store {
 		reject:   redis.NewScript(rejectSource),
 		admit:    redis.NewScript(admitSource),
 		release:  redis.NewScript(releaseSource),
-		unknown:  redis.NewScript(unknownSource),
 		sweep:    redis.NewScript(sweepSource),
 		endEarly: redis.NewScript(endEarlySource),
 		remove:   redis.NewScript(removeSource),
@@ -146,7 +142,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Store {
 // share the hash tag {tag} (model.BucketTag).
 type keys struct {
 	meta, stock, soldout, counters, users, results, idem string
-	released, unknown                                    string
+	released, unseen                                     string
 	xfer, xpend, got                                     string
 	campaignLimit, userLimits, ipLimits                  string
 }
@@ -163,8 +159,8 @@ func campaignKeys(tag string) keys {
 		idem:     p + "idem",
 		// Order ids whose units went back on sale (see release.lua).
 		released: p + "released",
-		// Requests whose publish outcome was unknown (see unknown.go).
-		unknown: p + "unknown",
+		// Admitted requests no worker has seen yet (see unseen.go).
+		unseen: p + "unseen",
 		// Stock transfers between buckets (see buckets.go).
 		xfer:  p + "xfer",
 		xpend: p + "xpend",
@@ -227,7 +223,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // campaign is not loaded (model.ErrNotLoaded) or paused (model.ErrPaused):
 // the caller holds the batch until it is back. Either way, unless the
 // campaign is not loaded, the batch's requests are no longer ones the sweep
-// of unknown publishes may reject (SweepUnknown): a worker has seen them.
+// of unseen requests may reject (SweepUnseen): a worker has seen them.
 // In a bucket of several, a request the bucket lacks the units for is
 // decided only after stock moved from the others or every one was found
 // empty (buckets.go).
@@ -263,7 +259,7 @@ func (s *Store) deductOnce(ctx context.Context, tag string, batch []model.Deduct
 	if final != "" {
 		args = append(args, final)
 	}
-	reply, err := s.runAcked(ctx, s.deduct, []string{k.stock, k.users, k.results, k.soldout, k.counters, k.meta, k.unknown}, args...).Slice()
+	reply, err := s.runAcked(ctx, s.deduct, []string{k.stock, k.users, k.results, k.soldout, k.counters, k.meta, k.unseen}, args...).Slice()
 	if err != nil {
 		return model.DeductReply{}, shortState{}, fmt.Errorf("deduct %s (%d requests): %w", tag, len(batch), err)
 	}
@@ -571,7 +567,7 @@ func (s *Store) Reject(ctx context.Context, d model.Deduction, campaignID, reaso
 		k = campaignKeys(tag)
 	}
 	v := encodeStored(model.Result{Status: model.StatusRejected, Quantity: d.Quantity, Reason: reason, UserID: d.UserID})
-	stored, err := s.reject.Run(ctx, s.rdb, []string{k.results, k.counters, k.meta, k.unknown}, d.RequestID, v).Text()
+	stored, err := s.reject.Run(ctx, s.rdb, []string{k.results, k.counters, k.meta, k.unseen}, d.RequestID, v).Text()
 	if err != nil {
 		return model.Result{}, fmt.Errorf("reject %s: %w", d.RequestID, err)
 	}

@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -99,19 +98,16 @@ func TestProviderSubjects(t *testing.T) {
 				t.Fatalf("reject of %q: got %+v, %v", user, r, err)
 			}
 		}
-		topic := testenv.Name(t, "subjects-")
 		var unknown []model.AdmitRequest
 		for _, user := range providerUsers {
 			a := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: user, Quantity: 1, IdempotencyKey: "k-2"}
 			mustAdmit(t, s, a)
 			unknown = append(unknown, a)
 		}
-		if err := s.AddUnknown(t.Context(), topic, unknown); err != nil {
-			t.Fatalf("AddUnknown: %v", err)
-		}
-		swept, err := s.SweepUnknown(t.Context(), topic, 0)
+		passQueue(t, s, c, "closing")
+		swept, err := s.SweepUnseen(t.Context(), []string{c.ID}, 0)
 		if err != nil || len(swept) != len(unknown) {
-			t.Fatalf("SweepUnknown: got %d results, %v; want %d", len(swept), err, len(unknown))
+			t.Fatalf("SweepUnseen: got %d results, %v; want %d", len(swept), err, len(unknown))
 		}
 		for _, a := range unknown {
 			if r := mustResult(t, s, a.RequestID); r.UserID != a.UserID || r.Reason != model.ReasonNotEnqueued {

@@ -10,42 +10,25 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/flashsale/flashsale/internal/metrics"
-	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
 	"github.com/flashsale/flashsale/queue"
 )
 
-// addUnknown records msgs as published to topic with an unknown outcome,
-// as the gateway does.
-func (f *fixture) addUnknown(t testing.TB, topic string, msgs []queue.Message) {
-	t.Helper()
-	reqs := make([]model.AdmitRequest, len(msgs))
-	for i, m := range msgs {
-		req, err := model.DecodePurchaseRequest(m.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		reqs[i] = model.AdmitRequest{RequestID: req.RequestID, CampaignID: req.CampaignID, UserID: req.UserID, Quantity: req.Quantity}
-	}
-	if err := f.st.AddUnknown(context.Background(), topic, reqs); err != nil {
-		t.Errorf("AddUnknown: %v", err)
-	}
-}
-
-// TestSweepUnknown: of two requests whose publish outcome was unknown, the
-// one a worker decided keeps its result and order; the other, which no
-// worker saw, is rejected as not enqueued by the sweep loop, and its result
-// is published like any other final result. Its message arriving late
-// afterwards changes nothing: no order, no unit.
-func TestSweepUnknown(t *testing.T) {
+// TestSweepUnseen: of three admitted requests, the two a worker decided
+// keep their results and orders; the one between them, which no worker saw
+// (its message never stored), is rejected as not enqueued by the sweep
+// loop, which finds the campaign in MySQL, and its result is published
+// like any other final result. Its message arriving late afterwards
+// changes nothing: no order, no unit.
+func TestSweepUnseen(t *testing.T) {
 	f := newFixture(t, 5, 1)
-	msgs := f.admit(t, 2, 2)
-	topic := testenv.Topic(t)
-	f.addUnknown(t, topic, msgs)
+	msgs := f.admit(t, 3, 3)
 	m := metrics.New()
 	w := New(discard(), f.st, f.db, m, Options{})
-	if err := queue.Serial(w.Decide)(t.Context(), msgs[:1]); err != nil {
-		t.Fatalf("decide the stored one: %v", err)
+	for _, i := range []int{0, 2} {
+		if err := queue.Serial(w.Decide)(t.Context(), msgs[i:i+1]); err != nil {
+			t.Fatalf("decide a stored one: %v", err)
+		}
 	}
 
 	ctx, cancel := context.WithCancel(t.Context())
@@ -59,7 +42,7 @@ func TestSweepUnknown(t *testing.T) {
 	}()
 	<-ready
 	swept := make(chan error, 1)
-	go func() { swept <- w.SweepUnknown(ctx, topic, time.Second) }()
+	go func() { swept <- w.SweepUnseen(ctx, time.Second) }()
 
 	want := model.Result{RequestID: msgs[1].ID, CampaignID: f.campaign.ID, UserID: "user1", Status: model.StatusRejected,
 		Reason: model.ReasonNotEnqueued, Quantity: 1}
@@ -73,34 +56,34 @@ func TestSweepUnknown(t *testing.T) {
 	}
 	cancel()
 	if err := <-swept; err != nil {
-		t.Fatalf("SweepUnknown: %v", err)
+		t.Fatalf("SweepUnseen: %v", err)
 	}
 	if got := testutil.ToFloat64(m.NotEnqueued); got != 1 {
 		t.Fatalf("flashsale_not_enqueued_total: got %v, want 1", got)
 	}
 	before := f.snapshot(t, msgs)
-	if before.results[msgs[0].ID].Status != model.StatusSuccess || before.results[msgs[1].ID] != want {
-		t.Fatalf("results: got %+v, want a success and %+v", before.results, want)
+	if before.results[msgs[0].ID].Status != model.StatusSuccess || before.results[msgs[1].ID] != want || before.results[msgs[2].ID].Status != model.StatusSuccess {
+		t.Fatalf("results: got %+v, want a success, %+v and a success", before.results, want)
 	}
 
 	// The swept request's message shows up after all.
-	if err := queue.Serial(w.Decide)(t.Context(), msgs[1:]); err != nil {
+	if err := queue.Serial(w.Decide)(t.Context(), msgs[1:2]); err != nil {
 		t.Fatalf("late delivery: %v", err)
 	}
 	after := f.snapshot(t, msgs)
-	if after.results[msgs[1].ID] != want || after.remaining != 4 || after.sold != 1 || len(after.orders) != 1 {
-		t.Fatalf("after the late delivery: result %+v, remaining %d, sold %d, orders %d; want %+v, 4, 1, 1",
+	if after.results[msgs[1].ID] != want || after.remaining != 3 || after.sold != 2 || len(after.orders) != 2 {
+		t.Fatalf("after the late delivery: result %+v, remaining %d, sold %d, orders %d; want %+v, 3, 2, 2",
 			after.results[msgs[1].ID], after.remaining, after.sold, len(after.orders), want)
 	}
 }
 
-// TestSweepUnknownRace: while requests are recorded as published with an
-// unknown outcome in small chunks, workers deliver them (some twice, some
-// never: not stored) and sweeps run, all at once. Every request ends with
+// TestSweepUnseenRace: while admitted requests are delivered in small
+// chunks, workers decide them (some twice, some never: not stored) and
+// sweeps run, all at once. Every request ends with
 // one final result; MySQL holds an order for every success and for nothing
 // else, so a request swept before its message came got nothing; sold = the
 // successes' units <= stock.
-func TestSweepUnknownRace(t *testing.T) {
+func TestSweepUnseenRace(t *testing.T) {
 	const (
 		stock    = 30
 		requests = 200
@@ -108,8 +91,10 @@ func TestSweepUnknownRace(t *testing.T) {
 		workers  = 4
 	)
 	f := newFixture(t, stock, 1)
-	msgs := f.admit(t, requests, requests)
-	topic := testenv.Topic(t)
+	// The last request is delivered once after all the others: the queue
+	// has moved past every one of them when the last sweep runs.
+	all := f.admit(t, requests+1, requests+1)
+	msgs, closing := all[:requests], all[requests]
 	w := New(discard(), f.st, f.db, metrics.New(), Options{})
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -131,7 +116,6 @@ func TestSweepUnknownRace(t *testing.T) {
 		defer close(deliveries)
 		defer close(sweep)
 		for from := 0; from < requests; from += chunk {
-			f.addUnknown(t, topic, msgs[from:from+chunk])
 			for i := from; i < from+chunk; i++ {
 				for range copies[i] {
 					deliveries <- msgs[i]
@@ -155,13 +139,16 @@ func TestSweepUnknownRace(t *testing.T) {
 	}
 	wg.Go(func() {
 		for range sweep {
-			w.sweepUnknown(t.Context(), topic, 0)
+			w.sweepUnseen(t.Context(), 0)
 		}
 	})
 	wg.Wait()
-	w.sweepUnknown(t.Context(), topic, 0)
+	if err := handle(t.Context(), []queue.Message{closing}); err != nil {
+		t.Fatalf("deliver %s: %v", closing.ID, err)
+	}
+	w.sweepUnseen(t.Context(), 0)
 
-	s := f.snapshot(t, msgs)
+	s := f.snapshot(t, all)
 	var successes, swept int64
 	for _, m := range msgs {
 		r := s.results[m.ID]
@@ -176,6 +163,9 @@ func TestSweepUnknownRace(t *testing.T) {
 		case r.Reason == model.ReasonNotEnqueued:
 			swept++
 		}
+	}
+	if s.results[closing.ID].Status == model.StatusSuccess {
+		successes++
 	}
 	if s.sold != successes || s.remaining != stock-successes || successes > stock {
 		t.Fatalf("sold %d, remaining %d, successes %d; want sold = successes <= %d = sold + remaining", s.sold, s.remaining, successes, stock)
