@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -323,9 +324,18 @@ type resultBody struct {
 }
 
 func (c *client) poll(user, rid string) (int, resultBody) {
-	var r resultBody
-	code := c.do("GET", "/api/v1/purchases/"+rid, c.token(user), nil, nil, &r)
-	return code, r
+	// A 429 (the notifier's per-user poll limit: a test polls many
+	// requests of one shopper in a row) is waited out as a browser does,
+	// by its Retry-After.
+	for tries := 1; ; tries++ {
+		var r resultBody
+		code, h := c.send("GET", "/api/v1/purchases/"+rid, c.token(user), nil, nil, &r)
+		secs, err := strconv.Atoi(h.Get("Retry-After"))
+		if code != http.StatusTooManyRequests || err != nil || tries == 5 {
+			return code, r
+		}
+		time.Sleep(time.Duration(max(secs, 1)) * time.Second)
+	}
 }
 
 // wsResult subscribes to rid over WebSocket and waits for its pushed result.
