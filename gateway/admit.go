@@ -32,10 +32,10 @@ import (
 // publish withdraws exactly the requests it carried before they are told 503.
 // A publish whose outcome is unknown (queue.ErrUnknown: the queue may have
 // stored the messages) withdraws nothing: its requests stay admitted and
-// are answered as published. Nothing more is needed: admit.lua put every
-// admitted request on its campaign's unseen set, and a worker's sweep
-// rejects the ones whose message never arrives (store.SweepUnseen), as it
-// does those of a gateway that died before publishing.
+// are answered as published. Nothing more is needed: admit.lua recorded
+// every admission, and a worker's sweep rejects the ones whose message
+// never arrives (store.SweepNotEnqueued), as it does those of a gateway
+// that died before publishing.
 
 // admitter is the pending list and its flush loops. Loops start on demand
 // and end when nothing is pending, so it needs no lifecycle of its own.
@@ -196,20 +196,20 @@ func (s *Service) flush(batch []*pendingPurchase) {
 }
 
 // keepUnknown keeps the requests of a publish whose outcome is unknown
-// admitted (queued marker, Idempotency-Key, count, and the unseen set that
-// the workers' sweep reads). Withdrawing them instead would tell a shopper
+// admitted (queued marker, Idempotency-Key, count, and the record of
+// admissions that the workers' sweep reads). Withdrawing them instead would tell a shopper
 // "failed" about a purchase a worker may still decide, and make a retry
 // with the same key a second request.
 func (s *Service) keepUnknown(fresh []*pendingPurchase, cause error) {
 	s.m.PublishUnknown.Add(float64(len(fresh)))
-	s.log.Warn("publish outcome unknown; the requests stay queued, and are rejected as not enqueued if no worker sees them",
+	s.log.Warn("publish outcome unknown; the requests stay queued, and are rejected as not enqueued if their message never comes",
 		"count", len(fresh), "campaign_id", fresh[0].req.CampaignID, "request_id", fresh[0].req.RequestID, "err", cause)
 }
 
 // noteOrphans counts and logs requests answered 503 whose admission may be
 // stored all the same (admit.lua's reply was lost, or a withdraw failed): a
-// queued marker that no message will decide. The sweep of unseen requests
-// rejects the stored ones (not_enqueued). Not withdrawn: a shopper who
+// queued marker that no message will decide. The workers' sweep rejects
+// the stored ones (not_enqueued). Not withdrawn: a shopper who
 // retries with the same Idempotency-Key meanwhile gets the stored request
 // back, and a withdraw landing after that would delete it under them.
 func (s *Service) noteOrphans(reqs []model.AdmitRequest, cause error) {

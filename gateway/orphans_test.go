@@ -51,11 +51,11 @@ func passQueue(t *testing.T, st *store.Store, campaignID string) {
 
 // TestOrphanedAdmission: a purchase whose admission was stored but whose
 // answer was lost (admit.lua's reply, or the withdraw after a failed
-// publish) is on the unseen set from the admission on, so the workers'
+// publish) is on the record of admissions, so the workers'
 // sweep ends it rejected (not_enqueued), once the queue has moved past it,
 // instead of queued for good; a retry with its Idempotency-Key then gets
 // that final result. (A gateway that dies between admitting and publishing
-// leaves the same: internal/store TestSweepUnseen.)
+// leaves the same: internal/store TestSweepNotEnqueued.)
 func TestOrphanedAdmission(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -75,11 +75,11 @@ func TestOrphanedAdmission(t *testing.T) {
 			if err != nil || !ok || stored.Result.Status != model.StatusQueued {
 				t.Fatalf("the admission left behind: got %+v, %v, %v; want a queued request", stored, ok, err)
 			}
-			if swept, err := st.SweepUnseen(t.Context(), []string{c.ID}, 0); err != nil || len(swept) != 0 {
+			if swept, err := st.SweepNotEnqueued(t.Context(), []string{c.ID}, 0); err != nil || len(swept) != 0 {
 				t.Fatalf("swept before the queue moved past it: got %+v, %v; want none", swept, err)
 			}
 			passQueue(t, st, c.ID)
-			swept, err := st.SweepUnseen(t.Context(), []string{c.ID}, 0)
+			swept, err := st.SweepNotEnqueued(t.Context(), []string{c.ID}, 0)
 			if err != nil || len(swept) != 1 || swept[0].RequestID != stored.RequestID || swept[0].Status != model.StatusRejected || swept[0].Reason != model.ReasonNotEnqueued {
 				t.Fatalf("swept %+v, %v; want %s rejected (%s)", swept, err, stored.RequestID, model.ReasonNotEnqueued)
 			}

@@ -33,7 +33,7 @@ type Stock interface {
 	Reject(ctx context.Context, d model.Deduction, campaignID, reason string) (model.Result, error)
 	PublishResults(ctx context.Context, results []model.Result) error
 	PublishEvent(ctx context.Context, e model.Event) error
-	SweepUnseen(ctx context.Context, tags []string, maxDelay time.Duration) ([]model.Result, error)
+	SweepNotEnqueued(ctx context.Context, tags []string, maxDelay time.Duration) ([]model.Result, error)
 	// RecoverTransfers completes stock transfers between a campaign's
 	// buckets that a worker left half done.
 	RecoverTransfers(ctx context.Context) error
@@ -70,7 +70,7 @@ type Options struct {
 	Expiry      queue.Publisher
 	ExpiryTopic string
 	// KeyRetention is how long after its sale Redis may hold a campaign
-	// (redis.key_retention): the sweep of unseen requests looks at the
+	// (redis.key_retention): the sweep of requests not enqueued looks at the
 	// campaigns that ended less than this ago. Default 7 days.
 	KeyRetention time.Duration
 }

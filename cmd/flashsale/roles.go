@@ -532,7 +532,7 @@ func (s *system) run(ctx context.Context) {
 		g.Go(func() error { return s.worker.Run(gctx, s.consumer, s.cfg.Queue.Topic) })
 		g.Go(func() error { return s.expiry.Run(gctx, s.expiryConsumer) })
 		g.Go(func() error { return s.expiry.Sweep(gctx, s.cfg.Payment.SweepInterval) })
-		g.Go(func() error { return s.worker.SweepUnseen(gctx, s.cfg.Worker.MaxQueueDelay) })
+		g.Go(func() error { return s.worker.SweepNotEnqueued(gctx, s.cfg.Worker.MaxQueueDelay) })
 	}
 	for _, l := range s.listeners {
 		g.Go(func() error {

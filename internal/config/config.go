@@ -220,9 +220,9 @@ type Gateway struct {
 type Worker struct {
 	MaxAttempts int `yaml:"max_attempts" env:"MAX_ATTEMPTS"`
 	// MaxQueueDelay is the longest a stored message can take to reach a
-	// worker while workers run. An admitted request that no worker has
-	// seen this long after its admission, and that the queue has moved
-	// past, was never stored (an unknown publish, a gateway that died
+	// worker while workers run. An admitted request still queued this
+	// long after its admission, that the queue has moved past, was never
+	// stored (an unknown publish, a gateway that died
 	// before publishing): the workers' sweep rejects it (not_enqueued). Too short, and
 	// a message that was only slow is rejected (when it arrives it finds
 	// the final result and takes nothing); too long, and its shopper waits

@@ -110,7 +110,7 @@ func New(roles ...Role) *Metrics {
 		}),
 		NotEnqueued: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_not_enqueued_total",
-			Help: "Admitted requests no worker saw within worker.max_queue_delay and that the queue has moved past (never published, or lost), rejected (not_enqueued).",
+			Help: "Admitted requests still queued worker.max_queue_delay after their admission that the queue has moved past (never published, or lost), rejected (not_enqueued).",
 		}),
 		LatePayments: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_late_payments_total",

@@ -64,7 +64,7 @@ func (db *DB) OpenCampaigns(ctx context.Context, now time.Time, limit int) ([]mo
 }
 
 // CampaignsEndingAfter returns every campaign whose sale ends after t, in
-// no particular order: the workers' sweep of unseen requests looks at the
+// no particular order: the workers' sweep of requests not enqueued looks at the
 // ones Redis may still hold.
 func (db *DB) CampaignsEndingAfter(ctx context.Context, t time.Time) ([]model.Campaign, error) {
 	var rows []campaignRow

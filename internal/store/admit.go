@@ -57,7 +57,7 @@ func (s *Store) Admit(ctx context.Context, campaignID string, batch []model.Admi
 		return nil, nil
 	}
 	k := campaignKeys(campaignID)
-	keys := []string{k.results, k.idem, k.counters, k.stock, k.campaignLimit, k.userLimits, k.ipLimits, k.meta, k.unseen}
+	keys := []string{k.results, k.idem, k.counters, k.stock, k.campaignLimit, k.userLimits, k.ipLimits, k.meta, k.admissions}
 	args := make([]any, 0, 8+6*len(batch))
 	args = append(args, len(batch), limits.UserRate, limits.UserBurst, limits.CampaignRate, limits.CampaignBurst,
 		limits.IPRate, limits.IPBurst)
@@ -179,7 +179,7 @@ func (s *Store) Withdraw(ctx context.Context, batch []model.AdmitRequest) error 
 	cmds, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, a := range batch {
 			k := campaignKeys(a.KeyTag())
-			s.withdraw.Eval(ctx, p, []string{k.results, k.idem, k.counters, k.unseen}, a.RequestID, idemField(a.UserID, a.IdempotencyKey))
+			s.withdraw.Eval(ctx, p, []string{k.results, k.idem, k.counters}, a.RequestID, idemField(a.UserID, a.IdempotencyKey))
 		}
 		return nil
 	})

@@ -30,12 +30,14 @@
 --         means the same as none, so stale fields need no expiry.
 -- KEYS[7] client IP rate limits: hash client IP -> TAT, like KEYS[6]
 -- KEYS[8] meta      hash: expire_at (rebuild.lua), the lifetime of what this call creates
--- KEYS[9] unseen    sorted set: request id -> ms admitted (Redis's clock). A
---                   request is on it until a worker sees it (deduct.lua,
---                   reject.lua) or it is withdrawn; sweep.lua rejects what
---                   no worker saw within the longest queue delay. Written
---                   here, in the admission itself, so no crash of a
---                   gateway can leave a queued marker that nothing decides.
+-- KEYS[9] admissions sorted set: one member per call that admitted
+--                   requests, their ids joined by spaces, scored with the
+--                   call's millisecond (Redis's clock). sweep.lua rejects
+--                   those whose message never came (not_enqueued) and drops
+--                   a member once all of its requests are final. Written
+--                   here, in the admission itself, so no crash of a gateway
+--                   can leave a queued marker that nothing decides; one
+--                   member per call keeps it one write per batch.
 -- KEYS[9+j] challenge j: string, the holder ("k<idempotency key>") of the
 --         request it admitted, expiring with the challenge (EXAT)
 -- ARGV[1] n
@@ -315,14 +317,11 @@ for j = 1, #new_results, 4000 do
 end
 if admitted > 0 then
   redis.call('HINCRBY', KEYS[3], 'admitted', admitted)
-  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local unseen = {}
+  local ids = {}
   for j = 1, n_results, 2 do
-    unseen[j], unseen[j + 1] = ms, new_results[j]
+    ids[#ids + 1] = new_results[j]
   end
-  for j = 1, n_results, 4000 do
-    redis.call('ZADD', KEYS[9], unpack(unseen, j, math.min(j + 3999, n_results)))
-  end
+  redis.call('ZADD', KEYS[9], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), table.concat(ids, ' '))
 end
 -- A challenge key lives no longer than its challenge could be used: no sweep.
 for _, g in ipairs(spends) do

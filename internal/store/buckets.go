@@ -451,7 +451,7 @@ const transfersIndex = "fs:transfers"
 // holds it (its keys expired, or it was removed): before that, a transfer
 // may start at any moment, and an index entry taken off between its
 // indexing and its first step would hide it if it died there. Every worker
-// process runs it periodically (worker.SweepUnseen's loop); a scan of the
+// process runs it periodically (worker.SweepNotEnqueued's loop); a scan of the
 // campaign does the same sooner, when one of its buckets runs short.
 func (s *Store) RecoverTransfers(ctx context.Context) error {
 	campaigns, err := s.rdb.SMembers(ctx, transfersIndex).Result()

@@ -14,7 +14,7 @@ import (
 )
 
 // TestCampaignsOnEveryMaster: the calls that take several campaigns at once
-// (Withdraw, SweepUnseen, Results, Progress, Remaining), and
+// (Withdraw, SweepNotEnqueued, Results, Progress, Remaining), and
 // a challenge spent by Admit, work when the campaigns live on different masters of the cluster: each key of
 // a command stays within its campaign's slot, and a pipeline is split by
 // slot. The other tests cover each script on the cluster one campaign at a
@@ -82,7 +82,7 @@ func TestCampaignsOnEveryMaster(t *testing.T) {
 	// Never published: the "unknown" request and the challenge's holder.
 	swept := mustSweep(t, s, 0, ids...)
 	if len(swept) != 2*len(campaigns) {
-		t.Fatalf("SweepUnseen: got %d results, want %d (two per campaign)", len(swept), 2*len(campaigns))
+		t.Fatalf("SweepNotEnqueued: got %d results, want %d (two per campaign)", len(swept), 2*len(campaigns))
 	}
 
 	var rids []string

@@ -18,9 +18,6 @@
 --                   expire_at (rebuild.lua), the lifetime of what this call creates,
 --                   ended_early (endearly.lua): every request not decided yet
 --                   is rejected (ended_early), paused or not
--- KEYS[7] unseen    sorted set of the admitted requests no worker has seen
---                   (admit.lua); the batch's are removed, as the worker
---                   has seen them (sweep.lua then leaves them alone)
 -- ARGV[1]           number of requests n
 -- ARGV[2+4i .. 5+4i] request i: request id, user id, quantity, order id to use on success
 -- ARGV[2+4n]        (a bucket of a campaign of several, meta buckets > 1)
@@ -51,9 +48,9 @@
 --                never loaded, or Redis lost it and a preload will rebuild
 --                it from MySQL; a final result decided now would be decided
 --                against nothing. Nothing is written.
---   { -2 }       paused (meta paused = "1") and not ended early. Only KEYS[7]
---                is written: a held request is in the queue, and no sweep
---                may reject it.
+--   { -2 }       paused (meta paused = "1") and not ended early. Nothing is
+--                written (a held request is in the queue; sweep.lua leaves
+--                a paused campaign alone).
 --
 -- Cost: every redis.call is the expensive part of a script, so the batch reads
 -- its stored results and its users' units with one HMGET each, decides in Lua
@@ -75,13 +72,6 @@ local remaining = redis.call('GET', KEYS[1])
 local meta = redis.call('HMGET', KEYS[6], 'limit', 'epoch', 'paused', 'expire_at', 'ended_early', 'buckets', 'moves')
 if not remaining or not meta[1] then
   return { -1 }
-end
-do
-  local seen = {}
-  for i = 0, n - 1 do
-    seen[i + 1] = ARGV[2 + 4 * i]
-  end
-  redis.call('ZREM', KEYS[7], unpack(seen))
 end
 -- A sale ended early holds nothing: its backlog must reach final results.
 local ended_early = meta[5] == '1'

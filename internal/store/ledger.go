@@ -133,7 +133,7 @@ func (s *Store) rebuildTag(ctx context.Context, tag string, c model.Campaign, bu
 	args = append(args, p.released...)
 	k := campaignKeys(tag)
 	code, err := s.rebuild.Run(ctx, s.rdb,
-		[]string{k.meta, k.stock, k.soldout, k.counters, k.users, k.results, k.idem, k.released, k.userLimits, k.ipLimits, k.unseen,
+		[]string{k.meta, k.stock, k.soldout, k.counters, k.users, k.results, k.idem, k.released, k.userLimits, k.ipLimits, k.admissions,
 			k.xfer, k.xpend, k.got}, args...).Int()
 	if err != nil {
 		return false, fmt.Errorf("rebuild %s: %w", tag, err)

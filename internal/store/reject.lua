@@ -5,14 +5,11 @@
 -- KEYS[1] results   hash request id -> "status|qty|order_id|reason|user"
 -- KEYS[2] counters  hash: admitted, fin:<status>
 -- KEYS[3] meta      hash: expire_at (rebuild.lua), the lifetime of what this call creates
--- KEYS[4] unseen    sorted set (admit.lua): the worker has seen the
---                   request, so sweep.lua must leave it alone
 -- ARGV[1] request id
 -- ARGV[2] rejected result value
 --
 -- Reply: the stored value after the call (the earlier final one, or ARGV[2])
 
-redis.call('ZREM', KEYS[4], ARGV[1])
 local stored = redis.call('HGET', KEYS[1], ARGV[1])
 if stored and string.sub(stored, 1, 7) ~= 'queued|' then
   return stored

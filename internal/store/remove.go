@@ -56,7 +56,7 @@ func (s *Store) Remove(ctx context.Context, campaignID string, admitted int64) (
 func (s *Store) removeTag(ctx context.Context, tag string, admitted int64) (int64, error) {
 	k := campaignKeys(tag)
 	n, err := s.remove.Run(ctx, s.rdb, []string{k.counters, k.meta, k.stock, k.soldout, k.users, k.results, k.idem,
-		k.released, k.unseen, k.campaignLimit, k.userLimits, k.ipLimits, k.xfer, k.xpend, k.got}, admitted).Int64()
+		k.released, k.admissions, k.campaignLimit, k.userLimits, k.ipLimits, k.xfer, k.xpend, k.got}, admitted).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("remove %s: %w", tag, err)
 	}

@@ -142,7 +142,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Store {
 // share the hash tag {tag} (model.BucketTag).
 type keys struct {
 	meta, stock, soldout, counters, users, results, idem string
-	released, unseen                                     string
+	released, admissions                                 string
 	xfer, xpend, got                                     string
 	campaignLimit, userLimits, ipLimits                  string
 }
@@ -159,8 +159,8 @@ func campaignKeys(tag string) keys {
 		idem:     p + "idem",
 		// Order ids whose units went back on sale (see release.lua).
 		released: p + "released",
-		// Admitted requests no worker has seen yet (see unseen.go).
-		unseen: p + "unseen",
+		// The admissions, a member per admit.lua call (see notenqueued.go).
+		admissions: p + "admissions",
 		// Stock transfers between buckets (see buckets.go).
 		xfer:  p + "xfer",
 		xpend: p + "xpend",
@@ -221,9 +221,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // of a campaign of several: model.TagOfRequest) in one atomic script call,
 // under the epoch the reply names. It decides nothing when the
 // campaign is not loaded (model.ErrNotLoaded) or paused (model.ErrPaused):
-// the caller holds the batch until it is back. Either way, unless the
-// campaign is not loaded, the batch's requests are no longer ones the sweep
-// of unseen requests may reject (SweepUnseen): a worker has seen them.
+// the caller holds the batch until it is back.
 // In a bucket of several, a request the bucket lacks the units for is
 // decided only after stock moved from the others or every one was found
 // empty (buckets.go).
@@ -259,7 +257,7 @@ func (s *Store) deductOnce(ctx context.Context, tag string, batch []model.Deduct
 	if final != "" {
 		args = append(args, final)
 	}
-	reply, err := s.runAcked(ctx, s.deduct, []string{k.stock, k.users, k.results, k.soldout, k.counters, k.meta, k.unseen}, args...).Slice()
+	reply, err := s.runAcked(ctx, s.deduct, []string{k.stock, k.users, k.results, k.soldout, k.counters, k.meta}, args...).Slice()
 	if err != nil {
 		return model.DeductReply{}, shortState{}, fmt.Errorf("deduct %s (%d requests): %w", tag, len(batch), err)
 	}
@@ -567,7 +565,7 @@ func (s *Store) Reject(ctx context.Context, d model.Deduction, campaignID, reaso
 		k = campaignKeys(tag)
 	}
 	v := encodeStored(model.Result{Status: model.StatusRejected, Quantity: d.Quantity, Reason: reason, UserID: d.UserID})
-	stored, err := s.reject.Run(ctx, s.rdb, []string{k.results, k.counters, k.meta, k.unseen}, d.RequestID, v).Text()
+	stored, err := s.reject.Run(ctx, s.rdb, []string{k.results, k.counters, k.meta}, d.RequestID, v).Text()
 	if err != nil {
 		return model.Result{}, fmt.Errorf("reject %s: %w", d.RequestID, err)
 	}

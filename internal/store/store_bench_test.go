@@ -24,7 +24,7 @@ func benchStore(b *testing.B) (*Store, model.Campaign) {
 		// b.Context is already cancelled when cleanups run.
 		k := campaignKeys(c.ID)
 		_ = s.rdb.Del(context.Background(), k.meta, k.stock, k.soldout, k.counters, k.users, k.results, k.idem,
-			k.released, k.unseen, k.campaignLimit, k.userLimits, k.ipLimits).Err()
+			k.released, k.admissions, k.campaignLimit, k.userLimits, k.ipLimits).Err()
 	})
 	return s, c
 }

@@ -105,9 +105,9 @@ func TestProviderSubjects(t *testing.T) {
 			unknown = append(unknown, a)
 		}
 		passQueue(t, s, c, "closing")
-		swept, err := s.SweepUnseen(t.Context(), []string{c.ID}, 0)
+		swept, err := s.SweepNotEnqueued(t.Context(), []string{c.ID}, 0)
 		if err != nil || len(swept) != len(unknown) {
-			t.Fatalf("SweepUnseen: got %d results, %v; want %d", len(swept), err, len(unknown))
+			t.Fatalf("SweepNotEnqueued: got %d results, %v; want %d", len(swept), err, len(unknown))
 		}
 		for _, a := range unknown {
 			if r := mustResult(t, s, a.RequestID); r.UserID != a.UserID || r.Reason != model.ReasonNotEnqueued {

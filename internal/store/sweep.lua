@@ -1,44 +1,42 @@
--- sweep.lua: give a final "rejected" result to the admitted requests of ONE
--- campaign (or bucket) that no worker has seen (admit.lua puts every
--- admitted request on the unseen set; deduct.lua and reject.lua take off
--- what a worker sees, withdraw.lua what a gateway takes back) when their
--- message can no longer be on its way: a gateway died between admitting
--- and publishing, or its publish's outcome was unknown and the message was
--- never stored. As in reject.lua, a request with a final result keeps it;
--- a message that shows up after all finds the rejected result and
--- deduct.lua decides nothing twice: exactly one final result, and no unit
--- taken for it.
+-- sweep.lua: give a final "rejected" result (not_enqueued) to the admitted
+-- requests of ONE campaign (or bucket) whose message can no longer be on
+-- its way: a gateway died between admitting and publishing, its publish's
+-- outcome was unknown and the message was never stored, or admit.lua's
+-- reply was lost. admit.lua records every call that admitted requests (a
+-- member of KEYS[1]: their ids, scored with the call's millisecond); this
+-- script walks the oldest members and drops each once all of its requests
+-- are final. As in reject.lua, a request with a final result keeps it; a
+-- message that shows up after all finds the rejected result and deduct.lua
+-- decides nothing twice: exactly one final result, and no unit taken.
 --
--- A request is due once it was admitted longer ago than the longest
--- possible queue delay AND the queue has moved past it: a worker decided a
--- request admitted after it (counters decided, the highest sequence number
--- decided; a partition is first in, first out), or the sale ended that
--- delay ago (nothing is admitted after the last request). A queue that
--- stands still (its broker down, its workers stuck) thus has nothing swept,
--- however long it stands. The oldest requests are looked at in the order
--- of their sequence numbers (one batch's share a millisecond), so the
--- first one the queue has not passed ends the call: the ones after it wait
--- with it.
+-- A request is rejected when it is still queued, was admitted longer ago
+-- than the longest possible queue delay, AND the queue has moved past it:
+-- a worker decided a request of the same campaign (or bucket) admitted
+-- after it (counters decided, the highest sequence number decided; a
+-- partition is first in, first out), or the sale ended that delay ago
+-- (nothing is admitted after the last request). A queue that stands still
+-- (its broker down, its workers stuck) thus has nothing swept, however
+-- long it stands; a member keeps its place until its requests are final.
 --
 -- Not swept: a paused campaign (its messages are held, not lost), nor one
 -- whose resume (meta resumed_ms) is more recent than the delay, since the
 -- held backlog only drains then; nor a campaign that is not loaded (a
--- rebuild drops the unseen set with the queued markers).
+-- rebuild drops the record with the queued markers).
 --
--- KEYS[1] unseen    sorted set: request id -> ms admitted
+-- KEYS[1] admissions sorted set: "<request id> <request id> ..." -> ms
 -- KEYS[2] results   hash request id -> "status|qty|order_id|reason|user";
 --                   a queued marker's reason is its sequence number
 -- KEYS[3] counters  hash: decided, fin:<status>
 -- KEYS[4] meta      hash: paused, resumed_ms, end_ms
 -- KEYS[5] stock     only checked for existence (campaign loaded)
 -- ARGV[1] the longest possible queue delay, ms
--- ARGV[2] most unseen requests to look at in this call
+-- ARGV[2] most requests to look at in this call (at least one member's)
 -- ARGV[3] the reason of the rejected results
 --
--- Reply: { left, taken, rid_1, value_1, ..., rid_n, value_n }
---   left    requests still unseen after this call
---   taken   requests taken off the set by this call (at most ARGV[2]; when
---           fewer, nothing else is due now)
+-- Reply: { left, more, rid_1, value_1, ..., rid_n, value_n }
+--   left     members still recorded after this call
+--   more     1 when another call may find more to do now: every member
+--            looked at was dropped, and due ones were left unlooked at
 --   then each result this call stored
 
 redis.replicate_commands()
@@ -59,44 +57,54 @@ if tonumber(meta[2] or '0') > cutoff then
 end
 local ended = tonumber(meta[3] or '0') + delay <= now
 local decided = tonumber(redis.call('HGET', KEYS[3], 'decided') or '0')
+local budget = tonumber(ARGV[2])
 
-local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff, 'LIMIT', 0, tonumber(ARGV[2]))
-if #old == 0 then
-  return { redis.call('ZCARD', KEYS[1]), 0 }
-end
-local stored = redis.call('HMGET', KEYS[2], unpack(old))
+local range = 64
+local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff, 'LIMIT', 0, range)
 local reply = { 0, 0 }
-local results, taken, queued = {}, {}, {}
-for i, rid in ipairs(old) do
-  local v = stored[i]
-  -- No result at all: nothing is known of the request (a rebuild dropped
-  -- it), so there is nothing to finish; a final one stays.
-  if v and string.sub(v, 1, 7) == 'queued|' then
-    local qty, seq, user = string.match(v, '^queued|([^|]*)|[^|]*|([^|]*)|(.*)$')
-    queued[#queued + 1] = { rid = rid, qty = qty, seq = tonumber(seq) or 0, user = user }
-  else
-    taken[#taken + 1] = rid
+local results, dropped = {}, {}
+local looked, seen = 0, 0
+for _, member in ipairs(members) do
+  local rids = {}
+  for rid in string.gmatch(member, '%S+') do
+    rids[#rids + 1] = rid
   end
-end
-table.sort(queued, function(a, b) return a.seq < b.seq end)
-for _, q in ipairs(queued) do
-  if not ended and q.seq > decided then
-    break -- the queue has not passed it yet
+  if looked > 0 and seen + #rids > budget then
+    break
   end
-  local value = 'rejected|' .. q.qty .. '||' .. ARGV[3] .. '|' .. q.user
-  results[#results + 1] = q.rid
-  results[#results + 1] = value
-  reply[#reply + 1] = q.rid
-  reply[#reply + 1] = value
-  taken[#taken + 1] = q.rid
+  looked, seen = looked + 1, seen + #rids
+  local stored = redis.call('HMGET', KEYS[2], unpack(rids))
+  local done = true
+  for i, rid in ipairs(rids) do
+    -- No result at all: withdrawn, or a rebuild dropped it; nothing to
+    -- finish. A final one stays.
+    local v = stored[i]
+    if v and string.sub(v, 1, 7) == 'queued|' then
+      local qty, seq, user = string.match(v, '^queued|([^|]*)|[^|]*|([^|]*)|(.*)$')
+      if ended or (tonumber(seq) or 0) < decided then
+        local value = 'rejected|' .. qty .. '||' .. ARGV[3] .. '|' .. user
+        results[#results + 1] = rid
+        results[#results + 1] = value
+        reply[#reply + 1] = rid
+        reply[#reply + 1] = value
+      else
+        done = false -- the queue has not passed it yet
+      end
+    end
+  end
+  if done then
+    dropped[#dropped + 1] = member
+  end
 end
 if #results > 0 then
   redis.call('HSET', KEYS[2], unpack(results))
   redis.call('HINCRBY', KEYS[3], 'fin:rejected', #results / 2)
 end
-if #taken > 0 then
-  redis.call('ZREM', KEYS[1], unpack(taken))
+if #dropped > 0 then
+  redis.call('ZREM', KEYS[1], unpack(dropped))
 end
 reply[1] = redis.call('ZCARD', KEYS[1])
-reply[2] = #taken
+if #dropped == looked and (looked < #members or #members == range) then
+  reply[2] = 1
+end
 return reply

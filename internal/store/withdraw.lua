@@ -3,16 +3,12 @@
 -- result is removed: if a worker somehow decided it already, the decision
 -- stands.
 --
--- KEYS[1] results, KEYS[2] idem, KEYS[3] counters, KEYS[4] unseen (as in
--- admit.lua)
+-- KEYS[1] results, KEYS[2] idem, KEYS[3] counters (as in admit.lua)
 -- ARGV[1] request id
 -- ARGV[2] idempotency field, "" when none
 --
 -- Reply: 1 when the queued result was removed, 0 when there was none to remove
 
--- Off the unseen set either way: withdrawn, nothing will be published for
--- it; decided, a worker saw it.
-redis.call('ZREM', KEYS[4], ARGV[1])
 local removed = 0
 local stored = redis.call('HGET', KEYS[1], ARGV[1])
 if stored and string.sub(stored, 1, 7) == 'queued|' then

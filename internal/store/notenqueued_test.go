@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -12,9 +13,9 @@ import (
 	"github.com/flashsale/flashsale/model"
 )
 
-// unseenRequest admits one request of user in c, which puts it on c's
-// unseen set until a worker sees it.
-func unseenRequest(t *testing.T, s *Store, c model.Campaign, user string) model.Deduction {
+// queuedRequest admits one request of user in c, which records it, and
+// leaves it queued.
+func queuedRequest(t *testing.T, s *Store, c model.Campaign, user string) model.Deduction {
 	t.Helper()
 	a := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: user, Quantity: 1, IdempotencyKey: "k-" + user}
 	mustAdmit(t, s, a)
@@ -25,22 +26,23 @@ func unseenRequest(t *testing.T, s *Store, c model.Campaign, user string) model.
 // moved past every request admitted before it does.
 func passQueue(t *testing.T, s *Store, c model.Campaign, user string) {
 	t.Helper()
-	mustDeduct(t, s, c.ID, []model.Deduction{unseenRequest(t, s, c, user)})
+	mustDeduct(t, s, c.ID, []model.Deduction{queuedRequest(t, s, c, user)})
 }
 
 func mustSweep(t *testing.T, s *Store, maxDelay time.Duration, tags ...string) []model.Result {
 	t.Helper()
-	rs, err := s.SweepUnseen(t.Context(), tags, maxDelay)
+	rs, err := s.SweepNotEnqueued(t.Context(), tags, maxDelay)
 	if err != nil {
-		t.Fatalf("SweepUnseen(%v): %v", maxDelay, err)
+		t.Fatalf("SweepNotEnqueued(%v): %v", maxDelay, err)
 	}
 	return rs
 }
 
-// unseen is how many requests of tag no worker has seen.
-func unseen(t *testing.T, s *Store, tag string) int64 {
+// recorded is how many admission calls of tag are still on record (not
+// all of their requests final).
+func recorded(t *testing.T, s *Store, tag string) int64 {
 	t.Helper()
-	n, err := s.rdb.ZCard(t.Context(), campaignKeys(tag).unseen).Result()
+	n, err := s.rdb.ZCard(t.Context(), campaignKeys(tag).admissions).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,13 +57,14 @@ func mustSetPaused(t *testing.T, s *Store, c model.Campaign, paused bool) {
 	}
 }
 
-// TestSweepUnseen: an admitted request no worker has seen (its gateway died
-// before publishing, or the publish was lost) is rejected with
-// not_enqueued once it was admitted longer ago than the delay and the queue
-// has moved past it (a later request decided, or the sale ended the delay
-// ago); anything a worker saw or decided is left alone, and so is a queue
-// that stands still, a paused campaign or one resumed within the delay.
-func TestSweepUnseen(t *testing.T) {
+// TestSweepNotEnqueued: an admitted request whose message never came (its
+// gateway died before publishing, or the publish was lost) is rejected
+// with not_enqueued once it was admitted longer ago than the delay and the
+// queue has moved past it (a later request decided, or the sale ended the
+// delay ago); anything decided is left alone, and so is a queue that stands
+// still, a paused campaign or one resumed within the delay. An admission
+// leaves the record once all of its requests are final.
+func TestSweepNotEnqueued(t *testing.T) {
 	const long = time.Hour // never due within a test
 	tests := []struct {
 		name string
@@ -70,7 +73,7 @@ func TestSweepUnseen(t *testing.T) {
 		run        func(t *testing.T, s *Store, c model.Campaign, d model.Deduction) []model.Result
 		wantSwept  bool         // the sweep rejected d
 		wantStatus model.Status // d's stored result at the end
-		wantLeft   int64        // requests still unseen
+		wantLeft   int64        // admissions still on record
 	}{
 		{
 			name: "due and passed by the queue",
@@ -104,7 +107,7 @@ func TestSweepUnseen(t *testing.T) {
 				passQueue(t, s, c, "bob")
 				return mustSweep(t, s, long, c.ID)
 			},
-			wantStatus: model.StatusQueued, wantLeft: 1,
+			wantStatus: model.StatusQueued, wantLeft: 2, // alice's and bob's
 		},
 		{
 			name: "withdrawn by its gateway",
@@ -122,9 +125,6 @@ func TestSweepUnseen(t *testing.T) {
 			name: "decided by a worker",
 			run: func(t *testing.T, s *Store, c model.Campaign, d model.Deduction) []model.Result {
 				mustDeduct(t, s, c.ID, []model.Deduction{d})
-				if n := unseen(t, s, c.ID); n != 0 {
-					t.Fatalf("unseen after Deduct: got %d, want 0", n)
-				}
 				return mustSweep(t, s, 0, c.ID)
 			},
 			wantStatus: model.StatusSuccess,
@@ -135,26 +135,27 @@ func TestSweepUnseen(t *testing.T) {
 				if _, err := s.Reject(t.Context(), d, c.ID, model.ReasonPoison); err != nil {
 					t.Fatal(err)
 				}
-				if n := unseen(t, s, c.ID); n != 0 {
-					t.Fatalf("unseen after Reject: got %d, want 0", n)
-				}
 				passQueue(t, s, c, "bob")
 				return mustSweep(t, s, 0, c.ID)
 			},
 			wantStatus: model.StatusRejected, // undeliverable, not swept
 		},
 		{
-			name: "held by a worker while paused",
+			name: "held while paused, decided after the resume",
 			run: func(t *testing.T, s *Store, c model.Campaign, d model.Deduction) []model.Result {
 				mustSetPaused(t, s, c, true)
 				if _, err := s.Deduct(t.Context(), c.ID, []model.Deduction{d}); !errors.Is(err, model.ErrPaused) {
 					t.Fatalf("Deduct while paused: got %v, want %v", err, model.ErrPaused)
 				}
+				if rs := mustSweep(t, s, 0, c.ID); len(rs) != 0 {
+					t.Fatalf("swept while paused: %+v", rs)
+				}
 				mustSetPaused(t, s, c, false)
+				mustDeduct(t, s, c.ID, []model.Deduction{d})
 				passQueue(t, s, c, "bob")
 				return mustSweep(t, s, 0, c.ID)
 			},
-			wantStatus: model.StatusQueued, // the held message is decided after the resume
+			wantStatus: model.StatusSuccess,
 		},
 		{
 			name: "paused",
@@ -163,7 +164,7 @@ func TestSweepUnseen(t *testing.T) {
 				mustSetPaused(t, s, c, true)
 				return mustSweep(t, s, 0, c.ID)
 			},
-			wantStatus: model.StatusQueued, wantLeft: 1,
+			wantStatus: model.StatusQueued, wantLeft: 2,
 		},
 		{
 			name: "resumed within the delay",
@@ -173,7 +174,7 @@ func TestSweepUnseen(t *testing.T) {
 				mustSetPaused(t, s, c, false)
 				return mustSweep(t, s, long, c.ID)
 			},
-			wantStatus: model.StatusQueued, wantLeft: 1,
+			wantStatus: model.StatusQueued, wantLeft: 2,
 		},
 		{
 			name: "resumed longer ago than the delay",
@@ -200,7 +201,7 @@ func TestSweepUnseen(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, s *Store) {
 				c := newCampaign(t, 5, 1)
 				mustLoad(t, s, c)
-				d := unseenRequest(t, s, c, "alice")
+				d := queuedRequest(t, s, c, "alice")
 				swept := tc.run(t, s, c, d)
 
 				want := model.Result{RequestID: d.RequestID, CampaignID: c.ID, UserID: "alice", Status: model.StatusRejected,
@@ -217,8 +218,8 @@ func TestSweepUnseen(t *testing.T) {
 					(tc.wantSwept && got != want) {
 					t.Fatalf("stored: got %+v, want status %s", got, tc.wantStatus)
 				}
-				if left := unseen(t, s, c.ID); left != tc.wantLeft {
-					t.Fatalf("unseen: got %d, want %d", left, tc.wantLeft)
+				if left := recorded(t, s, c.ID); left != tc.wantLeft {
+					t.Fatalf("admissions on record: got %d, want %d", left, tc.wantLeft)
 				}
 				if again := mustSweep(t, s, 0, c.ID); tc.wantLeft == 0 && len(again) != 0 {
 					t.Fatalf("second sweep: got %+v, want none", again)
@@ -236,7 +237,7 @@ func TestSweptRequestArrivesLate(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(t, 2, 1)
 		mustLoad(t, s, c)
-		d := unseenRequest(t, s, c, "alice")
+		d := queuedRequest(t, s, c, "alice")
 		passQueue(t, s, c, "carol")
 		if got := mustSweep(t, s, 0, c.ID); len(got) != 1 {
 			t.Fatalf("swept: got %+v, want one result", got)
@@ -265,47 +266,51 @@ func TestSweptRequestArrivesLate(t *testing.T) {
 	})
 }
 
-// TestSweepOnlyWhatTheQueuePassed: of the requests no worker has seen,
-// the sweep rejects those admitted before the last one decided, and leaves
-// the ones admitted after it, which may still be on their way.
+// TestSweepOnlyWhatTheQueuePassed: of the queued requests, the sweep
+// rejects those admitted before the last one decided, and leaves the ones
+// admitted after it, which may still be on their way.
 func TestSweepOnlyWhatTheQueuePassed(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(t, 5, 1)
 		mustLoad(t, s, c)
-		before := []model.Deduction{unseenRequest(t, s, c, "a1"), unseenRequest(t, s, c, "a2")}
+		before := []model.Deduction{queuedRequest(t, s, c, "a1"), queuedRequest(t, s, c, "a2")}
 		passQueue(t, s, c, "b")
-		after := unseenRequest(t, s, c, "a3")
+		after := queuedRequest(t, s, c, "a3")
 		got := mustSweep(t, s, 0, c.ID)
-		if len(got) != 2 || got[0].RequestID != before[0].RequestID || got[1].RequestID != before[1].RequestID {
+		if len(got) != 2 || !slices.ContainsFunc(got, func(r model.Result) bool { return r.RequestID == before[0].RequestID }) ||
+			!slices.ContainsFunc(got, func(r model.Result) bool { return r.RequestID == before[1].RequestID }) {
 			t.Fatalf("swept %+v, want %s and %s", got, before[0].RequestID, before[1].RequestID)
 		}
 		if r := mustResult(t, s, after.RequestID); r.Status != model.StatusQueued {
 			t.Fatalf("admitted after the last decided: got %+v, want queued", r)
 		}
-		if n := unseen(t, s, c.ID); n != 1 {
-			t.Fatalf("unseen: got %d, want 1", n)
+		if n := recorded(t, s, c.ID); n != 1 {
+			t.Fatalf("admissions on record: got %d, want 1 (a3's)", n)
 		}
 	})
 }
 
-// TestSweepUnseenBatches: more due requests than one script call looks at
-// are all swept in one SweepUnseen, across campaigns.
-func TestSweepUnseenBatches(t *testing.T) { forEachServer(t, testSweepUnseenBatches) }
+// TestSweepNotEnqueuedBatches: more due requests and admissions than one
+// script call looks at are all swept in one SweepNotEnqueued, across
+// campaigns.
+func TestSweepNotEnqueuedBatches(t *testing.T) { forEachServer(t, testSweepNotEnqueuedBatches) }
 
-func testSweepUnseenBatches(t *testing.T, s *Store) {
+func testSweepNotEnqueuedBatches(t *testing.T, s *Store) {
 	want := map[string]bool{}
 	var tags []string
 	for range 2 {
 		c := newCampaign(t, 5, 1)
 		mustLoad(t, s, c)
-		var batch []model.AdmitRequest
-		for i := range sweepBatch + 7 {
-			a := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: fmt.Sprintf("u%d", i), Quantity: 1}
-			batch = append(batch, a)
-			want[a.RequestID] = true
-		}
-		if _, err := s.Admit(t.Context(), c.ID, batch, model.RateLimits{}); err != nil {
-			t.Fatal(err)
+		for call := range 100 { // more than the 64 members a call reads
+			var batch []model.AdmitRequest
+			for i := range sweepBudget/100 + 1 { // in all more than the budget
+				a := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: fmt.Sprintf("u%d-%d", call, i), Quantity: 1}
+				batch = append(batch, a)
+				want[a.RequestID] = true
+			}
+			if _, err := s.Admit(t.Context(), c.ID, batch, model.RateLimits{}); err != nil {
+				t.Fatal(err)
+			}
 		}
 		passQueue(t, s, c, "last")
 		tags = append(tags, c.ID)
@@ -321,22 +326,22 @@ func testSweepUnseenBatches(t *testing.T, s *Store) {
 		delete(want, r.RequestID)
 	}
 	for _, tag := range tags {
-		if n := unseen(t, s, tag); n != 0 {
-			t.Fatalf("unseen after the sweep in %s: got %d, want 0", tag, n)
+		if n := recorded(t, s, tag); n != 0 {
+			t.Fatalf("admissions on record after the sweep in %s: got %d, want 0", tag, n)
 		}
 	}
 }
 
-// TestSweepUnseenRace: while requests are admitted in small chunks,
+// TestSweepNotEnqueuedRace: while requests are admitted in small chunks,
 // workers deduct them (some delivered twice, some never: lost between a
 // gateway's admission and its publish) and sweepers reject what is due, all
 // at once on real Redis. Every request ends with exactly one final result,
 // the one every call reported for it; a swept request takes no unit; the
 // units sold are the successes', never more than the stock; the counters
 // add up.
-func TestSweepUnseenRace(t *testing.T) { forEachServer(t, testSweepUnseenRace) }
+func TestSweepNotEnqueuedRace(t *testing.T) { forEachServer(t, testSweepNotEnqueuedRace) }
 
-func testSweepUnseenRace(t *testing.T, s *Store) {
+func testSweepNotEnqueuedRace(t *testing.T, s *Store) {
 	const (
 		stock    = 50
 		requests = 600
@@ -408,9 +413,9 @@ func testSweepUnseenRace(t *testing.T, s *Store) {
 	for range sweepers {
 		sweeps.Go(func() {
 			for {
-				rs, err := s.SweepUnseen(t.Context(), []string{c.ID}, 0)
+				rs, err := s.SweepNotEnqueued(t.Context(), []string{c.ID}, 0)
 				if err != nil {
-					t.Errorf("SweepUnseen: %v", err)
+					t.Errorf("SweepNotEnqueued: %v", err)
 					return
 				}
 				for _, r := range rs {
@@ -464,14 +469,14 @@ func testSweepUnseenRace(t *testing.T, s *Store) {
 	if st.Admitted != requests+1 || st.Queued() != 0 {
 		t.Fatalf("admitted %d, queued %d; want %d, 0", st.Admitted, st.Queued(), requests+1)
 	}
-	if left := unseen(t, s, c.ID); left != 0 {
-		t.Fatalf("unseen at the end: %d, want none", left)
+	if left := recorded(t, s, c.ID); left != 0 {
+		t.Fatalf("admissions on record at the end: %d, want none", left)
 	}
 	t.Logf("%d successes, %d swept, %d decided otherwise", successes, swept, requests-successes-swept)
 }
 
 func TestParseSweepReply(t *testing.T) {
-	ok := []any{int64(3), int64(2), "c.1", "rejected|1||not_enqueued|u1"}
+	ok := []any{int64(3), int64(1), "c.1", "rejected|1||not_enqueued|u1"}
 	with := func(i int, v any) []any {
 		r := append([]any(nil), ok...)
 		r[i] = v
@@ -487,22 +492,22 @@ func TestParseSweepReply(t *testing.T) {
 		{name: "empty", reply: nil, wantErr: "0 elements"},
 		{name: "odd", reply: ok[:3], wantErr: "3 elements"},
 		{name: "left is a string", reply: with(0, "3"), wantErr: "counts"},
-		{name: "taken below the results", reply: with(1, int64(0)), wantErr: "counts"},
+		{name: "more is not a flag", reply: with(1, int64(2)), wantErr: "counts"},
 		{name: "id is an integer", reply: with(2, int64(1)), wantErr: "malformed"},
 		{name: "value malformed", reply: with(3, "rejected|1"), wantErr: "malformed"},
 		{name: "not rejected", reply: with(3, "success|1|o1||u1"), wantErr: "want rejected"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			taken, rs, err := parseSweepReply("c", tc.reply)
+			more, rs, err := parseSweepReply("c", tc.reply)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("got %d %+v %v, want error containing %q", taken, rs, err, tc.wantErr)
+					t.Fatalf("got %v %+v %v, want error containing %q", more, rs, err, tc.wantErr)
 				}
 				return
 			}
-			if err != nil || taken != 2 {
-				t.Fatalf("got %d %+v %v, want 2 and no error", taken, rs, err)
+			if err != nil || !more {
+				t.Fatalf("got %v %+v %v, want more and no error", more, rs, err)
 			}
 			want := []model.Result{{RequestID: "c.1", CampaignID: "c", UserID: "u1", Status: model.StatusRejected,
 				Reason: model.ReasonNotEnqueued, Quantity: 1}}

@@ -14,13 +14,13 @@ import (
 	"github.com/flashsale/flashsale/queue"
 )
 
-// TestSweepUnseen: of three admitted requests, the two a worker decided
+// TestSweepNotEnqueued: of three admitted requests, the two a worker decided
 // keep their results and orders; the one between them, which no worker saw
 // (its message never stored), is rejected as not enqueued by the sweep
 // loop, which finds the campaign in MySQL, and its result is published
 // like any other final result. Its message arriving late afterwards
 // changes nothing: no order, no unit.
-func TestSweepUnseen(t *testing.T) {
+func TestSweepNotEnqueued(t *testing.T) {
 	f := newFixture(t, 5, 1)
 	msgs := f.admit(t, 3, 3)
 	m := metrics.New()
@@ -42,7 +42,7 @@ func TestSweepUnseen(t *testing.T) {
 	}()
 	<-ready
 	swept := make(chan error, 1)
-	go func() { swept <- w.SweepUnseen(ctx, time.Second) }()
+	go func() { swept <- w.SweepNotEnqueued(ctx, time.Second) }()
 
 	want := model.Result{RequestID: msgs[1].ID, CampaignID: f.campaign.ID, UserID: "user1", Status: model.StatusRejected,
 		Reason: model.ReasonNotEnqueued, Quantity: 1}
@@ -56,7 +56,7 @@ func TestSweepUnseen(t *testing.T) {
 	}
 	cancel()
 	if err := <-swept; err != nil {
-		t.Fatalf("SweepUnseen: %v", err)
+		t.Fatalf("SweepNotEnqueued: %v", err)
 	}
 	if got := testutil.ToFloat64(m.NotEnqueued); got != 1 {
 		t.Fatalf("flashsale_not_enqueued_total: got %v, want 1", got)
@@ -77,13 +77,13 @@ func TestSweepUnseen(t *testing.T) {
 	}
 }
 
-// TestSweepUnseenRace: while admitted requests are delivered in small
+// TestSweepNotEnqueuedRace: while admitted requests are delivered in small
 // chunks, workers decide them (some twice, some never: not stored) and
 // sweeps run, all at once. Every request ends with
 // one final result; MySQL holds an order for every success and for nothing
 // else, so a request swept before its message came got nothing; sold = the
 // successes' units <= stock.
-func TestSweepUnseenRace(t *testing.T) {
+func TestSweepNotEnqueuedRace(t *testing.T) {
 	const (
 		stock    = 30
 		requests = 200
@@ -139,14 +139,14 @@ func TestSweepUnseenRace(t *testing.T) {
 	}
 	wg.Go(func() {
 		for range sweep {
-			w.sweepUnseen(t.Context(), 0)
+			w.sweepNotEnqueued(t.Context(), 0)
 		}
 	})
 	wg.Wait()
 	if err := handle(t.Context(), []queue.Message{closing}); err != nil {
 		t.Fatalf("deliver %s: %v", closing.ID, err)
 	}
-	w.sweepUnseen(t.Context(), 0)
+	w.sweepNotEnqueued(t.Context(), 0)
 
 	s := f.snapshot(t, all)
 	var successes, swept int64

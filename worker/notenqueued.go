@@ -7,27 +7,27 @@ import (
 	"github.com/flashsale/flashsale/model"
 )
 
-// Every admitted request is on its campaign's unseen set until a worker
-// sees it (store.SweepUnseen). One that stays there, admitted longer than
-// the longest possible queue delay ago and passed by the queue since, was
-// never stored (its gateway died between admitting and publishing, or the
-// publish's outcome was unknown and the message was lost): SweepUnseen
-// gives it a final rejected result (not_enqueued), so it does not stay
-// queued for good.
+// Every admission is on record in Redis, written with its queued marker
+// (store.SweepNotEnqueued). A request still queued longer than the longest
+// possible queue delay after its admission, that the queue has moved past,
+// was never stored (its gateway died between admitting and publishing, or
+// the publish's outcome was unknown and the message was lost):
+// SweepNotEnqueued gives it a final rejected result (not_enqueued), so it
+// does not stay queued for good.
 //
 // Every worker process sweeps every campaign it can find in MySQL (the
 // durable record, so no index in Redis can be lost or raced), so the sweep
 // does not wait for the worker of one partition; no worker at all means no
 // sweep, which is right: nothing is consumed either.
 
-// SweepUnseen sweeps the campaigns whose sale ended less than the key
+// SweepNotEnqueued sweeps the campaigns whose sale ended less than the key
 // retention ago (the ones Redis may hold) every tenth of maxDelay until ctx
 // ends, and publishes the results it stores like any other final result.
 // It also finishes the stock transfers a dead worker left half done. The
 // first sweep comes a whole maxDelay after the start: workers that start
 // after an outage drain the backlog first. A failed sweep is logged; the
 // next one takes up what it left.
-func (w *Worker) SweepUnseen(ctx context.Context, maxDelay time.Duration) error {
+func (w *Worker) SweepNotEnqueued(ctx context.Context, maxDelay time.Duration) error {
 	interval := max(maxDelay/10, 100*time.Millisecond)
 	t := time.NewTimer(maxDelay)
 	defer t.Stop()
@@ -37,12 +37,12 @@ func (w *Worker) SweepUnseen(ctx context.Context, maxDelay time.Duration) error 
 			return nil
 		case <-t.C:
 		}
-		w.sweepUnseen(ctx, maxDelay)
+		w.sweepNotEnqueued(ctx, maxDelay)
 		t.Reset(interval)
 	}
 }
 
-func (w *Worker) sweepUnseen(ctx context.Context, maxDelay time.Duration) {
+func (w *Worker) sweepNotEnqueued(ctx context.Context, maxDelay time.Duration) {
 	// The same loop finishes the stock transfers a dead worker left half
 	// done (the buckets of a campaign, store.RecoverTransfers).
 	if err := w.stock.RecoverTransfers(ctx); err != nil && ctx.Err() == nil {
@@ -51,7 +51,7 @@ func (w *Worker) sweepUnseen(ctx context.Context, maxDelay time.Duration) {
 	campaigns, err := w.orders.CampaignsEndingAfter(ctx, time.Now().Add(-w.opts.KeyRetention))
 	if err != nil {
 		if ctx.Err() == nil {
-			w.log.Warn("sweep unseen requests: list campaigns", "err", err)
+			w.log.Warn("sweep requests not enqueued: list campaigns", "err", err)
 		}
 		return
 	}
@@ -61,16 +61,16 @@ func (w *Worker) sweepUnseen(ctx context.Context, maxDelay time.Duration) {
 			tags = append(tags, model.BucketTag(c.ID, b, c.Buckets))
 		}
 	}
-	results, err := w.stock.SweepUnseen(ctx, tags, maxDelay)
+	results, err := w.stock.SweepNotEnqueued(ctx, tags, maxDelay)
 	if err != nil && ctx.Err() == nil {
-		w.log.Warn("sweep unseen requests", "err", err)
+		w.log.Warn("sweep requests not enqueued", "err", err)
 	}
 	if len(results) == 0 {
 		return
 	}
 	w.m.NotEnqueued.Add(float64(len(results)))
 	for _, r := range results {
-		w.log.Warn("request rejected as not enqueued: no worker saw it, and the queue has moved past it",
+		w.log.Warn("request rejected as not enqueued: still queued, and the queue has moved past it",
 			"request_id", r.RequestID, "campaign_id", r.CampaignID, "user_id", r.UserID, "max_queue_delay", maxDelay)
 	}
 	if err := w.stock.PublishResults(ctx, results); err != nil {
