@@ -38,8 +38,18 @@ type Publisher interface {
 }
 
 // Handler handles a batch of messages that share a partition, in order. It
-// returns nil to acknowledge the whole batch or an error to have it redelivered.
+// returns nil to acknowledge the whole batch or an error to have it
+// redelivered. An error wrapping ErrHeld says the batch is held: nothing
+// is wrong with its messages, it waits on something outside them, and a
+// driver that gives failing messages up after some deliveries (RocketMQ's
+// dead-letter topic) must not count it.
 type Handler func(ctx context.Context, msgs []Message) error
+
+// ErrHeld wraps a handler's error when the batch is held rather than
+// failed: its campaign is paused or not loaded, or Redis or MySQL cannot
+// take its decision now. Held batches are redelivered for as long as the
+// hold lasts.
+var ErrHeld = errors.New("batch held")
 
 // Consumer delivers a topic's messages to a handler.
 type Consumer interface {

@@ -98,6 +98,11 @@ func TestHoldBeyondMaxAttempts(t *testing.T) {
 					t.Fatalf("%s decided while held: %+v", m.ID, r)
 				}
 			}
+			// The driver is told it is a hold, not a failure (RocketMQ
+			// would dead-letter failures).
+			if _, err := w.Decide(t.Context(), msgs[:1]); !errors.Is(err, queue.ErrHeld) {
+				t.Fatalf("Decide while held: got %v, want an error wrapping queue.ErrHeld", err)
+			}
 			tc.clear(t, f)
 			waitDecided(t, f, msgs)
 			cancel()

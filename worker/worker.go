@@ -129,7 +129,8 @@ type campaignBatch struct {
 //
 // A campaign whose stock is not in Redis (never loaded, or lost until a
 // preload rebuilds it) or that is paused is held: nothing is decided and
-// the batch comes back later.
+// the batch comes back later. The error says so (queue.ErrHeld), and so
+// does Finish's when MySQL cannot take the decisions.
 func (w *Worker) Decide(ctx context.Context, msgs []queue.Message) (queue.Finish, error) {
 	batches := w.group(msgs)
 	results := make([]model.Result, 0, len(msgs))
@@ -137,6 +138,7 @@ func (w *Worker) Decide(ctx context.Context, msgs []queue.Message) (queue.Finish
 	for _, b := range batches {
 		rs, epoch, err := w.decide(ctx, b)
 		if err != nil {
+			w.countHeld(err)
 			return nil, err
 		}
 		results = append(results, rs...)
@@ -147,7 +149,17 @@ func (w *Worker) Decide(ctx context.Context, msgs []queue.Message) (queue.Finish
 		}
 		epochs[b.campaignID] = epoch
 	}
-	return func(ctx context.Context) error { return w.finish(ctx, results, epochs) }, nil
+	return func(ctx context.Context) error {
+		err := w.finish(ctx, results, epochs)
+		w.countHeld(err)
+		return err
+	}, nil
+}
+
+func (w *Worker) countHeld(err error) {
+	if errors.Is(err, queue.ErrHeld) {
+		w.m.HeldBatches.Inc()
+	}
 }
 
 // finish stores the successes of decided results, fenced by the epochs
@@ -155,13 +167,19 @@ func (w *Worker) Decide(ctx context.Context, msgs []queue.Message) (queue.Finish
 // expiry.
 func (w *Worker) finish(ctx context.Context, results []model.Result, epochs map[string]int64) error {
 	orders, now := ordersOf(results), time.Now()
+	// Both read or write MySQL. The decisions are made and stored in Redis:
+	// a MySQL that cannot take them holds the batch, for as long as it
+	// takes (never given up: the units are sold in Redis).
 	if err := w.applyTerms(ctx, orders, now); err != nil {
-		return err
+		return fmt.Errorf("%w: %w", queue.ErrHeld, err)
 	}
 	// Successes must be in MySQL before the batch is acknowledged: the
 	// shopper may already have seen them through the poll endpoint.
 	if err := w.persist(ctx, orders, epochs); err != nil {
-		return err
+		if errors.Is(err, model.ErrLedgerMoved) {
+			return err // decided again on the next delivery
+		}
+		return fmt.Errorf("%w: %w", queue.ErrHeld, err)
 	}
 	w.count(results)
 	if err := w.stock.PublishResults(ctx, results); err != nil {
@@ -285,7 +303,10 @@ func (w *Worker) decide(ctx context.Context, b *campaignBatch) ([]model.Result, 
 	w.m.WorkerBatchSize.Observe(float64(len(deductions)))
 	reply, err := w.stock.Deduct(ctx, b.tag, deductions)
 	if err != nil {
-		if !exhausted || held(err) {
+		if held(err) {
+			return nil, 0, fmt.Errorf("worker: %w: %w", queue.ErrHeld, err)
+		}
+		if !exhausted {
 			return nil, 0, fmt.Errorf("worker: %w", err)
 		}
 		return w.giveUp(ctx, b.tag, deductions, err)
@@ -327,7 +348,7 @@ func (w *Worker) giveUp(ctx context.Context, campaignID string, ds []model.Deduc
 			continue
 		}
 		if held(err) {
-			return nil, 0, fmt.Errorf("worker: %w", err)
+			return nil, 0, fmt.Errorf("worker: %w: %w", queue.ErrHeld, err)
 		}
 		r, rerr := w.stock.Reject(ctx, d, campaignID, model.ReasonPoison)
 		if rerr != nil {

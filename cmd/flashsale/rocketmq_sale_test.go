@@ -263,3 +263,65 @@ func (p *stallProxy) pipe(dst, src net.Conn) {
 		}
 	}
 }
+
+// TestLongPauseRocketMQ: a sale paused with requests in the queue, for many
+// more held deliveries than queue.rocketmq.max_reconsume_times, loses none
+// of them to the dead-letter topic: a hold is not a failure (the driver
+// runs the held batch again within one delivery). Resumed, every accepted
+// request gets its final result. Before, a pause longer than
+// max_reconsume_times × suspend_time (1,000 × 1 s by default) dead-lettered
+// the held requests, which then never got one.
+func TestLongPauseRocketMQ(t *testing.T) {
+	t.Parallel()
+	const stock, shoppers = 5, 8
+	cfg := realConfig(t, "rocketmq")
+	srv := startBrokerDouble(t, rmqtest.Options{})
+	createTopics(srv, cfg)
+	env := append(rocketMQEnv(cfg, srv.Addr()),
+		fmt.Sprintf("FLASHSALE_QUEUE_ROCKETMQ_MAX_RECONSUME_TIMES=%d", cfg.Worker.MaxAttempts), // the least allowed
+		"FLASHSALE_QUEUE_ROCKETMQ_SUSPEND_TIME=10ms")
+	bin := buildBinary(t)
+	c := startRole(t, bin, "gateway", env).client(t, cfg)
+	results := startRole(t, bin, "notifier", env).client(t, cfg)
+	campaign := testenv.Name(t, "rmqpause-")
+	c.openCampaign(campaign, stock, 1)
+	accepted := map[string]string{}
+	for i := range shoppers {
+		user := fmt.Sprintf("u%d", i)
+		code, rid := c.tryBuy(campaign, user)
+		if code != http.StatusAccepted {
+			t.Fatalf("purchase %d: got %d, want 202", i, code)
+		}
+		accepted[rid] = user
+	}
+	if code := c.do("POST", "/admin/v1/campaigns/"+campaign+"/pause", c.admin, nil, nil, nil); code != http.StatusOK {
+		t.Fatalf("pause: got %d", code)
+	}
+	worker := startRole(t, bin, "worker", env)
+	w := newClient(t, "http://"+worker.addr, cfg.Auth)
+	// Held for three times the deliveries a failure gets before it is
+	// dead-lettered.
+	holds := float64(3 * (cfg.Worker.MaxAttempts + 2))
+	testenv.Eventually(t, 60*time.Second, "the worker holding the paused sale's batch", func() (bool, string) {
+		n := w.metric("flashsale_worker_held_batches_total")
+		return n >= holds, fmt.Sprintf("%v held deliveries, want %v", n, holds)
+	})
+	if code := c.do("POST", "/admin/v1/campaigns/"+campaign+"/resume", c.admin, nil, nil, nil); code != http.StatusOK {
+		t.Fatalf("resume: got %d", code)
+	}
+	st := c.settle(campaign, 60*time.Second)
+	final := map[string]int{}
+	for rid, user := range accepted {
+		code, r := results.poll(user, rid)
+		if code != http.StatusOK || r.Status == "queued" {
+			t.Fatalf("%s: got %d %+v, want a final result", rid, code, r)
+		}
+		final[r.Status]++
+	}
+	if final["success"] != stock || final["sold_out"] != shoppers-stock || st.Sold != stock || st.OrdersInDB != stock {
+		t.Fatalf("final %v, stats %+v; want %d successes, %d sold out, all in MySQL", final, st, stock, shoppers-stock)
+	}
+	if dlq := srv.DLQ(cfg.Queue.Group); len(dlq) != 0 {
+		t.Fatalf("dead-letter topic: got %d messages, want none", len(dlq))
+	}
+}

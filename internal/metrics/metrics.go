@@ -50,6 +50,7 @@ type Metrics struct {
 	Deductions      *CounterVec          // result
 	PersistLatency  prometheus.Histogram // seconds
 	PoisonMessages  prometheus.Counter
+	HeldBatches     prometheus.Counter     // deliveries held (queue.ErrHeld)
 	NotEnqueued     prometheus.Counter     // unknown publishes rejected by the sweep: no worker saw them
 	LeaseEvents     *prometheus.CounterVec // topic, event (PartitionEvent)
 	PartitionsOwned *prometheus.GaugeVec   // topic
@@ -134,6 +135,10 @@ func New(roles ...Role) *Metrics {
 		PoisonMessages: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_worker_poison_messages_total", Help: "Messages given up after repeated failures.",
 		}),
+		HeldBatches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flashsale_worker_held_batches_total",
+			Help: "Deliveries of a batch held rather than decided or stored: its campaign paused or not loaded, Redis or MySQL unable to take it. Redelivered for as long as the hold lasts, never given up.",
+		}),
 		LeaseEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flashsale_queue_lease_events_total",
 			Help: "Queue partitions this process's consumers acquired, released (a stop, a rebalance) or lost (the lease expired or was taken), by topic.",
@@ -181,7 +186,7 @@ func New(roles ...Role) *Metrics {
 		m.Registry.MustRegister(m.ScriptDuration)
 	}
 	if has(Worker) {
-		m.Registry.MustRegister(m.WorkerBatchSize, m.Deductions, m.PersistLatency, m.PoisonMessages, m.NotEnqueued, m.LeaseEvents, m.PartitionsOwned,
+		m.Registry.MustRegister(m.WorkerBatchSize, m.Deductions, m.PersistLatency, m.PoisonMessages, m.HeldBatches, m.NotEnqueued, m.LeaseEvents, m.PartitionsOwned,
 			m.ReplicaAckLatency, m.ReplicaShortfalls, m.BucketTransfers, m.BucketUnitsMoved)
 		for _, o := range []string{"moved", "empty", "recovered", "failed"} {
 			m.BucketTransfers.WithLabelValues(o)

@@ -2,6 +2,7 @@ package rocketmq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -236,16 +237,60 @@ func (r *run) consume(ctx context.Context, msgs ...*primitive.MessageExt) (consu
 			}
 			batch[i] = queue.Message{ID: id, Key: m.GetShardingKey(), Body: m.Body, Attempt: int(m.ReconsumeTimes) + 1}
 		}
-		if err := r.h(r.hctx, batch); err != nil {
+		if err := r.handle(mq, batch); err != nil {
 			r.log.Warn("handler failed",
 				"queue", mq.QueueId, "messages", len(batch), "attempt", batch[0].Attempt, "err", err)
-			if !r.deadLetter(mq, live) {
+			if errors.Is(err, queue.ErrHeld) || !r.deadLetter(mq, live) {
 				return consumer.SuspendCurrentQueueAMoment, nil
 			}
 		}
 	}
 	r.acknowledged(mq, msgs)
 	return consumer.ConsumeSuccess, nil
+}
+
+// handle runs the handler on batch. While the handler answers that the
+// batch is held (queue.ErrHeld: a paused sale, Redis or MySQL away), it
+// runs it again every SuspendTime within this call, so a hold never counts
+// as a failed delivery towards MaxReconsumeTimes (in orderly mode the
+// library counts each suspended delivery), however long it lasts. It hands
+// the held batch back when the consumer stops or mq is given up.
+func (r *run) handle(mq primitive.MessageQueue, batch []queue.Message) error {
+	for logged := false; ; logged = true {
+		err := r.h(r.hctx, batch)
+		if err == nil || !errors.Is(err, queue.ErrHeld) {
+			return err
+		}
+		if !logged {
+			r.log.Info("batch held; trying it again every suspend_time",
+				"queue", mq.QueueId, "messages", len(batch), "suspend_time", r.opts.SuspendTime, "err", err)
+		}
+		if !r.waitHeld(mq) {
+			return err
+		}
+	}
+}
+
+// waitHeld waits SuspendTime and reports whether a held batch of mq may
+// run again: not when the consumer is stopping or mq is being given up.
+func (r *run) waitHeld(mq primitive.MessageQueue) bool {
+	deadline := time.Now().Add(r.opts.SuspendTime)
+	for {
+		r.mu.Lock()
+		_, releasing := r.releasing[mq]
+		stopping := r.stopping
+		r.mu.Unlock()
+		left := time.Until(deadline)
+		switch {
+		case stopping || releasing:
+			return false
+		case left <= 0:
+			return true
+		}
+		// Checked often, so a rebalance's wait for this queue's batch
+		// (HandoverWait) is not spent here.
+		time.Sleep(min(left, 20*time.Millisecond))
+	}
 }
 
 // deadLetter sends the messages of a failed batch that are past

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,6 +24,7 @@ type consumeRecorder struct {
 	byID    map[string][]queue.Message
 	batches int
 	fail    func(queue.Message) bool // the handler refuses batches holding such a message
+	failErr error                    // with this error; nil: a failure of its own
 }
 
 func startRecording(t *testing.T, c *rocketmq.Consumer, topic string, fail func(queue.Message) bool) *consumeRecorder {
@@ -54,6 +56,9 @@ func (r *consumeRecorder) handle(_ context.Context, msgs []queue.Message) error 
 	}
 	for _, m := range msgs {
 		if r.fail != nil && r.fail(m) {
+			if r.failErr != nil {
+				return r.failErr
+			}
 			return errors.New("refused")
 		}
 	}
@@ -308,6 +313,49 @@ func TestPoisonMessageGoesToDLQ(t *testing.T) {
 	dlq := srv.DLQ(opts.ConsumerGroup)
 	if len(dlq) != 1 || dlq[0].Keys() != "poison" {
 		t.Errorf("DLQ: got %d messages (%v), want the poison one", len(dlq), dlq)
+	}
+}
+
+// TestHoldNeverDeadLetters: a batch its handler holds (queue.ErrHeld: a
+// paused sale, say) for many more deliveries than MaxReconsumeTimes is not
+// dead-lettered: the driver runs it again within the same delivery, so its
+// Attempt does not grow, and once the hold ends it is handled and the
+// messages behind it flow. (Before, a pause longer than MaxReconsumeTimes
+// × SuspendTime sent the held requests to the dead-letter topic without a
+// final result.)
+func TestHoldNeverDeadLetters(t *testing.T) {
+	t.Parallel()
+	srv := startDouble(t)
+	opts := testOptions(srv.Addr())
+	opts.MaxReconsumeTimes = 2
+	opts.BatchSize = 1
+	q := mustNew(t, opts)
+	topic := testenv.Topic(t)
+	srv.CreateTopic(topic, 1)
+	const holds = 10 // > MaxReconsumeTimes+2, the deliveries a failure gets
+	var held atomic.Int32
+	rec := startRecording(t, q.Consumer("c"), topic, func(m queue.Message) bool {
+		return m.ID == "held" && held.Add(1) <= holds
+	})
+	rec.mu.Lock()
+	rec.failErr = fmt.Errorf("campaign paused: %w", queue.ErrHeld)
+	rec.mu.Unlock()
+	publish(t, q, topic, queue.Message{ID: "held", Key: "k"}, queue.Message{ID: "next", Key: "k"})
+
+	testenv.Eventually(t, 20*time.Second, "the message behind the held one", func() (bool, string) {
+		return len(rec.deliveries("next")) > 0, fmt.Sprintf("held delivered %d times", len(rec.deliveries("held")))
+	})
+	ds := rec.deliveries("held")
+	if len(ds) != holds+1 {
+		t.Errorf("held message: got %d handler calls, want %d (held %d times, then handled)", len(ds), holds+1, holds)
+	}
+	for i, d := range ds {
+		if d.Attempt != 1 {
+			t.Errorf("held message, call %d: got Attempt %d, want 1 (a hold is not a failed delivery)", i+1, d.Attempt)
+		}
+	}
+	if dlq := srv.DLQ(opts.ConsumerGroup); len(dlq) != 0 {
+		t.Errorf("DLQ: got %d messages (%v), want none", len(dlq), dlq)
 	}
 }
 
