@@ -16,7 +16,9 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/flashsale/flashsale/internal/config"
 	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
 )
 
 // shopPaced sends n purchases from n distinct users, spread over workers
@@ -113,9 +115,32 @@ func (p *proxy) setDown(down bool) {
 
 // TestMySQLOutage: MariaDB is unreachable for 10 s mid-sale. Workers must not
 // acknowledge unpersisted successes, readiness must say so, and after
-// recovery every success is in MySQL exactly once.
+// recovery every success is in MySQL exactly once. On RocketMQ (`flashsale
+// serve` against the broker double, max_reconsume_times at its least and
+// suspend_time 10 ms) the held batches must not reach the dead-letter
+// topic either: an outage is a hold, not a failure.
 func TestMySQLOutage(t *testing.T) {
-	cfg := realConfig(t, "redisstream")
+	t.Run("redisstream", func(t *testing.T) {
+		mysqlOutage(t, realConfig(t, "redisstream"), startSystem)
+	})
+	t.Run("rocketmq", func(t *testing.T) {
+		cfg := realConfig(t, "rocketmq")
+		srv := startBrokerDouble(t, rmqtest.Options{})
+		createTopics(srv, cfg)
+		bin := buildBinary(t)
+		mysqlOutage(t, cfg, func(t *testing.T, cfg config.Config) *client {
+			env := append(rocketMQEnv(cfg, srv.Addr()),
+				fmt.Sprintf("FLASHSALE_QUEUE_ROCKETMQ_MAX_RECONSUME_TIMES=%d", cfg.Worker.MaxAttempts),
+				"FLASHSALE_QUEUE_ROCKETMQ_SUSPEND_TIME=10ms")
+			return startRole(t, bin, "serve", env).client(t, cfg)
+		})
+		if dlq := srv.DLQ(cfg.Queue.Group); len(dlq) != 0 {
+			t.Errorf("dead-letter topic: got %d messages, want none", len(dlq))
+		}
+	})
+}
+
+func mysqlOutage(t *testing.T, cfg config.Config, start func(*testing.T, config.Config) *client) {
 	dsn, err := mysql.ParseDSN(cfg.Database.DSN)
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +148,7 @@ func TestMySQLOutage(t *testing.T) {
 	px := newProxy(t, dsn.Addr)
 	dsn.Addr = px.addr()
 	cfg.Database.DSN = dsn.FormatDSN()
-	c := startSystem(t, cfg)
+	c := start(t, cfg)
 	campaign := testenv.Name(t, "mysqlout-")
 	soak := testenv.Soak()
 	stock, limit := int64(150*soak), int64(1)
@@ -160,7 +185,11 @@ func TestMySQLOutage(t *testing.T) {
 	if st.Sold != stock {
 		t.Errorf("sold %d, want %d: demand (%d admitted) exceeded stock, so nothing may be undersold", st.Sold, stock, len(admitted))
 	}
-	t.Logf("codes %v, results %v", codes, byStatus)
+	held := c.metric("flashsale_worker_held_batches_total")
+	if held == 0 {
+		t.Errorf("flashsale_worker_held_batches_total: 0, want the outage's batches held")
+	}
+	t.Logf("codes %v, results %v, %v held deliveries", codes, byStatus, held)
 }
 
 // redisServer runs a redis-server of the test's own on a free port, with AOF
