@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flashsale/flashsale/internal/config"
 	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/queue"
+	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
 )
 
 // TestIdempotencyKey: the same key from the same user returns the same
@@ -56,16 +58,46 @@ func (p *switchablePublisher) Publish(ctx context.Context, topic string, msgs ..
 	return p.Publisher.Publish(ctx, topic, msgs...)
 }
 
-// TestQueueOutage: the queue stops answering for 5 s mid-sale. Shoppers get
-// 503 unavailable within the publish timeout, then at once while the circuit
-// breaker is open; nothing is left behind (no queued marker, no counter), and
-// admitting recovers by itself when the queue is back.
+// TestQueueOutage: the queue fails every publish for 5 s mid-sale: on Redis
+// Streams it stops answering (each publish hangs until its deadline), on
+// RocketMQ (`flashsale serve` against the broker double) the broker refuses
+// every send (SYSTEM_BUSY). Shoppers get 503 unavailable within the publish
+// timeout, then at once while the circuit breaker is open; nothing is left
+// behind (no queued marker, no counter), and admitting recovers by itself
+// when the queue is back.
 func TestQueueOutage(t *testing.T) {
-	cfg := realConfig(t, "redisstream")
-	cfg.Gateway.PublishTimeout = 500 * time.Millisecond
-	cfg.Gateway.BreakerFailures, cfg.Gateway.BreakerOpenFor = 3, time.Second
-	var sw *switchablePublisher
-	c := startSystemWith(t, cfg, func(p queue.Publisher) queue.Publisher { sw = &switchablePublisher{Publisher: p}; return sw })
+	setCfg := func(cfg *config.Config) {
+		cfg.Gateway.PublishTimeout = 500 * time.Millisecond
+		cfg.Gateway.BreakerFailures, cfg.Gateway.BreakerOpenFor = 3, time.Second
+	}
+	t.Run("redisstream", func(t *testing.T) {
+		cfg := realConfig(t, "redisstream")
+		setCfg(&cfg)
+		var sw *switchablePublisher
+		c := startSystemWith(t, cfg, func(p queue.Publisher) queue.Publisher { sw = &switchablePublisher{Publisher: p}; return sw })
+		queueOutage(t, c, cfg, sw.down.Store)
+	})
+	t.Run("rocketmq", func(t *testing.T) {
+		cfg := realConfig(t, "rocketmq")
+		setCfg(&cfg)
+		srv := startBrokerDouble(t, rmqtest.Options{})
+		createTopics(srv, cfg)
+		env := append(rocketMQEnv(cfg, srv.Addr()),
+			"FLASHSALE_GATEWAY_PUBLISH_TIMEOUT="+cfg.Gateway.PublishTimeout.String(),
+			fmt.Sprintf("FLASHSALE_GATEWAY_BREAKER_FAILURES=%d", cfg.Gateway.BreakerFailures),
+			"FLASHSALE_GATEWAY_BREAKER_OPEN_FOR="+cfg.Gateway.BreakerOpenFor.String())
+		c := startRole(t, buildBinary(t), "serve", env).client(t, cfg)
+		queueOutage(t, c, cfg, func(down bool) {
+			if down {
+				srv.InjectFault(rmqSendMessage, rmqtest.Fault{Code: rmqSystemBusy, Remark: "busy"})
+			} else {
+				srv.ClearFaults()
+			}
+		})
+	})
+}
+
+func queueOutage(t *testing.T, c *client, cfg config.Config, setDown func(bool)) {
 	campaign := testenv.Name(t, "qdown-")
 	const stock, limit = 1000, 1
 	c.openCampaign(campaign, stock, limit)
@@ -91,7 +123,7 @@ func TestQueueOutage(t *testing.T) {
 	for i := range 20 {
 		buy(fmt.Sprintf("before%d", i))
 	}
-	sw.down.Store(true)
+	setDown(true)
 	outageEnds := time.Now().Add(5 * time.Second)
 	for i := 0; time.Now().Before(outageEnds); i++ {
 		code, took := buy(fmt.Sprintf("during%d", i))
@@ -108,7 +140,7 @@ func TestQueueOutage(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	sw.down.Store(false)
+	setDown(false)
 	deadline := time.Now().Add(5 * time.Second)
 	for i := 0; recovered < 20; i++ {
 		if time.Now().After(deadline) {
