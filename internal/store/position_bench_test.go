@@ -129,36 +129,42 @@ func evalshaStats(b *testing.B, rdb redis.UniversalClient) (calls, usec int64) {
 // one), the caller's wait per call, and the ratios position/baseline;
 // ns/op is both sides and the INFO calls, not a figure.
 func BenchmarkAdmitPosition(b *testing.B) {
-	limits := model.RateLimits{UserRate: 1_000_000, UserBurst: 1_000_000, IPRate: 1_000_000, IPBurst: 1_000_000}
 	for _, size := range []int{1, 30} {
 		b.Run(fmt.Sprintf("batch=%d", size), func(b *testing.B) {
-			pairs := positionPairs(b, func(s *Store, today bool) {
+			benchAdmitPairs(b, size, positionPairs(b, func(s *Store, today bool) {
 				if !today {
 					s.admit = redis.NewScript(admitBeforePosition)
 				}
-			})
-			batch := make([]model.AdmitRequest, size)
-			n := 0
-			for i := 0; b.Loop(); i++ {
-				for k := range pairs {
-					p := pairs[(i+k)%2]
-					for j := range batch {
-						n++
-						batch[j] = model.AdmitRequest{RequestID: benchRequestID(p.c.ID, n), CampaignID: p.c.ID,
-							UserID: fmt.Sprintf("bench%d", n%256), Quantity: 1, ClientIP: "127.0.0.1"}
-					}
-					p.measure(b, size, func() error {
-						adms, err := p.s.Admit(b.Context(), p.c.ID, batch, limits)
-						if err == nil && adms[size-1].Code != model.Admitted {
-							err = fmt.Errorf("admit: got code %d, want %d", adms[size-1].Code, model.Admitted)
-						}
-						return err
-					})
-				}
-			}
-			reportPairs(b, pairs, "admit")
+			}))
 		})
 	}
+}
+
+// benchAdmitPairs admits batches of size on each side of pairs in turn, the
+// order swapped every iteration: 256 shoppers from one address, user and IP
+// limits on, no Idempotency-Key.
+func benchAdmitPairs(b *testing.B, size int, pairs []*positionPair) {
+	limits := model.RateLimits{UserRate: 1_000_000, UserBurst: 1_000_000, IPRate: 1_000_000, IPBurst: 1_000_000}
+	batch := make([]model.AdmitRequest, size)
+	n := 0
+	for i := 0; b.Loop(); i++ {
+		for k := range pairs {
+			p := pairs[(i+k)%2]
+			for j := range batch {
+				n++
+				batch[j] = model.AdmitRequest{RequestID: benchRequestID(p.c.ID, n), CampaignID: p.c.ID,
+					UserID: fmt.Sprintf("bench%d", n%256), Quantity: 1, ClientIP: "127.0.0.1"}
+			}
+			p.measure(b, size, func() error {
+				adms, err := p.s.Admit(b.Context(), p.c.ID, batch, limits)
+				if err == nil && adms[size-1].Code != model.Admitted {
+					err = fmt.Errorf("admit: got code %d, want %d", adms[size-1].Code, model.Admitted)
+				}
+				return err
+			})
+		}
+	}
+	reportPairs(b, pairs, "admit")
 }
 
 // BenchmarkDeductPosition is deduct.lua with the watermark (position)

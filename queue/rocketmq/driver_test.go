@@ -281,13 +281,10 @@ func TestPing(t *testing.T) {
 	}
 }
 
-// TestPoisonMessageGoesToDLQ: a batch refused more than MaxReconsumeTimes
-// times leaves the queue for the group's dead-letter topic (the driver sends
-// it back to its broker), and the messages behind it flow again.
-// The worker never lets it come to this (it gives up first, see
-// worker.Options.MaxAttempts); this is the driver's last resort.
-func TestPoisonMessageGoesToDLQ(t *testing.T) {
-	t.Parallel()
+// startRetryCase starts a double and a queue that dead-letters a message
+// after MaxReconsumeTimes 2, one message a batch, on a topic of one queue.
+func startRetryCase(t *testing.T) (*rmqtest.Server, rocketmq.Options, *rocketmq.Queue, string) {
+	t.Helper()
 	srv := startDouble(t)
 	opts := testOptions(srv.Addr())
 	opts.MaxReconsumeTimes = 2
@@ -295,6 +292,17 @@ func TestPoisonMessageGoesToDLQ(t *testing.T) {
 	q := mustNew(t, opts)
 	topic := testenv.Topic(t)
 	srv.CreateTopic(topic, 1)
+	return srv, opts, q, topic
+}
+
+// TestPoisonMessageGoesToDLQ: a batch refused more than MaxReconsumeTimes
+// times leaves the queue for the group's dead-letter topic (the driver sends
+// it back to its broker), and the messages behind it flow again.
+// The worker never lets it come to this (it gives up first, see
+// worker.Options.MaxAttempts); this is the driver's last resort.
+func TestPoisonMessageGoesToDLQ(t *testing.T) {
+	t.Parallel()
+	srv, opts, q, topic := startRetryCase(t)
 	rec := startRecording(t, q.Consumer("c"), topic, func(m queue.Message) bool { return m.ID == "poison" })
 	publish(t, q, topic, queue.Message{ID: "poison", Key: "k"}, queue.Message{ID: "next", Key: "k"})
 
@@ -325,13 +333,7 @@ func TestPoisonMessageGoesToDLQ(t *testing.T) {
 // final result.)
 func TestHoldNeverDeadLetters(t *testing.T) {
 	t.Parallel()
-	srv := startDouble(t)
-	opts := testOptions(srv.Addr())
-	opts.MaxReconsumeTimes = 2
-	opts.BatchSize = 1
-	q := mustNew(t, opts)
-	topic := testenv.Topic(t)
-	srv.CreateTopic(topic, 1)
+	srv, opts, q, topic := startRetryCase(t)
 	const holds = 10 // > MaxReconsumeTimes+2, the deliveries a failure gets
 	var held atomic.Int32
 	rec := startRecording(t, q.Consumer("c"), topic, func(m queue.Message) bool {
