@@ -306,6 +306,11 @@ func TestLongPauseRocketMQ(t *testing.T) {
 		n := w.metric("flashsale_worker_held_batches_total")
 		return n >= holds, fmt.Sprintf("%v held deliveries, want %v", n, holds)
 	})
+	// Operators see the held backlog (the broker's offsets).
+	topic := `topic="` + cfg.Queue.Topic + `"`
+	if lag, age := w.metricSum("flashsale_queue_lag_messages", topic), w.metricSum("flashsale_queue_oldest_message_age_seconds", topic); lag != shoppers || age <= 0 {
+		t.Errorf("while held: flashsale_queue_lag_messages %v, oldest message age %vs; want %d and > 0", lag, age, shoppers)
+	}
 	if code := c.do("POST", "/admin/v1/campaigns/"+campaign+"/resume", c.admin, nil, nil, nil); code != http.StatusOK {
 		t.Fatalf("resume: got %d", code)
 	}
@@ -324,4 +329,8 @@ func TestLongPauseRocketMQ(t *testing.T) {
 	if dlq := srv.DLQ(cfg.Queue.Group); len(dlq) != 0 {
 		t.Fatalf("dead-letter topic: got %d messages, want none", len(dlq))
 	}
+	testenv.Eventually(t, 30*time.Second, "the backlog gone once the acknowledgements are committed", func() (bool, string) {
+		lag := w.metricSum("flashsale_queue_lag_messages", topic)
+		return lag == 0, fmt.Sprintf("lag %v", lag)
+	})
 }

@@ -154,6 +154,32 @@ func (c *client) metric(name string) float64 {
 	return 0
 }
 
+// metricSum adds up a labelled family's samples from a process's
+// /metrics whose labels include match (e.g. `topic="t"`).
+func (c *client) metricSum(name, match string) float64 {
+	c.t.Helper()
+	resp, err := c.http.Get(c.base + "/metrics")
+	if err != nil {
+		c.t.Fatalf("metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), name+"{")
+		labels, value, cut := strings.Cut(rest, "} ")
+		if !ok || !cut || !strings.Contains(labels, match) {
+			continue
+		}
+		f, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			c.t.Fatalf("metric %s: %v", name, err)
+		}
+		sum += f
+	}
+	return sum
+}
+
 // buyWithKey purchases one unit for user with an Idempotency-Key and
 // returns the status code and answer.
 func (c *client) buyWithKey(campaign, user, key string) (int, purchaseBody) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -651,5 +652,53 @@ func TestConsumeWaitsForTopic(t *testing.T) {
 	publish(t, q, topic, queue.Message{ID: "r1", Key: "k"})
 	testenv.Eventually(t, 20*time.Second, "the message", func() (bool, string) {
 		return rec.distinct() == 1, fmt.Sprintf("got %d", rec.distinct())
+	})
+}
+
+// TestBacklog: the backlog of a topic, queue by queue, is what the group
+// has not acknowledged, with the age of the oldest message; reading it
+// commits nothing (a consumer then gets every message), and once the
+// consumer's acknowledgements are committed it is empty.
+func TestBacklog(t *testing.T) {
+	t.Parallel()
+	srv := startDouble(t)
+	q := mustNew(t, testOptions(srv.Addr()))
+	topic := testenv.Topic(t)
+	srv.CreateTopic(topic, 2)
+	var msgs []queue.Message
+	for i := range 5 {
+		msgs = append(msgs, queue.Message{ID: fmt.Sprintf("m%d", i), Key: fmt.Sprintf("k%d", i)})
+	}
+	publish(t, q, topic, msgs...)
+
+	read := func() (lag int64, oldest time.Duration, parts []int) {
+		t.Helper()
+		backlog, err := q.Backlog(t.Context(), topic)
+		if err != nil {
+			t.Fatalf("Backlog: %v", err)
+		}
+		for _, b := range backlog {
+			lag += b.Lag
+			oldest = max(oldest, b.OldestAge)
+			parts = append(parts, b.Partition)
+			if b.Pending != 0 || (b.Lag == 0) != (b.OldestAge == 0) {
+				t.Errorf("partition %d: %+v, want no pending and an age exactly when there is lag", b.Partition, b)
+			}
+		}
+		return lag, oldest, parts
+	}
+	for range 2 { // a second read finds the same: the first committed nothing
+		if lag, oldest, parts := read(); lag != 5 || oldest <= 0 || !slices.Equal(parts, []int{0, 1}) {
+			t.Fatalf("before consuming: lag %d, oldest %v, partitions %v; want 5, > 0, [0 1]", lag, oldest, parts)
+		}
+	}
+	rec := startRecording(t, q.Consumer("c"), topic, nil)
+	testenv.Eventually(t, 30*time.Second, "every message consumed and committed", func() (bool, string) {
+		got := 0
+		for _, m := range msgs {
+			got += min(len(rec.deliveries(m.ID)), 1)
+		}
+		lag, _, _ := read()
+		return got == len(msgs) && lag == 0, fmt.Sprintf("%d of %d consumed, lag %d", got, len(msgs), lag)
 	})
 }

@@ -117,8 +117,9 @@ func closed(c *remoting.Client) bool {
 
 // route is the part of a topic's route the prober uses.
 type route struct {
-	brokers map[string]string // broker name -> master address
-	queues  int
+	brokers    map[string]string // broker name -> master address
+	queues     int
+	readQueues map[string]int // broker name -> its read queues of the topic
 }
 
 // errNoTopic is the name server's TOPIC_NOT_EXIST.
@@ -148,9 +149,10 @@ func (p *prober) route(ctx context.Context, topic string) (route, error) {
 		if err != nil {
 			return route{}, fmt.Errorf("route of %s: %w", topic, err)
 		}
-		r := route{brokers: make(map[string]string)}
+		r := route{brokers: make(map[string]string), readQueues: make(map[string]int)}
 		for _, q := range body.QueueDatas {
 			r.queues += q.ReadQueueNums
+			r.readQueues[q.BrokerName] += q.ReadQueueNums
 		}
 		for _, b := range body.BrokerDatas {
 			if a := b.BrokerAddrs[remoting.MasterID]; a != "" {

@@ -235,6 +235,7 @@ var (
 	_ queue.Publisher      = (*Queue)(nil)
 	_ queue.DelayPublisher = (*Queue)(nil)
 	_ queue.Pinger         = (*Queue)(nil)
+	_ queue.BacklogReader  = (*Queue)(nil)
 	_ queue.Consumer       = (*Consumer)(nil)
 )
 
