@@ -46,7 +46,8 @@ func attemptsSeen(seen *atomic.Int32, h queue.PipelineHandler) queue.PipelineHan
 
 // TestHoldBeyondMaxAttempts: a campaign that lost its Redis state, or is
 // paused, holds its messages for more deliveries than MaxAttempts without
-// deciding or rejecting any, and they are decided once it is back.
+// deciding or rejecting any (a hold is not a failed attempt: the Attempt
+// stays 1), and they are decided once it is back.
 func TestHoldBeyondMaxAttempts(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
@@ -87,11 +88,15 @@ func TestHoldBeyondMaxAttempts(t *testing.T) {
 			go func() { done <- queue.ConsumePipelined(ctx, q.Consumer("w"), topic, attemptsSeen(&seen, w.Decide)) }()
 
 			deadline := time.Now().Add(20 * time.Second)
-			for seen.Load() <= 4 { // twice MaxAttempts
+			for stock.holds.Load() <= 4 { // twice MaxAttempts
 				if time.Now().After(deadline) {
-					t.Fatalf("deliveries reached attempt %d, want more than 4", seen.Load())
+					t.Fatalf("%d deliveries held, want more than 4", stock.holds.Load())
 				}
 				time.Sleep(5 * time.Millisecond)
+			}
+			// Not one of them counted as a failed attempt (queue.ErrHeld).
+			if got := seen.Load(); got != 1 {
+				t.Errorf("held deliveries reached Attempt %d, want 1", got)
 			}
 			for _, m := range msgs {
 				if r, err := f.st.Result(t.Context(), m.ID); err == nil && r.Status.Final() {

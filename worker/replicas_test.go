@@ -72,9 +72,13 @@ func TestReplicaShortfallHoldsBatch(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- queue.ConsumePipelined(ctx, q.Consumer("w"), topic, attemptsSeen(&seen, w.Decide)) }()
 
-	testenv.Eventually(t, 20*time.Second, "deliveries beyond twice MaxAttempts", func() (bool, string) {
-		return seen.Load() > 4, fmt.Sprintf("attempt %d", seen.Load())
+	testenv.Eventually(t, 20*time.Second, "held deliveries beyond twice MaxAttempts", func() (bool, string) {
+		n := testutil.ToFloat64(m.HeldBatches)
+		return n > 4, fmt.Sprintf("%v held", n)
 	})
+	if got := seen.Load(); got != 1 {
+		t.Errorf("held deliveries reached Attempt %d, want 1 (a hold is not a failed attempt)", got)
+	}
 	mu.Lock()
 	early := len(published)
 	mu.Unlock()

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"container/heap"
 	"context"
+	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -316,6 +318,17 @@ func (tp *topic) decided(b *batch, finish queue.Finish, err error) *batch {
 		p.remove(b)
 		return nil
 	case err != nil:
+		if errors.Is(err, queue.ErrHeld) {
+			// A hold is not a failed delivery: the messages keep the
+			// Attempt they had (their take counted this one).
+			off := 0
+			for _, o := range p.out[:slices.Index(p.out, b)] {
+				off += len(o.msgs)
+			}
+			for j := range b.msgs {
+				p.msgs[off+j].Attempt--
+			}
+		}
 		// Only finishing batches can be ahead; they go on.
 		p.remove(b)
 		p.failed(tp.opts.RedeliveryDelay)

@@ -70,6 +70,7 @@ func Run(t *testing.T, f Factory) {
 		{"DeliversEverything", testDeliversEverything},
 		{"AckedNotRedelivered", testAckedNotRedelivered},
 		{"RedeliversOnError", testRedeliversOnError},
+		{"HeldIsNotAFailure", testHeldIsNotAFailure},
 		{"PerKeyOrder", testPerKeyOrder},
 		{"DeadConsumerRedelivered", testDeadConsumerRedelivered},
 		{"BatchSizeRespected", testBatchSizeRespected},

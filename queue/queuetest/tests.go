@@ -162,6 +162,47 @@ func testRedeliversOnError(t *testing.T, f Factory) {
 	}
 }
 
+// testHeldIsNotAFailure: a batch its handler holds (an error wrapping
+// queue.ErrHeld) comes back until the handler takes it, with the Attempt it
+// had: a hold does not count as a failed delivery, so a driver that gives
+// failing messages up never gives a held one up, however long it lasts.
+func testHeldIsNotAFailure(t *testing.T, f Factory) {
+	b := f.New(t)
+	topic := newTopic(t)
+	msgs := newMsgs(1, 3)
+	const holds = 4 // each message is held this many times
+
+	rec := newRecorder()
+	h := func(_ context.Context, batch []queue.Message) error {
+		rec.record(batch)
+		for _, m := range batch {
+			if len(rec.deliveries(m.ID)) <= holds {
+				return fmt.Errorf("campaign paused: %w", queue.ErrHeld)
+			}
+		}
+		rec.ack(batch)
+		return nil
+	}
+	startConsumer(t, b.NewConsumer(t, "c"), topic, h)
+	mustPublish(t, b.Publisher(), topic, msgs...)
+
+	waitUntil(t, deliveryTimeout, "every message acknowledged", func() (bool, string) {
+		n := rec.ackedCount()
+		return n == len(msgs), fmt.Sprintf("got %d acknowledged, want %d", n, len(msgs))
+	})
+	for _, id := range ids(msgs) {
+		ds := rec.deliveries(id)
+		if len(ds) < holds+1 {
+			t.Errorf("message %s: got %d deliveries, want >= %d", id, len(ds), holds+1)
+		}
+		for i, d := range ds {
+			if d.Attempt != ds[0].Attempt {
+				t.Errorf("message %s: delivery %d after %d holds got Attempt %d, want %d as the first", id, i+1, i, d.Attempt, ds[0].Attempt)
+			}
+		}
+	}
+}
+
 // testPerKeyOrder: with three consumers on a topic, each key's messages reach
 // the handlers in publish order, a failed batch comes back before anything
 // after it, and no two batches holding one key are ever handled at once.

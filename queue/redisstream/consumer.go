@@ -595,6 +595,11 @@ func (r *run) deliver(ctx context.Context, stream string, l *lease, pl *pipeline
 		if !sleep(ctx, backoff(r.opts.RedeliveryDelay, failures)) || !l.valid() {
 			return false, nil
 		}
+		if errors.Is(err, queue.ErrHeld) {
+			// A hold is not a failed delivery: the batch runs again as it
+			// is, its delivery counters left where they were.
+			continue
+		}
 		b, err = r.reclaim(ctx, stream, l, b, log)
 		switch {
 		case errors.Is(err, errLeaseLost):
