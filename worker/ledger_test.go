@@ -209,8 +209,8 @@ func TestLoadBetweenDecideAndFinish(t *testing.T) {
 	if _, err := reconcile.Load(t.Context(), f.db, f.st, f.campaign.ID); err != nil {
 		t.Fatalf("load: %v", err)
 	}
-	if err := finish(t.Context()); !errors.Is(err, model.ErrLedgerMoved) {
-		t.Fatalf("finish after the load: got %v, want %v", err, model.ErrLedgerMoved)
+	if err := finish(t.Context()); !errors.Is(err, model.ErrLedgerMoved) || !errors.Is(err, queue.ErrHeld) {
+		t.Fatalf("finish after the load: got %v, want %v, held (the batch waits for Redis to be rebuilt)", err, model.ErrLedgerMoved)
 	}
 	if err := queue.Serial(w.Decide)(t.Context(), msgs[3:]); err != nil {
 		t.Fatalf("redelivery: %v", err)

@@ -169,16 +169,16 @@ func (w *Worker) finish(ctx context.Context, results []model.Result, epochs map[
 	orders, now := ordersOf(results), time.Now()
 	// Both read or write MySQL. The decisions are made and stored in Redis:
 	// a MySQL that cannot take them holds the batch, for as long as it
-	// takes (never given up: the units are sold in Redis).
+	// takes (never given up: the units are sold in Redis). So does a
+	// ledger that moved on (model.ErrLedgerMoved): the batch is decided
+	// again once Redis is rebuilt, which may wait for an operator's
+	// preload.
 	if err := w.applyTerms(ctx, orders, now); err != nil {
 		return fmt.Errorf("%w: %w", queue.ErrHeld, err)
 	}
 	// Successes must be in MySQL before the batch is acknowledged: the
 	// shopper may already have seen them through the poll endpoint.
 	if err := w.persist(ctx, orders, epochs); err != nil {
-		if errors.Is(err, model.ErrLedgerMoved) {
-			return err // decided again on the next delivery
-		}
 		return fmt.Errorf("%w: %w", queue.ErrHeld, err)
 	}
 	w.count(results)
