@@ -99,6 +99,12 @@ func preloadOutcome(c model.Campaign, p model.Projection, now time.Time, force b
 // flag from MySQL itself), then every gateway drops its cached copy so it
 // refuses purchases (409 paused) at once; its cache TTL is the fallback
 // when the event is lost. Pausing twice changes nothing.
+//
+// Two admins pausing and resuming at once commit in one order in MySQL and
+// may write Redis in the other, so after its write each reads MySQL back
+// and writes again until Redis holds what it read: the last write is then
+// followed by a read of MySQL's last commit (a commit after that read is
+// another admin's, whose own write comes later still).
 func (s *Service) Pause(ctx context.Context, id string, paused bool) (model.Campaign, error) {
 	if !model.ValidCampaignID(id) {
 		return model.Campaign{}, model.ErrNotFound
@@ -107,9 +113,21 @@ func (s *Service) Pause(ctx context.Context, id string, paused bool) (model.Camp
 	if err != nil {
 		return model.Campaign{}, err
 	}
-	if _, err := s.stock.SetPaused(ctx, c); err != nil {
-		return model.Campaign{}, fmt.Errorf("pause %s: %w: %v", id, model.ErrUnavailable, err)
+	committed := c
+	for {
+		if _, err := s.stock.SetPaused(ctx, c); err != nil {
+			return model.Campaign{}, fmt.Errorf("pause %s: %w: %v", id, model.ErrUnavailable, err)
+		}
+		now, err := s.campaigns.Campaign(ctx, id)
+		if err != nil {
+			return model.Campaign{}, fmt.Errorf("pause %s: read back: %w", id, err)
+		}
+		if now.Paused == c.Paused && now.Epoch == c.Epoch {
+			break
+		}
+		c = now
 	}
+	c = committed
 	s.applyEvent(model.Event{Type: model.EventChanged, CampaignID: id})
 	if err := s.stock.PublishEvent(ctx, model.Event{Type: model.EventChanged, CampaignID: id}); err != nil {
 		s.log.Warn("publish changed event", "campaign_id", id, "err", err)

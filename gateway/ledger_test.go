@@ -1,10 +1,13 @@
 package gateway
 
 import (
+	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -89,5 +92,49 @@ func TestPause(t *testing.T) {
 	}
 	if _, err := svc.Pause(t.Context(), "no such", true); !errors.Is(err, model.ErrNotFound) {
 		t.Fatalf("Pause of a bad id: got %v, want %v", err, model.ErrNotFound)
+	}
+}
+
+// lateStock holds the first Redis write of a pause until hold is closed,
+// signalling held when it starts waiting.
+type lateStock struct {
+	*store.Store
+	once       sync.Once
+	held, hold chan struct{}
+}
+
+func (l *lateStock) SetPaused(ctx context.Context, c model.Campaign) (bool, error) {
+	if c.Paused {
+		l.once.Do(func() { close(l.held); <-l.hold })
+	}
+	return l.Store.SetPaused(ctx, c)
+}
+
+// TestPauseResumeAtOnce: two admins pause and resume at once; MySQL commits
+// the pause first and the resume last, but the pause reaches Redis last.
+// Redis ends with what MySQL committed last, not paused, so workers do not
+// hold a sale the shop resumed.
+func TestPauseResumeAtOnce(t *testing.T) {
+	ls := &lateStock{held: make(chan struct{}), hold: make(chan struct{})}
+	svc, st, c := newAdmitServiceOn(t, newGatePublisher(false), Options{}, func(st *store.Store) Stock { ls.Store = st; return ls })
+	paused := make(chan error, 1)
+	go func() {
+		_, err := svc.Pause(context.Background(), c.ID, true)
+		paused <- err
+	}()
+	<-ls.held // committed in MySQL, its Redis write waiting
+	if got, err := svc.Pause(t.Context(), c.ID, false); err != nil || got.Paused {
+		t.Fatalf("resume: got %+v, %v", got, err)
+	}
+	close(ls.hold)
+	if err := <-paused; err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	committed, err := svc.campaigns.Campaign(t.Context(), c.ID)
+	if err != nil || committed.Paused {
+		t.Fatalf("MySQL: got %+v, %v; want not paused (the resume committed last)", committed, err)
+	}
+	if p, err := st.Projection(t.Context(), c.ID); err != nil || p.Paused {
+		t.Fatalf("Redis: got %+v, %v; want not paused, as MySQL", p, err)
 	}
 }
