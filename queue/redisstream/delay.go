@@ -52,7 +52,8 @@ func newDelayScripts() delayScripts {
 // Options.MoveInterval after that while a consumer runs. delay <= 0 is
 // Publish. It fails as Publish does: queue.ErrClosed after Close, ctx's error
 // if ctx is already done, Redis's refusal if nothing was stored, and
-// queue.ErrUnknown wrapped around any other failure.
+// queue.ErrUnknown wrapped around any other failure, a ReplicaAck shortfall
+// included (it waits for replicas as Publish does).
 func (q *Queue) PublishDelayed(ctx context.Context, topic string, delay time.Duration, msgs ...queue.Message) error {
 	if delay <= 0 {
 		return q.Publish(ctx, topic, msgs...)
@@ -61,17 +62,12 @@ func (q *Queue) PublishDelayed(ctx context.Context, topic string, delay time.Dur
 		return err
 	}
 	ms := int64((delay + time.Millisecond - 1) / time.Millisecond)
-	// One script call per partition, partitions in order of first use.
-	var order []int
-	args := make(map[int][]any)
-	for _, m := range msgs {
-		p := queue.PartitionOf(m.Key, q.opts.Partitions)
-		if _, ok := args[p]; !ok {
-			order = append(order, p)
-			args[p] = []any{ms}
-		}
-		args[p] = append(args[p], m.ID, m.Key, m.Body)
+	if q.opts.ReplicaAck.Replicas > 0 {
+		return q.ackedByNode(ctx, topic, msgs, func(ctx context.Context, topic string, b nodeBatch) nodeOutcome {
+			return q.delayToNode(ctx, topic, ms, b)
+		})
 	}
+	order, args := delayArgs(q.opts.Partitions, ms, msgs)
 	for i, p := range order {
 		err := q.delays.add.Run(ctx, q.rdb, []string{delayedKey(topic, p), delaySeqKey(topic, p)}, args[p]...).Err()
 		if err == nil {
@@ -149,6 +145,52 @@ func (r *run) moveAll(ctx context.Context) error {
 }
 
 // delayedKey is partition p's delayed set; it shares the stream's hash tag.
+// delayArgs groups msgs by partition for delay_add.lua, one call per
+// partition, partitions in order of first use.
+func delayArgs(partitions int, ms int64, msgs []queue.Message) (order []int, args map[int][]any) {
+	args = make(map[int][]any)
+	for _, m := range msgs {
+		p := queue.PartitionOf(m.Key, partitions)
+		if _, ok := args[p]; !ok {
+			order = append(order, p)
+			args[p] = []any{ms}
+		}
+		args[p] = append(args[p], m.ID, m.Key, m.Body)
+	}
+	return order, args
+}
+
+// delayToNode is PublishDelayed's share of b's node with ReplicaAck: its
+// partitions' delay_add.lua calls and a WAIT pipelined on one connection.
+func (q *Queue) delayToNode(ctx context.Context, topic string, ms int64, b nodeBatch) nodeOutcome {
+	order, args := delayArgs(q.opts.Partitions, ms, b.msgs)
+	c := b.node.Conn()
+	defer c.Close()
+	adds := make([]*redis.Cmd, len(order))
+	var wait *redis.IntCmd
+	start := time.Now()
+	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, part := range order {
+			// EVAL, not EVALSHA: a pipeline cannot load a missing script.
+			adds[i] = q.delays.add.Eval(ctx, p, []string{delayedKey(topic, part), delaySeqKey(topic, part)}, args[part]...)
+		}
+		wait = pipelineWait(ctx, p, q.opts.ReplicaAck)
+		return nil
+	})
+	var out nodeOutcome
+	for i, add := range adds {
+		var rerr redis.Error
+		if errors.As(add.Err(), &rerr) {
+			out.refused += (len(args[order[i]]) - 1) / 3
+		}
+	}
+	if err != nil {
+		out.err = err
+		return out
+	}
+	return q.replicated(out, wait, start, len(b.msgs))
+}
+
 func delayedKey(topic string, p int) string {
 	return streamKey(topic, p) + ":delayed"
 }

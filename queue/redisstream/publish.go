@@ -33,17 +33,25 @@ type ReplicaAck struct {
 // connection of that node, pipelined (one round trip per node, the nodes in
 // parallel).
 func (q *Queue) publishAcked(ctx context.Context, topic string, msgs []queue.Message) error {
+	return q.ackedByNode(ctx, topic, msgs, q.publishToNode)
+}
+
+// ackedByNode writes msgs with send, one call per node that holds some of
+// their partitions, the nodes in parallel, and sums up what the nodes did:
+// nil once every node stored its share and its replicas acknowledged it,
+// Redis's refusal if nothing was stored, queue.ErrUnknown otherwise.
+func (q *Queue) ackedByNode(ctx context.Context, topic string, msgs []queue.Message, send func(context.Context, string, nodeBatch) nodeOutcome) error {
 	batches, err := q.byNode(ctx, topic, msgs)
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", topic, err)
 	}
 	outcomes := make([]nodeOutcome, len(batches))
 	if len(batches) == 1 {
-		outcomes[0] = q.publishToNode(ctx, topic, batches[0])
+		outcomes[0] = send(ctx, topic, batches[0])
 	} else {
 		var wg sync.WaitGroup
 		for i, b := range batches {
-			wg.Go(func() { outcomes[i] = q.publishToNode(ctx, topic, b) })
+			wg.Go(func() { outcomes[i] = send(ctx, topic, b) })
 		}
 		wg.Wait()
 	}
@@ -131,11 +139,7 @@ func (q *Queue) publishToNode(ctx context.Context, topic string, b nodeBatch) no
 				Values: []any{fieldID, m.ID, fieldKey, m.Key, fieldBody, m.Body},
 			})
 		}
-		// Pipeliner lacks Wait, which *redis.Pipeline has: unlike a plain
-		// Do, it gives the read the time WAIT may block.
-		wait = p.(interface {
-			Wait(context.Context, int, time.Duration) *redis.IntCmd
-		}).Wait(ctx, a.Replicas, a.Timeout)
+		wait = pipelineWait(ctx, p, a)
 		return nil
 	})
 	var out nodeOutcome
@@ -158,6 +162,22 @@ func (q *Queue) publishToNode(ctx context.Context, topic string, b nodeBatch) no
 		out.err = err
 		return out
 	}
+	return q.replicated(out, wait, start, len(b.msgs))
+}
+
+// pipelineWait queues WAIT for a's replicas on p. Pipeliner lacks Wait,
+// which *redis.Pipeline has: unlike a plain Do, it gives the read the time
+// WAIT may block.
+func pipelineWait(ctx context.Context, p redis.Pipeliner, a ReplicaAck) *redis.IntCmd {
+	return p.(interface {
+		Wait(context.Context, int, time.Duration) *redis.IntCmd
+	}).Wait(ctx, a.Replicas, a.Timeout)
+}
+
+// replicated completes out with wait's answer for n messages written since
+// start.
+func (q *Queue) replicated(out nodeOutcome, wait *redis.IntCmd, start time.Time, n int) nodeOutcome {
+	a := q.opts.ReplicaAck
 	acked, err := wait.Result()
 	if err != nil {
 		out.err = fmt.Errorf("wait for %d replicas: %w", a.Replicas, err)
@@ -167,7 +187,7 @@ func (q *Queue) publishToNode(ctx context.Context, topic string, b nodeBatch) no
 		a.Observe(time.Since(start), int(acked), a.Replicas)
 	}
 	if acked < int64(a.Replicas) {
-		out.err = fmt.Errorf("%d of %d replicas acknowledged %d messages within %v", acked, a.Replicas, len(b.msgs), a.Timeout)
+		out.err = fmt.Errorf("%d of %d replicas acknowledged %d messages within %v", acked, a.Replicas, n, a.Timeout)
 		return out
 	}
 	out.acked = true

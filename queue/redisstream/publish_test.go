@@ -69,6 +69,21 @@ func TestPublishWaitsForReplica(t *testing.T) {
 		}
 	}
 
+	// A delayed publish (an order's expiry) waits too.
+	if err := q.PublishDelayed(ctx, topic, time.Hour, msgs...); err != nil {
+		t.Fatalf("delayed publish with every replica up: %v", err)
+	}
+	for p := range opts.Partitions {
+		key := delayedKey(topic, p)
+		want, err := rdb.ZCard(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := countOnReplica(t, rdb, key, func(ctx context.Context, c *redis.Conn) *redis.IntCmd { return c.ZCard(ctx, key) }); got != want {
+			t.Errorf("partition %d: %d delayed messages on the replica when PublishDelayed returned, want %d", p, got, want)
+		}
+	}
+
 	// Stop the replica of the master of partition 0.
 	master, err := rdb.MasterForKey(ctx, streamKey(topic, 0))
 	if err != nil {
@@ -90,6 +105,9 @@ func TestPublishWaitsForReplica(t *testing.T) {
 	}
 	if err := q.Publish(ctx, topic, other); err != nil {
 		t.Errorf("publish to a master whose replica runs: %v", err)
+	}
+	if err := qStopped.PublishDelayed(ctx, topic, time.Hour, stopped); !errors.Is(err, queue.ErrUnknown) {
+		t.Errorf("delayed publish to a master whose replica is stopped: got %v, want queue.ErrUnknown", err)
 	}
 	err = qStopped.Publish(ctx, topic, stopped, other)
 	if !errors.Is(err, queue.ErrUnknown) {
@@ -124,13 +142,24 @@ func TestPublishReplicaShortfall(t *testing.T) {
 	if n, err := rdb.XLen(t.Context(), streamKey(topic, queue.PartitionOf(m.Key, 2))).Result(); err != nil || n != 1 {
 		t.Fatalf("stream length: got %d, %v; want the message stored", n, err)
 	}
+	if err := q.PublishDelayed(t.Context(), topic, time.Hour, m); !errors.Is(err, queue.ErrUnknown) {
+		t.Fatalf("delayed, no replica: got %v, want queue.ErrUnknown", err)
+	}
+	if n, err := rdb.ZCard(t.Context(), delayedKey(topic, queue.PartitionOf(m.Key, 2))).Result(); err != nil || n != 1 {
+		t.Fatalf("delayed set: got %d, %v; want the message stored", n, err)
+	}
 }
 
 // onReplica counts the entries of stream on the replica of its master.
 func onReplica(t *testing.T, rdb *redis.ClusterClient, stream string) int64 {
+	return countOnReplica(t, rdb, stream, func(ctx context.Context, c *redis.Conn) *redis.IntCmd { return c.XLen(ctx, stream) })
+}
+
+// countOnReplica runs count on the replica of key's master.
+func countOnReplica(t *testing.T, rdb *redis.ClusterClient, key string, count func(context.Context, *redis.Conn) *redis.IntCmd) int64 {
 	t.Helper()
 	ctx := t.Context()
-	master, err := rdb.MasterForKey(ctx, stream)
+	master, err := rdb.MasterForKey(ctx, key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +170,7 @@ func onReplica(t *testing.T, rdb *redis.ClusterClient, stream string) int64 {
 	if err := conn.ReadOnly(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	got, err := conn.XLen(ctx, stream).Result()
+	got, err := count(ctx, conn).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
