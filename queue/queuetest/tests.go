@@ -116,20 +116,19 @@ func testAckedNotRedelivered(t *testing.T, f Factory) {
 	}
 }
 
-// testRedeliversOnError: a batch whose handler fails comes back with a larger
-// Attempt until the handler accepts it.
-func testRedeliversOnError(t *testing.T, f Factory) {
+// refuseFirst publishes msgs on a fresh backend to a handler that answers
+// err to a batch holding a message delivered n times or fewer, and returns
+// the deliveries once every message was acknowledged.
+func refuseFirst(t *testing.T, f Factory, msgs []queue.Message, n int, err error) *recorder {
+	t.Helper()
 	b := f.New(t)
 	topic := newTopic(t)
-	msgs := newMsgs(2, 5)
-	const failures = 2 // each message is refused this many times
-
 	rec := newRecorder()
 	h := func(_ context.Context, batch []queue.Message) error {
 		rec.record(batch)
 		for _, m := range batch {
-			if len(rec.deliveries(m.ID)) <= failures {
-				return errHandler
+			if len(rec.deliveries(m.ID)) <= n {
+				return err
 			}
 		}
 		rec.ack(batch)
@@ -137,11 +136,19 @@ func testRedeliversOnError(t *testing.T, f Factory) {
 	}
 	startConsumer(t, b.NewConsumer(t, "c"), topic, h)
 	mustPublish(t, b.Publisher(), topic, msgs...)
-
 	waitUntil(t, deliveryTimeout, "every message acknowledged", func() (bool, string) {
-		n := rec.ackedCount()
-		return n == len(msgs), fmt.Sprintf("got %d acknowledged, want %d", n, len(msgs))
+		acked := rec.ackedCount()
+		return acked == len(msgs), fmt.Sprintf("got %d acknowledged, want %d", acked, len(msgs))
 	})
+	return rec
+}
+
+// testRedeliversOnError: a batch whose handler fails comes back with a larger
+// Attempt until the handler accepts it.
+func testRedeliversOnError(t *testing.T, f Factory) {
+	msgs := newMsgs(2, 5)
+	const failures = 2 // each message is refused this many times
+	rec := refuseFirst(t, f, msgs, failures, errHandler)
 	for _, id := range ids(msgs) {
 		ds := rec.deliveries(id)
 		if len(ds) < failures+1 {
@@ -167,29 +174,9 @@ func testRedeliversOnError(t *testing.T, f Factory) {
 // had: a hold does not count as a failed delivery, so a driver that gives
 // failing messages up never gives a held one up, however long it lasts.
 func testHeldIsNotAFailure(t *testing.T, f Factory) {
-	b := f.New(t)
-	topic := newTopic(t)
 	msgs := newMsgs(1, 3)
 	const holds = 4 // each message is held this many times
-
-	rec := newRecorder()
-	h := func(_ context.Context, batch []queue.Message) error {
-		rec.record(batch)
-		for _, m := range batch {
-			if len(rec.deliveries(m.ID)) <= holds {
-				return fmt.Errorf("campaign paused: %w", queue.ErrHeld)
-			}
-		}
-		rec.ack(batch)
-		return nil
-	}
-	startConsumer(t, b.NewConsumer(t, "c"), topic, h)
-	mustPublish(t, b.Publisher(), topic, msgs...)
-
-	waitUntil(t, deliveryTimeout, "every message acknowledged", func() (bool, string) {
-		n := rec.ackedCount()
-		return n == len(msgs), fmt.Sprintf("got %d acknowledged, want %d", n, len(msgs))
-	})
+	rec := refuseFirst(t, f, msgs, holds, fmt.Errorf("campaign paused: %w", queue.ErrHeld))
 	for _, id := range ids(msgs) {
 		ds := rec.deliveries(id)
 		if len(ds) < holds+1 {
