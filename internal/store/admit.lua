@@ -348,7 +348,7 @@ end
 for j = 1, #moved_ips, 4000 do
   redis.call('HSET', KEYS[7], unpack(moved_ips, j, math.min(j + 3999, #moved_ips)))
 end
--- The hashes written may be new: they expire with the campaign's other keys.
+-- The keys written may be new: they expire with the campaign's other keys.
 local written = {}
 if #new_results > 0 then written[#written + 1] = KEYS[1]; written[#written + 1] = KEYS[9] end
 if #new_idem > 0 then written[#written + 1] = KEYS[2] end
