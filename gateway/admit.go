@@ -197,9 +197,9 @@ func (s *Service) flush(batch []*pendingPurchase) {
 
 // keepUnknown keeps the requests of a publish whose outcome is unknown
 // admitted (queued marker, Idempotency-Key, count, and the record of
-// admissions that the workers' sweep reads). Withdrawing them instead would tell a shopper
-// "failed" about a purchase a worker may still decide, and make a retry
-// with the same key a second request.
+// admissions that the workers' sweep reads). Withdrawing them instead would
+// tell a shopper "failed" about a purchase a worker may still decide, and
+// make a retry with the same key a second request.
 func (s *Service) keepUnknown(fresh []*pendingPurchase, cause error) {
 	s.m.PublishUnknown.Add(float64(len(fresh)))
 	s.log.Warn("publish outcome unknown; the requests stay queued, and are rejected as not enqueued if their message never comes",

@@ -3,6 +3,7 @@ package rocketmq
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -30,13 +31,7 @@ func (p *prober) backlog(ctx context.Context, group, topic string) ([]queue.Back
 		return nil, err
 	}
 	var out []queue.Backlog
-	for _, name := range slices.Sorted(func(yield func(string) bool) {
-		for name := range r.readQueues {
-			if !yield(name) {
-				return
-			}
-		}
-	}) {
+	for _, name := range slices.Sorted(maps.Keys(r.readQueues)) {
 		addr := r.brokers[name]
 		if addr == "" {
 			return nil, fmt.Errorf("backlog of %s: broker %s has no master in the route", topic, name)
