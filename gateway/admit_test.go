@@ -384,7 +384,7 @@ func drain(t *testing.T, q *memqueue.Queue, topic string, n int) []queue.Message
 func TestAdmitNotLoaded(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		epoch int64 // the campaign's in MySQL
+		epoch model.Epoch // the campaign's in MySQL
 		want  error
 	}{
 		{name: "never loaded", epoch: 0, want: model.ErrNotLoaded},

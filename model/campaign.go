@@ -35,7 +35,7 @@ type Campaign struct {
 	// Epoch counts the campaign's loads into Redis (0: never loaded). Each
 	// load starts a new one, and an order decided under an older one is
 	// refused (ErrLedgerMoved): the fence between the ledger and Redis.
-	Epoch int64
+	Epoch Epoch
 	// Paused holds the sale: the gateway refuses purchases and workers
 	// hold the campaign's messages until it resumes.
 	Paused bool

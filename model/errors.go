@@ -16,10 +16,10 @@ var (
 	ErrSoldOut        = errors.New("sold out")
 	ErrLimitExceeded  = errors.New("per-user limit exceeded")
 	ErrRateLimited    = errors.New("rate limited")
-	ErrUnavailable    = errors.New("temporarily unavailable")
+	ErrUnavailable    = hold("temporarily unavailable")
 	ErrUnauthorized   = errors.New("unauthorized")
 	ErrForbidden      = errors.New("forbidden")
-	ErrNotLoaded      = errors.New("campaign stock not preloaded")
+	ErrNotLoaded      = hold("campaign stock not preloaded")
 	ErrBodyTooLarge   = errors.New("request body too large")
 	ErrTooManyStreams = errors.New("too many subscriptions")
 	ErrTooManyConns   = errors.New("too many connections")
@@ -49,8 +49,8 @@ var (
 	// messages), and an order decided under an epoch the campaign has left
 	// is refused, because Redis was rebuilt from MySQL since and the
 	// request must be decided again there.
-	ErrPaused      = errors.New("sale paused")
-	ErrLedgerMoved = errors.New("campaign reloaded since the decision")
+	ErrPaused      = hold("sale paused")
+	ErrLedgerMoved = hold("campaign reloaded since the decision")
 
 	// ErrMaybeApplied wraps a Redis call's error after which the call may
 	// have run: it was sent, and its reply was lost (a timeout, a broken
@@ -58,6 +58,24 @@ var (
 	// ErrUnavailable.
 	ErrMaybeApplied = errors.New("outcome unknown")
 )
+
+// ErrHeld is what ErrNotLoaded, ErrPaused, ErrUnavailable and
+// ErrLedgerMoved also are (errors.Is): a decision that must wait, not a
+// failure. Nothing is wrong with the requests; deciding them now, or giving
+// up on them, would be wrong (a rebuild would wipe the result, a paused sale
+// would sell, a replica's delay would reject), so a worker holds their batch
+// until the cause passes, however long that takes.
+var ErrHeld = errors.New("held")
+
+// holdError is a sentinel that is also ErrHeld.
+type holdError struct{ msg string }
+
+func hold(msg string) error { return &holdError{msg: msg} }
+
+func (e *holdError) Error() string { return e.msg }
+
+// Is lets errors.Is(err, ErrHeld) match.
+func (e *holdError) Is(target error) bool { return target == ErrHeld }
 
 // InvalidError reports one invalid input field. It is always a client error.
 type InvalidError struct {

@@ -31,14 +31,14 @@ type DeductReply struct {
 	SoldOutNow bool
 	// Epoch is the campaign's epoch in Redis the batch was decided under;
 	// its orders are stored only while MySQL is at the same one.
-	Epoch int64
+	Epoch Epoch
 }
 
 // Projection is what Redis holds of a campaign's definition: the values
 // and the epoch it was last loaded with.
 type Projection struct {
 	Loaded         bool
-	Epoch          int64
+	Epoch          Epoch
 	Stock          int64
 	Limit          int64
 	StartAt, EndAt time.Time
@@ -75,7 +75,7 @@ type OrderStats struct {
 // reconciliation with the order table.
 type Snapshot struct {
 	Loaded    bool
-	Epoch     int64
+	Epoch     Epoch
 	Stock     int64
 	Limit     int64
 	Remaining int64

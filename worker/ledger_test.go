@@ -23,7 +23,7 @@ type holdCountingStock struct {
 
 func (c *holdCountingStock) Deduct(ctx context.Context, campaignID string, batch []model.Deduction) (model.DeductReply, error) {
 	r, err := c.Stock.Deduct(ctx, campaignID, batch)
-	if held(err) {
+	if errors.Is(err, model.ErrHeld) {
 		c.holds.Add(1)
 	}
 	return r, err

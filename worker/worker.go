@@ -44,7 +44,7 @@ type Stock interface {
 // while each campaign's epoch in MySQL is the one given, model.ErrLedgerMoved
 // otherwise.
 type Orders interface {
-	InsertOrders(ctx context.Context, orders []model.Order, epochs map[string]int64) error
+	InsertOrders(ctx context.Context, orders []model.Order, epochs model.Epochs) error
 	Campaigns
 	// CampaignsEndingAfter lists the campaigns whose sale ends after t.
 	CampaignsEndingAfter(ctx context.Context, t time.Time) ([]model.Campaign, error)
@@ -127,59 +127,64 @@ type campaignBatch struct {
 // Decide is the queue.PipelineHandler: it decides the batch in Redis and
 // returns the step that persists and publishes the results.
 //
-// A campaign whose stock is not in Redis (never loaded, or lost until a
-// preload rebuilds it) or that is paused is held: nothing is decided and
-// the batch comes back later. The error says so (queue.ErrHeld), and so
-// does Finish's when MySQL cannot take the decisions.
+// A batch the store cannot decide now (model.ErrHeld: its campaign not in
+// Redis or paused, its replicas behind) is held: nothing is decided and
+// the batch comes back later. So is one whose decisions MySQL cannot take
+// (Finish).
 func (w *Worker) Decide(ctx context.Context, msgs []queue.Message) (queue.Finish, error) {
 	batches := w.group(msgs)
 	results := make([]model.Result, 0, len(msgs))
-	epochs := make(map[string]int64, len(batches))
+	epochs := make(model.Epochs, len(batches))
 	for _, b := range batches {
-		rs, epoch, err := w.decide(ctx, b)
+		rs, err := w.decide(ctx, b, epochs)
 		if err != nil {
-			w.countHeld(err)
-			return nil, err
+			return nil, w.held(err)
 		}
 		results = append(results, rs...)
-		if was, ok := epochs[b.campaignID]; ok && was != epoch {
-			// Two buckets of one campaign decided across a load: an epoch
-			// MySQL never has stores nothing, and both are decided again.
-			epoch = -2
-		}
-		epochs[b.campaignID] = epoch
 	}
 	return func(ctx context.Context) error {
-		err := w.finish(ctx, results, epochs)
-		w.countHeld(err)
-		return err
+		return w.held(w.finish(ctx, results, epochs))
 	}, nil
 }
 
-func (w *Worker) countHeld(err error) {
-	if errors.Is(err, queue.ErrHeld) {
-		w.m.HeldBatches.Inc()
+// held marks an error of a hold (model.ErrHeld) as queue.ErrHeld, the
+// queue's word for it, and counts the held batch.
+func (w *Worker) held(err error) error {
+	if !errors.Is(err, model.ErrHeld) {
+		return err
 	}
+	w.m.HeldBatches.Inc()
+	if errors.Is(err, queue.ErrHeld) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", queue.ErrHeld, err)
 }
+
+// mysqlHold marks an error of MySQL's as a hold: the decisions are made and
+// stored in Redis, and a MySQL that cannot take them now holds the batch for
+// as long as it takes (never given up: the units are sold in Redis).
+type mysqlHold struct{ err error }
+
+func (e mysqlHold) Error() string        { return e.err.Error() }
+func (e mysqlHold) Unwrap() error        { return e.err }
+func (e mysqlHold) Is(target error) bool { return target == model.ErrHeld }
 
 // finish stores the successes of decided results, fenced by the epochs
 // they were decided under, publishes them all and schedules the new orders'
 // expiry.
-func (w *Worker) finish(ctx context.Context, results []model.Result, epochs map[string]int64) error {
+func (w *Worker) finish(ctx context.Context, results []model.Result, epochs model.Epochs) error {
 	orders, now := ordersOf(results), time.Now()
-	// Both read or write MySQL. The decisions are made and stored in Redis:
-	// a MySQL that cannot take them holds the batch, for as long as it
-	// takes (never given up: the units are sold in Redis). So does a
-	// ledger that moved on (model.ErrLedgerMoved): the batch is decided
-	// again once Redis is rebuilt, which may wait for an operator's
-	// preload.
+	// Both read or write MySQL, and any failure of theirs holds the batch
+	// (mysqlHold). A ledger that moved on (model.ErrLedgerMoved) is a hold
+	// of its own: the batch is decided again once Redis is rebuilt, which
+	// may wait for an operator's preload.
 	if err := w.applyTerms(ctx, orders, now); err != nil {
-		return fmt.Errorf("%w: %w", queue.ErrHeld, err)
+		return mysqlHold{err}
 	}
 	// Successes must be in MySQL before the batch is acknowledged: the
 	// shopper may already have seen them through the poll endpoint.
 	if err := w.persist(ctx, orders, epochs); err != nil {
-		return fmt.Errorf("%w: %w", queue.ErrHeld, err)
+		return mysqlHold{err}
 	}
 	w.count(results)
 	if err := w.stock.PublishResults(ctx, results); err != nil {
@@ -280,18 +285,12 @@ func (w *Worker) group(msgs []queue.Message) []*campaignBatch {
 	return order
 }
 
-// held reports whether err holds a batch: its campaign is not in Redis or
-// paused, or its deduction did not reach redis.min_replicas_ack replicas in
-// time. Giving up on it would store a final rejected result that a rebuild
-// wipes, decide a paused sale, or reject requests for a replica's delay, so
-// it never counts as a failure.
-func held(err error) bool {
-	return errors.Is(err, model.ErrNotLoaded) || errors.Is(err, model.ErrPaused) || errors.Is(err, model.ErrUnavailable)
-}
-
-// decide decides one campaign's share of a batch and returns the results
-// and the epoch they were decided under.
-func (w *Worker) decide(ctx context.Context, b *campaignBatch) ([]model.Result, int64, error) {
+// decide decides one campaign's share of a batch, returns the results and
+// adds the epoch they were decided under to epochs. A hold (model.ErrHeld)
+// is never a failure: giving up on it would store a final rejected result
+// that a rebuild wipes, decide a paused sale, or reject requests for a
+// replica's delay.
+func (w *Worker) decide(ctx context.Context, b *campaignBatch, epochs model.Epochs) ([]model.Result, error) {
 	deductions := make([]model.Deduction, len(b.requests))
 	exhausted := false
 	for i, r := range b.requests {
@@ -303,13 +302,10 @@ func (w *Worker) decide(ctx context.Context, b *campaignBatch) ([]model.Result, 
 	w.m.WorkerBatchSize.Observe(float64(len(deductions)))
 	reply, err := w.stock.Deduct(ctx, b.tag, deductions)
 	if err != nil {
-		if held(err) {
-			return nil, 0, fmt.Errorf("worker: %w: %w", queue.ErrHeld, err)
+		if errors.Is(err, model.ErrHeld) || !exhausted {
+			return nil, fmt.Errorf("worker: %w", err)
 		}
-		if !exhausted {
-			return nil, 0, fmt.Errorf("worker: %w", err)
-		}
-		return w.giveUp(ctx, b.tag, deductions, err)
+		return w.giveUp(ctx, b, deductions, err, epochs)
 	}
 	if reply.SoldOutNow {
 		// Best effort: gateways also re-check the flag periodically.
@@ -319,52 +315,48 @@ func (w *Worker) decide(ctx context.Context, b *campaignBatch) ([]model.Result, 
 	}
 	if w.opts.AfterDeduct != nil {
 		if err := w.opts.AfterDeduct(b.campaignID, reply.Results); err != nil {
-			return nil, 0, err
+			return nil, err
 		}
 	}
-	return reply.Results, reply.Epoch, nil
+	epochs.Add(b.campaignID, reply.Epoch)
+	return reply.Results, nil
 }
 
 // giveUp decides each request of a batch that keeps failing on its own, so
 // one poison request cannot block its campaign: a request that still fails
 // alone gets a final rejected result. A hold stops it: the batch comes
 // back.
-func (w *Worker) giveUp(ctx context.Context, campaignID string, ds []model.Deduction, cause error) ([]model.Result, int64, error) {
+//
+// Requests decided one by one may be decided on both sides of a load:
+// epochs then has the campaign's EpochMixed, MySQL stores nothing, and the
+// batch is decided again.
+func (w *Worker) giveUp(ctx context.Context, b *campaignBatch, ds []model.Deduction, cause error, epochs model.Epochs) ([]model.Result, error) {
 	out := make([]model.Result, 0, len(ds))
-	// The epoch of the requests decided; -1 until one is. Decided under
-	// two loads, it is -2, an epoch MySQL never has: nothing is stored
-	// and the batch is decided again.
-	epoch := int64(-1)
 	for _, d := range ds {
-		reply, err := w.stock.Deduct(ctx, campaignID, []model.Deduction{d})
+		reply, err := w.stock.Deduct(ctx, b.tag, []model.Deduction{d})
 		if err == nil {
 			out = append(out, reply.Results...)
-			switch {
-			case epoch == -1:
-				epoch = reply.Epoch
-			case epoch != reply.Epoch:
-				epoch = -2
-			}
+			epochs.Add(b.campaignID, reply.Epoch)
 			continue
 		}
-		if held(err) {
-			return nil, 0, fmt.Errorf("worker: %w: %w", queue.ErrHeld, err)
+		if errors.Is(err, model.ErrHeld) {
+			return nil, fmt.Errorf("worker: %w", err)
 		}
-		r, rerr := w.stock.Reject(ctx, d, campaignID, model.ReasonPoison)
+		r, rerr := w.stock.Reject(ctx, d, b.tag, model.ReasonPoison)
 		if rerr != nil {
-			return nil, 0, fmt.Errorf("worker: give up on %s: %w", d.RequestID, errors.Join(cause, rerr))
+			return nil, fmt.Errorf("worker: give up on %s: %w", d.RequestID, errors.Join(cause, rerr))
 		}
 		w.m.PoisonMessages.Inc()
-		w.log.Error("request given up after repeated failures", "request_id", d.RequestID, "campaign_id", campaignID, "err", err)
+		w.log.Error("request given up after repeated failures", "request_id", d.RequestID, "campaign_id", b.campaignID, "err", err)
 		out = append(out, r)
 	}
-	return out, epoch, nil
+	return out, nil
 }
 
 // persist stores orders, retrying an insert that failed, except when the
 // ledger moved on: the batch must be decided again against the rebuilt
 // Redis, which a retry cannot do.
-func (w *Worker) persist(ctx context.Context, orders []model.Order, epochs map[string]int64) error {
+func (w *Worker) persist(ctx context.Context, orders []model.Order, epochs model.Epochs) error {
 	if len(orders) == 0 {
 		return nil
 	}

@@ -110,7 +110,7 @@ type crashOrders struct {
 	crashes atomic.Int32
 }
 
-func (c *crashOrders) InsertOrders(ctx context.Context, orders []model.Order, epochs map[string]int64) error {
+func (c *crashOrders) InsertOrders(ctx context.Context, orders []model.Order, epochs model.Epochs) error {
 	if err := c.Orders.InsertOrders(ctx, orders, epochs); err != nil {
 		return err
 	}
@@ -400,7 +400,7 @@ type stallingOrders struct {
 	fail          atomic.Int32
 }
 
-func (s *stallingOrders) InsertOrders(ctx context.Context, orders []model.Order, epochs map[string]int64) error {
+func (s *stallingOrders) InsertOrders(ctx context.Context, orders []model.Order, epochs model.Epochs) error {
 	s.once.Do(func() {
 		select {
 		case <-s.laterDeducted:

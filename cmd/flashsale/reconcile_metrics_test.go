@@ -75,7 +75,7 @@ func TestReconcileMetricsFile(t *testing.T) {
 	}
 	extra := model.Order{ID: uuid.NewString(), RequestID: model.FormatRequestID(campaign, strings.Repeat("ab", 16)),
 		CampaignID: campaign, UserID: "mallory", Quantity: 1, Status: model.OrderPendingPayment, ExpiresAt: time.Now().Add(time.Hour)}
-	if err := db.InsertOrders(t.Context(), []model.Order{extra}, map[string]int64{campaign: camp.Epoch}); err != nil {
+	if err := db.InsertOrders(t.Context(), []model.Order{extra}, model.Epochs{campaign: camp.Epoch}); err != nil {
 		t.Fatalf("insert the extra order: %v", err)
 	}
 	if out, err := reconcile(); err == nil || !strings.Contains(out, "oversold") {

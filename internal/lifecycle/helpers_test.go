@@ -112,7 +112,7 @@ func (b *testBundle) sell(t *testing.T, user string, units int64, expiresAt time
 	}
 	o := model.Order{ID: r.Results[0].OrderID, RequestID: rid, CampaignID: b.campaign.ID, UserID: user, Quantity: units,
 		Amount: units * b.campaign.Price, Status: model.OrderPendingPayment, ExpiresAt: expiresAt}
-	if err := b.db.InsertOrders(t.Context(), []model.Order{o}, map[string]int64{b.campaign.ID: r.Epoch}); err != nil {
+	if err := b.db.InsertOrders(t.Context(), []model.Order{o}, model.Epochs{b.campaign.ID: r.Epoch}); err != nil {
 		t.Fatalf("insert order: %v", err)
 	}
 	return b.order(t, o.ID)

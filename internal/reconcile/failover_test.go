@@ -63,7 +63,7 @@ func TestLaggingReplicaFailover(t *testing.T) {
 					UserID: r.UserID, Quantity: r.Quantity, Status: model.OrderPendingPayment})
 			}
 		}
-		return reply, db.InsertOrders(t.Context(), orders, map[string]int64{c.ID: reply.Epoch})
+		return reply, db.InsertOrders(t.Context(), orders, model.Epochs{c.ID: reply.Epoch})
 	}
 	mustSell := func(n int) {
 		t.Helper()

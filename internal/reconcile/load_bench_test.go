@@ -51,7 +51,7 @@ func BenchmarkLoad(b *testing.B) {
 							UserID: fmt.Sprintf("u%d", i), Quantity: 1, Status: model.OrderPendingPayment,
 							CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(time.Hour)})
 					}
-					if err := db.InsertOrders(b.Context(), batch, map[string]int64{c.ID: c.Epoch}); err != nil {
+					if err := db.InsertOrders(b.Context(), batch, model.Epochs{c.ID: c.Epoch}); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -45,7 +45,7 @@ type Redis interface {
 // Orders is what reconciliation reads and writes in MySQL.
 type Orders interface {
 	Ledger
-	InsertOrders(ctx context.Context, orders []model.Order, epochs map[string]int64) error
+	InsertOrders(ctx context.Context, orders []model.Order, epochs model.Epochs) error
 }
 
 // Load loads campaign id into Redis from its orders under a new epoch, and
@@ -337,7 +337,7 @@ func (rc *Reconciler) restore(ctx context.Context, st state) error {
 		return fmt.Errorf("repair %s: restoring %d missing orders would sell %d of %d units; resolve by hand: %w",
 			id, len(missing), units, st.campaign.Stock, model.ErrConflict)
 	}
-	return rc.orders.InsertOrders(ctx, missing, map[string]int64{id: st.snap.Epoch})
+	return rc.orders.InsertOrders(ctx, missing, model.Epochs{id: st.snap.Epoch})
 }
 
 func sortedKeys[V any](m map[string]V) []string {

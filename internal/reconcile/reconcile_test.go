@@ -77,7 +77,7 @@ func newFixture(t *testing.T) *fixture {
 func (f *fixture) key(name string) string { return "fs:{" + f.campaign.ID + "}:" + name }
 
 // epochs fences an insert with the campaign's epoch as loaded.
-func (f *fixture) epochs() map[string]int64 { return map[string]int64{f.campaign.ID: f.campaign.Epoch} }
+func (f *fixture) epochs() model.Epochs { return model.Epochs{f.campaign.ID: f.campaign.Epoch} }
 
 func kinds(r Report) map[string]int {
 	out := map[string]int{}

@@ -54,7 +54,7 @@ func TestInsertOrdersFenced(t *testing.T) {
 			if a.Epoch != 0 || a.Paused {
 				t.Fatalf("new campaign: got epoch %d, paused %v; want 0, false", a.Epoch, a.Paused)
 			}
-			if err := db.InsertOrders(t.Context(), testOrders("fa", 0, 3), map[string]int64{"fa": 0}); err != nil {
+			if err := db.InsertOrders(t.Context(), testOrders("fa", 0, 3), model.Epochs{"fa": 0}); err != nil {
 				t.Fatalf("insert under epoch 0: %v", err)
 			}
 			a, orders := mustBump(t, db, "fa")
@@ -65,14 +65,14 @@ func TestInsertOrdersFenced(t *testing.T) {
 			tests := []struct {
 				name    string
 				orders  []model.Order
-				epochs  map[string]int64
+				epochs  model.Epochs
 				wantErr error
 			}{
-				{name: "older epoch", orders: testOrders("fa", 10, 2), epochs: map[string]int64{"fa": 0}, wantErr: model.ErrLedgerMoved},
-				{name: "newer epoch", orders: testOrders("fa", 10, 2), epochs: map[string]int64{"fa": 2}, wantErr: model.ErrLedgerMoved},
+				{name: "older epoch", orders: testOrders("fa", 10, 2), epochs: model.Epochs{"fa": 0}, wantErr: model.ErrLedgerMoved},
+				{name: "newer epoch", orders: testOrders("fa", 10, 2), epochs: model.Epochs{"fa": 2}, wantErr: model.ErrLedgerMoved},
 				{name: "one campaign of two moved", orders: append(testOrders("fa", 10, 2), testOrders("fb", 20, 2)...),
-					epochs: map[string]int64{"fa": 1, "fb": 1}, wantErr: model.ErrLedgerMoved},
-				{name: "campaign not stored", orders: testOrders("fz", 10, 2), epochs: map[string]int64{"fz": 0}, wantErr: model.ErrNotFound},
+					epochs: model.Epochs{"fa": 1, "fb": 1}, wantErr: model.ErrLedgerMoved},
+				{name: "campaign not stored", orders: testOrders("fz", 10, 2), epochs: model.Epochs{"fz": 0}, wantErr: model.ErrNotFound},
 			}
 			for _, tc := range tests {
 				t.Run(tc.name, func(t *testing.T) {
@@ -85,11 +85,11 @@ func TestInsertOrdersFenced(t *testing.T) {
 					}
 				})
 			}
-			if err := db.InsertOrders(t.Context(), testOrders("fa", 10, 2), map[string]int64{}); err == nil || errors.Is(err, model.ErrLedgerMoved) {
+			if err := db.InsertOrders(t.Context(), testOrders("fa", 10, 2), model.Epochs{}); err == nil || errors.Is(err, model.ErrLedgerMoved) {
 				t.Fatalf("insert without an epoch: got %v, want an error that is not %v", err, model.ErrLedgerMoved)
 			}
 			if err := db.InsertOrders(t.Context(), append(testOrders("fa", 10, 2), testOrders("fb", 20, 2)...),
-				map[string]int64{"fa": a.Epoch, "fb": b.Epoch}); err != nil {
+				model.Epochs{"fa": a.Epoch, "fb": b.Epoch}); err != nil {
 				t.Fatalf("insert under the current epochs: %v", err)
 			}
 			if n, m := countOrders(t, db, "fa"), countOrders(t, db, "fb"); n != 5 || m != 2 {
@@ -141,7 +141,7 @@ func TestBumpEpochWaitsForInserts(t *testing.T) {
 		<-release
 	}
 	inserted := make(chan error, 1)
-	go func() { inserted <- db.InsertOrders(t.Context(), testOrders(id, 0, 4), map[string]int64{id: 0}) }()
+	go func() { inserted <- db.InsertOrders(t.Context(), testOrders(id, 0, 4), model.Epochs{id: 0}) }()
 	<-held
 	db.afterEpochCheck = nil
 
@@ -170,7 +170,7 @@ func TestBumpEpochWaitsForInserts(t *testing.T) {
 	if b.err != nil || b.c.Epoch != 1 || len(b.orders) != 4 {
 		t.Fatalf("BumpEpoch: got epoch %d, %d orders, %v; want 1, 4 (the held insert's), nil", b.c.Epoch, len(b.orders), b.err)
 	}
-	if err := db.InsertOrders(t.Context(), testOrders(id, 10, 1), map[string]int64{id: 0}); !errors.Is(err, model.ErrLedgerMoved) {
+	if err := db.InsertOrders(t.Context(), testOrders(id, 10, 1), model.Epochs{id: 0}); !errors.Is(err, model.ErrLedgerMoved) {
 		t.Fatalf("insert under the old epoch after the bump: got %v, want %v", err, model.ErrLedgerMoved)
 	}
 }
@@ -235,7 +235,7 @@ func TestLoadWaitsForInFlightInsert(t *testing.T) {
 		<-release
 	}
 	inserted := make(chan error, 1)
-	go func() { inserted <- db.InsertOrders(t.Context(), orders, map[string]int64{c.ID: reply.Epoch}) }()
+	go func() { inserted <- db.InsertOrders(t.Context(), orders, model.Epochs{c.ID: reply.Epoch}) }()
 	<-held
 	db.afterEpochCheck = nil
 	loaded := make(chan error, 1)
@@ -269,7 +269,7 @@ func TestLoadWaitsForInFlightInsert(t *testing.T) {
 	if err != nil || again.Epoch != c.Epoch+1 {
 		t.Fatalf("redelivery: got epoch %d, %v; want %d", again.Epoch, err, c.Epoch+1)
 	}
-	if err := db.InsertOrders(t.Context(), orders, map[string]int64{c.ID: again.Epoch}); err != nil {
+	if err := db.InsertOrders(t.Context(), orders, model.Epochs{c.ID: again.Epoch}); err != nil {
 		t.Fatalf("redelivered insert: %v", err)
 	}
 	check()

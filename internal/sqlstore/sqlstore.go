@@ -355,7 +355,7 @@ func (r campaignRow) toModel() model.Campaign {
 	return model.Campaign{ID: r.ID, Name: r.Name, Stock: r.Stock, PerUserLimit: r.PerUserLimit,
 		Price: r.Price, PaymentWindow: time.Duration(r.PaymentWindowMS) * time.Millisecond,
 		StartAt: r.StartAt.UTC(), EndAt: r.EndAt.UTC(), CreatedAt: r.CreatedAt.UTC(),
-		Epoch: r.LedgerEpoch, Paused: r.Paused, EndedEarly: r.EndedEarly, ChallengeBits: r.ChallengeBits, Buckets: max(r.Buckets, 1)}
+		Epoch: model.Epoch(r.LedgerEpoch), Paused: r.Paused, EndedEarly: r.EndedEarly, ChallengeBits: r.ChallengeBits, Buckets: max(r.Buckets, 1)}
 }
 
 // now is the time gorm and InsertOrders stamp rows with: UTC, at the
@@ -390,7 +390,7 @@ const orderColumns = "(`id`,`request_id`,`campaign_id`,`user_id`,`quantity`,`amo
 // It is written in SQL rather than through gorm's CreateInBatches because it
 // runs for every batch of successes: gorm reflects over every row and field
 // to build the same statement.
-func (db *DB) InsertOrders(ctx context.Context, orders []model.Order, epochs map[string]int64) error {
+func (db *DB) InsertOrders(ctx context.Context, orders []model.Order, epochs model.Epochs) error {
 	if len(orders) == 0 {
 		return nil
 	}
@@ -434,7 +434,7 @@ func (db *DB) InsertOrders(ctx context.Context, orders []model.Order, epochs map
 // checkEpochs reads, inside tx, the epoch of every campaign of orders (on
 // MySQL with a shared lock, held to the commit) and compares each with
 // epochs.
-func (db *DB) checkEpochs(ctx context.Context, tx *sql.Tx, orders []model.Order, epochs map[string]int64) error {
+func (db *DB) checkEpochs(ctx context.Context, tx *sql.Tx, orders []model.Order, epochs model.Epochs) error {
 	// A batch is nearly always one campaign's.
 	ids := []string{orders[0].CampaignID}
 	for _, o := range orders[1:] {
@@ -462,7 +462,7 @@ func (db *DB) checkEpochs(ctx context.Context, tx *sql.Tx, orders []model.Order,
 	found := 0
 	for rows.Next() {
 		var id string
-		var epoch int64
+		var epoch model.Epoch
 		if err := rows.Scan(&id, &epoch); err != nil {
 			return fmt.Errorf("campaign epochs: %w", err)
 		}

@@ -69,9 +69,9 @@ func mustInsert(t *testing.T, db *DB, orders []model.Order) {
 
 // mustEpochs returns the current epoch of each campaign of orders, storing
 // the campaigns that are not stored yet (the tests name campaigns freely).
-func mustEpochs(t testing.TB, db *DB, orders []model.Order) map[string]int64 {
+func mustEpochs(t testing.TB, db *DB, orders []model.Order) model.Epochs {
 	t.Helper()
-	epochs := map[string]int64{}
+	epochs := model.Epochs{}
 	for _, o := range orders {
 		if _, ok := epochs[o.CampaignID]; ok {
 			continue

@@ -52,17 +52,17 @@ func wantUnits(t *testing.T, s *Store, c model.Campaign, want []int64, wantPendi
 	}
 }
 
-func mustTake(t *testing.T, s *Store, c model.Campaign, from, to int, epoch int64, xid string, want, wantGot int64) {
+func mustTake(t *testing.T, s *Store, c model.Campaign, from, to int, epoch model.Epoch, xid string, want, wantGot int64) {
 	t.Helper()
-	got, err := s.takeUnits(t.Context(), c.ID, c.Buckets, from, to, epoch, xid, want)
+	got, err := s.takeUnits(t.Context(), c.ID, c.Buckets, from, to, int64(epoch), xid, want)
 	if err != nil || got != wantGot {
 		t.Fatalf("take %s: got %d, %v; want %d", xid, got, err, wantGot)
 	}
 }
 
-func mustComplete(t *testing.T, s *Store, c model.Campaign, from, to int, epoch int64, xid string, units int64) {
+func mustComplete(t *testing.T, s *Store, c model.Campaign, from, to int, epoch model.Epoch, xid string, units int64) {
 	t.Helper()
-	if err := s.completeTransfer(t.Context(), c.ID, c.Buckets, from, to, epoch, xid, units); err != nil {
+	if err := s.completeTransfer(t.Context(), c.ID, c.Buckets, from, to, int64(epoch), xid, units); err != nil {
 		t.Fatalf("complete %s: %v", xid, err)
 	}
 }
@@ -103,7 +103,7 @@ func TestTransfer(t *testing.T) {
 			c := bucketed(t, s, 10, 2)
 			mustTake(t, s, c, 1, 0, c.Epoch, "x1", 4, 4)
 			k := campaignKeys(model.BucketTag(c.ID, 0, 2))
-			if err := s.give.Run(t.Context(), s.rdb, []string{k.stock, k.meta, k.got}, "x1", 4, c.Epoch).Err(); err != nil {
+			if err := s.give.Run(t.Context(), s.rdb, []string{k.stock, k.meta, k.got}, "x1", 4, int64(c.Epoch)).Err(); err != nil {
 				t.Fatalf("give: %v", err)
 			}
 			wantUnits(t, s, c, []int64{9, 1}, 1)
@@ -239,7 +239,7 @@ func TestReleaseBuckets(t *testing.T) {
 func TestRecoverTransfers(t *testing.T) {
 	s := backends()[0].store(t)
 	c := bucketed(t, s, 10, 2)
-	got, err := s.transfer(t.Context(), c.ID, 2, 0, 1, c.Epoch, 3) // a whole one: indexes the campaign
+	got, err := s.transfer(t.Context(), c.ID, 2, 0, 1, int64(c.Epoch), 3) // a whole one: indexes the campaign
 	if err != nil || got != 3 {
 		t.Fatalf("transfer: got %d, %v; want 3", got, err)
 	}

@@ -33,7 +33,7 @@ func (s *Store) Projection(ctx context.Context, campaignID string) (model.Projec
 		}
 	}
 	return model.Projection{Loaded: true, Stock: n[0], Limit: n[1], StartAt: time.UnixMilli(n[2]).UTC(),
-		EndAt: time.UnixMilli(n[3]).UTC(), Epoch: n[4], Paused: v[5] == "1"}, nil
+		EndAt: time.UnixMilli(n[3]).UTC(), Epoch: model.Epoch(n[4]), Paused: v[5] == "1"}, nil
 }
 
 // Rebuild loads campaign c into Redis from its orders, under c.Epoch, in
@@ -123,7 +123,7 @@ func (s *Store) rebuildTag(ctx context.Context, tag string, c model.Campaign, bu
 		endedEarly = "1"
 	}
 	args := make([]any, 0, 14+2*len(p.units)+len(p.results)+len(p.released))
-	args = append(args, c.Epoch, c.Stock, c.PerUserLimit, c.StartAt.UnixMilli(), c.EndAt.UnixMilli(), paused,
+	args = append(args, int64(c.Epoch), c.Stock, c.PerUserLimit, c.StartAt.UnixMilli(), c.EndAt.UnixMilli(), paused,
 		p.remaining, p.sold, s.expireAt(c, time.Now()), endedEarly, buckets, len(p.units))
 	for u, n := range p.units {
 		args = append(args, u, n)
@@ -177,7 +177,7 @@ func (s *Store) SetPaused(ctx context.Context, c model.Campaign) (written bool, 
 	// Buckets first, the campaign's own tag (its Projection) last.
 	var code int
 	for _, tag := range tagsOf(c) {
-		if code, err = s.paused.Run(ctx, s.rdb, []string{campaignKeys(tag).meta}, c.Epoch, paused).Int(); err != nil {
+		if code, err = s.paused.Run(ctx, s.rdb, []string{campaignKeys(tag).meta}, int64(c.Epoch), paused).Int(); err != nil {
 			return false, fmt.Errorf("set paused %s: %w", tag, err)
 		}
 	}
@@ -191,7 +191,7 @@ func (s *Store) SetPaused(ctx context.Context, c model.Campaign) (written bool, 
 func (s *Store) EndEarly(ctx context.Context, c model.Campaign) (written bool, err error) {
 	var code int
 	for _, tag := range tagsOf(c) {
-		if code, err = s.endEarly.Run(ctx, s.rdb, []string{campaignKeys(tag).meta}, c.Epoch, c.EndAt.UnixMilli()).Int(); err != nil {
+		if code, err = s.endEarly.Run(ctx, s.rdb, []string{campaignKeys(tag).meta}, int64(c.Epoch), c.EndAt.UnixMilli()).Int(); err != nil {
 			return false, fmt.Errorf("end %s early: %w", tag, err)
 		}
 	}

@@ -138,7 +138,7 @@ func TestRebuildRefused(t *testing.T) {
 		ids := newLabels(c.ID)
 		mustRebuild(t, s, c, []model.Order{ledgerOrder(ids, "r1", "o1", "alice", 1, model.OrderPaid)})
 		before := campaignState(t, s, c.ID)
-		for _, epoch := range []int64{3, 2} {
+		for _, epoch := range []model.Epoch{3, 2} {
 			older := c
 			older.Epoch = epoch
 			if loaded, err := s.Rebuild(t.Context(), older, nil); err != nil || loaded {

@@ -71,9 +71,11 @@ func (s *Store) snapshotTag(ctx context.Context, campaignID, tag string) (model.
 		return model.Snapshot{}, 0, fmt.Errorf("snapshot %s: limit: %w", tag, err)
 	}
 	if meta[2] != nil {
-		if snap.Epoch, err = parseInt(meta[2]); err != nil {
+		epoch, err := parseInt(meta[2])
+		if err != nil {
 			return model.Snapshot{}, 0, fmt.Errorf("snapshot %s: epoch: %w", tag, err)
 		}
+		snap.Epoch = model.Epoch(epoch)
 	}
 	if snap.Remaining, err = s.rdb.Get(ctx, k.stock).Int64(); err != nil && !errors.Is(err, redis.Nil) {
 		return model.Snapshot{}, 0, fmt.Errorf("snapshot %s: remaining: %w", tag, err)

@@ -313,7 +313,7 @@ func parseDeductReply(campaignID string, batch []model.Deduction, reply []any) (
 		}
 		st.buckets, st.moves = int(n), moves
 	}
-	out := model.DeductReply{SoldOutNow: flag == 1, Epoch: epoch, Results: make([]model.Result, len(batch))}
+	out := model.DeductReply{SoldOutNow: flag == 1, Epoch: model.Epoch(epoch), Results: make([]model.Result, len(batch))}
 	for i, d := range batch {
 		var f [3]string
 		for j := range f {
