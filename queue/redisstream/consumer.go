@@ -221,7 +221,7 @@ func (r *run) partitionLoop(ctx context.Context, p int) error {
 					failures++
 					log.Warn("acquire lease", "err", err)
 				}
-				sleep(ctx, backoff(errorBackoff, failures))
+				sleep(ctx, queue.Backoff(errorBackoff, failures))
 				continue
 			}
 			failures = 0
@@ -243,7 +243,7 @@ func (r *run) partitionLoop(ctx context.Context, p int) error {
 			if ctx.Err() == nil {
 				failures++
 				log.Warn("read partition", "err", err)
-				sleep(ctx, backoff(errorBackoff, failures))
+				sleep(ctx, queue.Backoff(errorBackoff, failures))
 			}
 		}
 	}
@@ -273,9 +273,7 @@ func (r *run) hold(ctx context.Context, p int, l *lease, log *slog.Logger) error
 	if err := r.ensureGroup(ctx, stream); err != nil {
 		return err
 	}
-	failures := 0 // restarts in a row without an acknowledged Finish
 	for {
-		acked := pl.acked
 		err := r.redeliverPending(ctx, stream, l, pl, log)
 		if err == nil {
 			err = r.readNew(ctx, stream, l, pl, log)
@@ -285,13 +283,29 @@ func (r *run) hold(ctx context.Context, p int, l *lease, log *slog.Logger) error
 		}
 		// A Finish failed: every entry from its batch on is pending again,
 		// and nothing is in flight.
-		if pl.acked > acked {
-			failures = 0
+		pl.restarts++
+		if pl.held != nil {
+			r.keepAttempts(ctx, stream, l, *pl.held, log)
+			pl.held = nil
 		}
-		failures++
-		if !sleep(ctx, backoff(r.opts.RedeliveryDelay, failures)) || !l.valid() {
+		if !sleep(ctx, queue.Backoff(r.opts.RedeliveryDelay, pl.restarts)) || !l.valid() {
 			return nil
 		}
+	}
+}
+
+// keepAttempts sets the delivery counters of b, whose Finish was held,
+// one below its messages' Attempt, so that taking the partition's pending
+// entries over again (which counts a delivery) gives them back the Attempt
+// they had: a hold does not count.
+func (r *run) keepAttempts(ctx context.Context, stream string, l *lease, b batch, log *slog.Logger) {
+	counts := make(map[int][]string)
+	for i, id := range b.ids {
+		n := max(b.msgs[i].Attempt-1, 0)
+		counts[n] = append(counts[n], id)
+	}
+	if err := setDeliveryCounts(ctx, r.q.rdb, l, stream, r.opts.Group, r.owner, counts); err != nil && !isFatal(err) {
+		log.Warn("keep the delivery counts of a held batch; its next delivery counts as an attempt", "messages", len(b.ids), "err", err)
 	}
 }
 
@@ -299,17 +313,24 @@ func (r *run) hold(ctx context.Context, p int, l *lease, log *slog.Logger) error
 // those behind it are taken over again from the pending entries.
 var errRestart = errors.New("a finish failed; redelivering from it")
 
-// pipeline is a partition's batch whose Finish runs behind the loop.
+// pipeline is a partition's batch whose Finish runs behind the loop. Only
+// the partition's loop uses it.
 type pipeline struct {
 	behind *finishing
-	acked  int // Finish steps acknowledged, for the restart backoff
+	// restarts counts the restarts after a failed Finish since a Finish was
+	// last acknowledged, for the back-off and the log.
+	restarts int
+	// held is the batch whose held Finish caused the restart under way.
+	held *batch
 }
 
 // finishing is one batch's Finish and acknowledgement, on its own goroutine.
+// Its fields are set before done is closed.
 type finishing struct {
 	done chan struct{}
-	ok   bool  // finished and acknowledged; set before done is closed
-	err  error // fatal error from the acknowledgement
+	ok   bool   // finished and acknowledged
+	held *batch // the batch, when its Finish was held
+	err  error  // fatal error from the acknowledgement
 }
 
 // wait waits for the batch behind, if any, and reports whether it was
@@ -322,8 +343,9 @@ func (pl *pipeline) wait() (bool, error) {
 	<-f.done
 	pl.behind = nil
 	if f.ok {
-		pl.acked++
+		pl.restarts = 0
 	}
+	pl.held = f.held
 	return f.ok, f.err
 }
 
@@ -582,22 +604,21 @@ func (r *run) deliver(ctx context.Context, stream string, l *lease, pl *pipeline
 			return false, nil
 		}
 		finish, err := r.h(r.hctx, b.msgs)
-		if err == nil {
+		o := queue.Settle(log, b.msgs, err, failures)
+		if o == queue.Ack {
 			return r.finish(ctx, stream, l, pl, b, finish, log)
 		}
-		log.Warn("handler failed; batch will be redelivered",
-			"messages", len(b.msgs), "attempt", b.msgs[0].Attempt, "err", err)
 		// Retry only after the batch ahead is acknowledged: if its Finish
 		// fails, that batch must come back first.
 		if err := pl.settled(); err != nil {
 			return false, err
 		}
-		if !sleep(ctx, backoff(r.opts.RedeliveryDelay, failures)) || !l.valid() {
+		if !sleep(ctx, queue.Backoff(r.opts.RedeliveryDelay, failures)) || !l.valid() {
 			return false, nil
 		}
-		if errors.Is(err, queue.ErrHeld) {
-			// A hold is not a failed delivery: the batch runs again as it
-			// is, its delivery counters left where they were.
+		if !o.Counts() {
+			// Held: the batch runs again as it is, its delivery counters
+			// left where they were.
 			continue
 		}
 		b, err = r.reclaim(ctx, stream, l, b, log)
@@ -625,14 +646,17 @@ func (r *run) finish(ctx context.Context, stream string, l *lease, pl *pipeline,
 	}
 	f := &finishing{done: make(chan struct{})}
 	pl.behind = f
+	// The restart a failure causes is the next in a row: the batch ahead
+	// was acknowledged or this one would not start.
+	failures := pl.restarts + 1
 	go func() {
 		defer close(f.done)
-		if err := finish(r.hctx); err != nil {
-			log.Warn("finishing a batch failed; it will be redelivered with those behind it",
-				"messages", len(b.msgs), "attempt", b.msgs[0].Attempt, "err", err)
-			return
+		switch queue.Settle(log, b.msgs, finish(r.hctx), failures, "step", "finish") {
+		case queue.Ack:
+			f.ok, f.err = r.ack(ctx, stream, l, b.ids, log)
+		case queue.Hold:
+			f.held = &b
 		}
-		f.ok, f.err = r.ack(ctx, stream, l, b.ids, log)
 	}()
 	return true, nil
 }
@@ -713,7 +737,7 @@ func (r *run) ack(ctx context.Context, stream string, l *lease, ids []string, lo
 		if !l.valid() || (ctx.Err() != nil && failures >= shutdownAckTries) {
 			return false, nil
 		}
-		time.Sleep(backoff(errorBackoff, failures))
+		time.Sleep(queue.Backoff(errorBackoff, failures))
 	}
 }
 
