@@ -268,7 +268,10 @@ func (r *run) hold(ctx context.Context, p int, l *lease, log *slog.Logger) error
 
 	pl := &pipeline{}
 	// The last Finish must end (and acknowledge) while the lease is held.
-	defer pl.wait()
+	defer func() {
+		_, _ = pl.wait()
+		r.keepHeld(ctx, stream, l, pl, log)
+	}()
 
 	if err := r.ensureGroup(ctx, stream); err != nil {
 		return err
@@ -284,28 +287,35 @@ func (r *run) hold(ctx context.Context, p int, l *lease, log *slog.Logger) error
 		// A Finish failed: every entry from its batch on is pending again,
 		// and nothing is in flight.
 		pl.restarts++
-		if pl.held != nil {
-			r.keepAttempts(ctx, stream, l, *pl.held, log)
-			pl.held = nil
-		}
+		r.keepHeld(ctx, stream, l, pl, log)
 		if !sleep(ctx, queue.Backoff(r.opts.RedeliveryDelay, pl.restarts)) || !l.valid() {
 			return nil
 		}
 	}
 }
 
-// keepAttempts sets the delivery counters of b, whose Finish was held,
-// one below its messages' Attempt, so that taking the partition's pending
-// entries over again (which counts a delivery) gives them back the Attempt
-// they had: a hold does not count.
-func (r *run) keepAttempts(ctx context.Context, stream string, l *lease, b batch, log *slog.Logger) {
+// keepHeld sets the delivery counters of the held batches going back to
+// the pending entries (pl.held) one below their messages' Attempt: the next
+// take-over, by this run or the partition's next holder, counts a delivery
+// and so gives them back the Attempt they had. It runs after ctx may have
+// been cancelled.
+func (r *run) keepHeld(ctx context.Context, stream string, l *lease, pl *pipeline, log *slog.Logger) {
+	held := pl.held
+	pl.held = nil
+	if len(held) == 0 || !l.valid() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+	defer cancel()
 	counts := make(map[int][]string)
-	for i, id := range b.ids {
-		n := max(b.msgs[i].Attempt-1, 0)
-		counts[n] = append(counts[n], id)
+	for _, b := range held {
+		for i, id := range b.ids {
+			n := max(b.msgs[i].Attempt-1, 0)
+			counts[n] = append(counts[n], id)
+		}
 	}
 	if err := setDeliveryCounts(ctx, r.q.rdb, l, stream, r.opts.Group, r.owner, counts); err != nil && !isFatal(err) {
-		log.Warn("keep the delivery counts of a held batch; its next delivery counts as an attempt", "messages", len(b.ids), "err", err)
+		log.Warn("keep the delivery counts of held batches; their next delivery counts as an attempt", "batches", len(held), "err", err)
 	}
 }
 
@@ -320,8 +330,10 @@ type pipeline struct {
 	// restarts counts the restarts after a failed Finish since a Finish was
 	// last acknowledged, for the back-off and the log.
 	restarts int
-	// held is the batch whose held Finish caused the restart under way.
-	held *batch
+	// held are the batches going back to the pending entries held, not
+	// failed (keepHeld): their Finish was held, or their first step when the
+	// loop gave up or restarted.
+	held []batch
 }
 
 // finishing is one batch's Finish and acknowledgement, on its own goroutine.
@@ -345,7 +357,9 @@ func (pl *pipeline) wait() (bool, error) {
 	if f.ok {
 		pl.restarts = 0
 	}
-	pl.held = f.held
+	if f.held != nil {
+		pl.held = append(pl.held, *f.held)
+	}
 	return f.ok, f.err
 }
 
@@ -610,11 +624,14 @@ func (r *run) deliver(ctx context.Context, stream string, l *lease, pl *pipeline
 		}
 		// Retry only after the batch ahead is acknowledged: if its Finish
 		// fails, that batch must come back first.
-		if err := pl.settled(); err != nil {
+		err = pl.settled()
+		if err != nil || !sleep(ctx, queue.Backoff(r.opts.RedeliveryDelay, failures)) || !l.valid() {
+			// Given up: the batch stays pending, uncounted if held
+			// (keepHeld).
+			if o == queue.Hold {
+				pl.held = append(pl.held, b)
+			}
 			return false, err
-		}
-		if !sleep(ctx, queue.Backoff(r.opts.RedeliveryDelay, failures)) || !l.valid() {
-			return false, nil
 		}
 		if !o.Counts() {
 			// Held: the batch runs again as it is, its delivery counters
