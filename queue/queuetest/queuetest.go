@@ -73,6 +73,7 @@ func Run(t *testing.T, f Factory) {
 		{"RedeliversOnError", testRedeliversOnError},
 		{"HeldIsNotAFailure", testHeldIsNotAFailure},
 		{"AttemptsCountFailuresNotHolds", testAttemptsCountFailuresNotHolds},
+		{"HoldOutlivesConsumer", testHoldOutlivesConsumer},
 		{"PerKeyOrder", testPerKeyOrder},
 		{"DeadConsumerRedelivered", testDeadConsumerRedelivered},
 		{"BatchSizeRespected", testBatchSizeRespected},

@@ -293,6 +293,56 @@ func testAttemptsCountFailuresNotHolds(t *testing.T, f Factory) {
 	}
 }
 
+// testHoldOutlivesConsumer: a batch held when its consumer stops (in its
+// first step or its Finish) reaches the next consumer with the Attempt it
+// had: handing a held batch over does not count either.
+func testHoldOutlivesConsumer(t *testing.T, f Factory) {
+	held := fmt.Errorf("queuetest: waiting: %w", queue.ErrHeld)
+	for _, finish := range []bool{false, true} {
+		t.Run(map[bool]string{false: "first step", true: "finish"}[finish], func(t *testing.T) {
+			b := f.New(t)
+			topic := newTopic(t)
+			msgs := newMsgs(1, 3)
+			rec := newRecorder()
+			hold := func(_ context.Context, batch []queue.Message) (queue.Finish, error) {
+				rec.record(batch)
+				if !finish {
+					return nil, held
+				}
+				return func(context.Context) error { return held }, nil
+			}
+			first := startPipelined(t, b.NewConsumer(t, "first"), topic, hold)
+			mustPublish(t, b.Publisher(), topic, msgs...)
+			waitUntil(t, deliveryTimeout, "every message held twice", func() (bool, string) {
+				for _, id := range ids(msgs) {
+					if n := len(rec.deliveries(id)); n < 2 {
+						return false, fmt.Sprintf("message %s delivered %d times", id, n)
+					}
+				}
+				return true, ""
+			})
+			if err := first.stop(t); err != nil {
+				t.Fatalf("first consumer's Consume after cancel: got %v, want nil", err)
+			}
+			heldBy := rec.snapshot()
+
+			startConsumer(t, b.NewConsumer(t, "next"), topic, rec.handle)
+			waitUntil(t, deliveryTimeout, "every message acknowledged", func() (bool, string) {
+				acked := rec.ackedCount()
+				return acked == len(msgs), fmt.Sprintf("got %d acknowledged, want %d", acked, len(msgs))
+			})
+			for _, id := range ids(msgs) {
+				was := heldBy[id][0].Attempt
+				for i, d := range rec.deliveries(id) {
+					if d.Attempt != was {
+						t.Errorf("message %s: delivery %d got Attempt %d, want %d as when first held (%d held by the first consumer)", id, i+1, d.Attempt, was, len(heldBy[id]))
+					}
+				}
+			}
+		})
+	}
+}
+
 // testPerKeyOrder: with three consumers on a topic, each key's messages reach
 // the handlers in publish order, a failed batch comes back before anything
 // after it, and no two batches holding one key are ever handled at once.
