@@ -255,8 +255,10 @@ func (r *run) consume(ctx context.Context, msgs ...*primitive.MessageExt) (consu
 // dead-lettered. What the library forces to stay here:
 //   - Attempt is the library's ReconsumeTimes+1, and every suspended
 //     delivery counts one. A held batch cannot go back uncounted, so handle
-//     runs it again within the callback until the hold ends, and hands it
-//     back (counted) only when the consumer stops or the queue is given up.
+//     runs it again within the callback until the hold ends. It hands it
+//     back only when the consumer stops or the queue is given up, where the
+//     count goes with the library's memory of the queue (the next owner
+//     starts at Attempt 1).
 //   - The wait before a redelivery is the library's: it sleeps SuspendTime,
 //     the same every time, before handing a suspended batch out again;
 //     handle waits SuspendTime between the runs of a held one to match. Not
