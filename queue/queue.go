@@ -5,7 +5,9 @@
 // Delivery is at least once: a handler that returns nil acknowledges its whole
 // batch; an error (or a consumer that dies mid-batch) makes the batch come
 // back, possibly to another consumer. Consumers must therefore be idempotent
-// per Message.ID.
+// per Message.ID. What a handler's result does to its batch (ack, redeliver,
+// hold), to its messages' Attempt, to the wait before the redelivery and to
+// the log is one policy, in policy.go, that every driver applies.
 package queue
 
 import (
@@ -39,16 +41,16 @@ type Publisher interface {
 
 // Handler handles a batch of messages that share a partition, in order. It
 // returns nil to acknowledge the whole batch or an error to have it
-// redelivered. An error wrapping ErrHeld says the batch is held: nothing
-// is wrong with its messages, it waits on something outside them, and a
-// driver that gives failing messages up after some deliveries (RocketMQ's
-// dead-letter topic) must not count it.
+// redelivered; an error wrapping ErrHeld holds it instead (Classify).
 type Handler func(ctx context.Context, msgs []Message) error
 
 // ErrHeld wraps a handler's error when the batch is held rather than
-// failed: its campaign is paused or not loaded, or Redis or MySQL cannot
-// take its decision now. Held batches are redelivered for as long as the
-// hold lasts.
+// failed: nothing is wrong with its messages, but the consumer cannot take
+// them until something outside the queue changes. A held batch is
+// redelivered for as long as the hold lasts, each message with the Attempt
+// it had: a hold is not a failed delivery, so a driver that gives failing
+// messages up after some deliveries (a dead-letter topic) never gives a
+// held one up.
 var ErrHeld = errors.New("batch held")
 
 // Consumer delivers a topic's messages to a handler.
@@ -61,7 +63,8 @@ type Consumer interface {
 }
 
 // Finish is the second step of a batch handled by a PipelineHandler. It
-// returns nil to acknowledge the batch or an error to have it redelivered.
+// returns nil to acknowledge the batch or an error to have it redelivered
+// or, wrapping ErrHeld, held, as a Handler does.
 type Finish func(ctx context.Context) error
 
 // PipelineHandler handles a batch in two steps, so that a partition's next
@@ -94,7 +97,8 @@ type PipelineHandler func(ctx context.Context, msgs []Message) (Finish, error)
 // takes batches, while redisstream leaves the redelivery to the group's
 // pending entries and its take-over path. A shared pipeliner would need both
 // rebuilt around a read, acknowledge and restart interface, and would not be
-// simpler.
+// simpler. What a step's result means for the batch, its attempts, the
+// back-off and the log is the shared policy (Settle) all the same.
 type PipelineConsumer interface {
 	ConsumePipelined(ctx context.Context, topic string, h PipelineHandler) error
 }

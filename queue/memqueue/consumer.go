@@ -45,12 +45,7 @@ func (c *Consumer) ConsumePipelined(ctx context.Context, topicName string, h que
 	// it, until one has to wait or fails.
 	finishes := func(b *batch) {
 		for b != nil {
-			err := b.finish(hctx)
-			if err != nil {
-				log.Warn("finishing a batch failed; it will be redelivered with those behind it",
-					"messages", len(b.msgs), "attempt", b.msgs[0].Attempt, "err", err)
-			}
-			b = tp.finished(b, err)
+			b = tp.finished(b, b.finish(hctx), log)
 		}
 	}
 	for range c.q.opts.Partitions {
@@ -61,11 +56,7 @@ func (c *Consumer) ConsumePipelined(ctx context.Context, topicName string, h que
 					return
 				}
 				finish, err := h(hctx, b.msgs)
-				if err != nil {
-					log.Warn("handler failed, batch will be redelivered",
-						"messages", len(b.msgs), "attempt", b.msgs[0].Attempt, "err", err)
-				}
-				if next := tp.decided(b, finish, err); next != nil {
+				if next := tp.decided(b, finish, err, log); next != nil {
 					wg.Go(func() { finishes(next) })
 				}
 			}

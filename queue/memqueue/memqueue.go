@@ -26,10 +26,6 @@ const (
 	DefaultRedeliveryDelay = 50 * time.Millisecond
 )
 
-// maxBackoffSteps caps the exponential redelivery backoff at
-// RedeliveryDelay << maxBackoffSteps.
-const maxBackoffSteps = 6
-
 // Options configures a Queue. Zero fields take the defaults.
 type Options struct {
 	// Partitions is the number of partitions per topic; a message's key is
@@ -171,10 +167,4 @@ func (q *Queue) topic(name string, consume bool) (*topic, error) {
 		q.active.Add(1)
 	}
 	return tp, nil
-}
-
-// backoff is the wait before redelivering a batch that failed failures times
-// in a row.
-func backoff(base time.Duration, failures int) time.Duration {
-	return base << min(max(failures-1, 0), maxBackoffSteps)
 }

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"container/heap"
 	"context"
-	"errors"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -302,11 +302,12 @@ func (p *partition) remove(b *batch) {
 	}
 }
 
-// decided records the end of b's first step: err schedules its redelivery,
-// a nil finish acknowledges it (once the batches ahead are), otherwise its
-// Finish is queued behind them. It returns the batch whose Finish the caller
-// must now run, if any. Results of abandoned or doomed batches are ignored.
-func (tp *topic) decided(b *batch, finish queue.Finish, err error) *batch {
+// decided records the end of b's first step: err settles it
+// (queue.Settle) for redelivery, a nil finish acknowledges it (once the
+// batches ahead are), otherwise its Finish is queued behind them. It returns
+// the batch whose Finish the caller must now run, if any. Results of
+// abandoned or doomed batches are ignored.
+func (tp *topic) decided(b *batch, finish queue.Finish, err error, log *slog.Logger) *batch {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
 	defer tp.broadcastLocked()
@@ -318,20 +319,9 @@ func (tp *topic) decided(b *batch, finish queue.Finish, err error) *batch {
 		p.remove(b)
 		return nil
 	case err != nil:
-		if errors.Is(err, queue.ErrHeld) {
-			// A hold is not a failed delivery: the messages keep the
-			// Attempt they had (their take counted this one).
-			off := 0
-			for _, o := range p.out[:slices.Index(p.out, b)] {
-				off += len(o.msgs)
-			}
-			for j := range b.msgs {
-				p.msgs[off+j].Attempt--
-			}
-		}
+		tp.failedLocked(b, err, log)
 		// Only finishing batches can be ahead; they go on.
 		p.remove(b)
-		p.failed(tp.opts.RedeliveryDelay)
 		return nil
 	}
 	b.state, b.finish = waiting, finish
@@ -341,7 +331,7 @@ func (tp *topic) decided(b *batch, finish queue.Finish, err error) *batch {
 // finished records the end of b's Finish and returns the next batch whose
 // Finish the caller must run, if any. A failure sends b and every batch
 // behind it back for redelivery in order.
-func (tp *topic) finished(b *batch, err error) *batch {
+func (tp *topic) finished(b *batch, err error, log *slog.Logger) *batch {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
 	defer tp.broadcastLocked()
@@ -350,6 +340,7 @@ func (tp *topic) finished(b *batch, err error) *batch {
 		return nil
 	}
 	if err != nil {
+		tp.failedLocked(b, err, log, "step", "finish")
 		kept := p.out[:0]
 		for _, o := range p.out {
 			if o.state == deciding {
@@ -359,7 +350,6 @@ func (tp *topic) finished(b *batch, err error) *batch {
 		}
 		clear(p.out[len(kept):])
 		p.out = kept
-		p.failed(tp.opts.RedeliveryDelay)
 		return nil
 	}
 	b.state, b.finish = waiting, nil
@@ -388,10 +378,22 @@ func (p *partition) advance() *batch {
 	return nil
 }
 
-// failed starts the redelivery backoff.
-func (p *partition) failed(delay time.Duration) {
+// failedLocked settles a step of b, still in flight, that returned err
+// (queue.Settle): a held batch's messages keep the Attempt they had (their
+// take counted this delivery), and the partition waits its back-off.
+func (tp *topic) failedLocked(b *batch, err error, log *slog.Logger, attrs ...any) {
+	p := b.part
 	p.failures++
-	p.notBefore = time.Now().Add(backoff(delay, p.failures))
+	if !queue.Settle(log, b.msgs, err, p.failures, attrs...).Counts() {
+		off := 0
+		for _, o := range p.out[:slices.Index(p.out, b)] {
+			off += len(o.msgs)
+		}
+		for j := range b.msgs {
+			p.msgs[off+j].Attempt--
+		}
+	}
+	p.notBefore = time.Now().Add(queue.Backoff(tp.opts.RedeliveryDelay, p.failures))
 }
 
 // abandon hands every batch that c has in flight back to the partitions, as

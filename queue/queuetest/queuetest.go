@@ -3,7 +3,8 @@
 // backends; the suite publishes and consumes through the queue interfaces
 // only, so what it checks is exactly what the gateway and the workers may rely
 // on: at-least-once delivery, acknowledgement, redelivery with a growing
-// Attempt, per-key order (when Features.PerKeyOrder), takeover of a dead
+// Attempt after a failure and the same Attempt after a hold (the policy of
+// queue.Classify, for both steps of a PipelineHandler), per-key order (when Features.PerKeyOrder), takeover of a dead
 // consumer's messages, batch limits, clean shutdown, delayed delivery (when
 // Features.Delay: never early, each message once, across a consumer's
 // restart) and the two-step PipelineHandler (overlapping when
@@ -71,6 +72,8 @@ func Run(t *testing.T, f Factory) {
 		{"AckedNotRedelivered", testAckedNotRedelivered},
 		{"RedeliversOnError", testRedeliversOnError},
 		{"HeldIsNotAFailure", testHeldIsNotAFailure},
+		{"AttemptsCountFailuresNotHolds", testAttemptsCountFailuresNotHolds},
+		{"HoldOutlivesConsumer", testHoldOutlivesConsumer},
 		{"PerKeyOrder", testPerKeyOrder},
 		{"DeadConsumerRedelivered", testDeadConsumerRedelivered},
 		{"BatchSizeRespected", testBatchSizeRespected},

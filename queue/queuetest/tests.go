@@ -190,6 +190,159 @@ func testHeldIsNotAFailure(t *testing.T, f Factory) {
 	}
 }
 
+// answered is a delivery's Attempt and the error of the step that refused
+// it, nil if none did (taken, or its Finish dropped because a batch ahead
+// failed).
+type answered struct {
+	attempt int
+	refused error
+}
+
+func (a answered) String() string {
+	switch {
+	case a.refused == nil:
+		return fmt.Sprintf("%d:taken", a.attempt)
+	case errors.Is(a.refused, queue.ErrHeld):
+		return fmt.Sprintf("%d:held", a.attempt)
+	}
+	return fmt.Sprintf("%d:failed", a.attempt)
+}
+
+// testAttemptsCountFailuresNotHolds: through queue.ConsumePipelined, a
+// delivery that a step fails is followed by one with a larger Attempt, and
+// one that a step holds (its first step or its Finish) by one with the same
+// Attempt, whatever the holds and failures before it.
+func testAttemptsCountFailuresNotHolds(t *testing.T, f Factory) {
+	type answer struct {
+		finish bool  // answered by the Finish, else by the first step
+		err    error // nil: take the batch
+	}
+	held := fmt.Errorf("queuetest: waiting: %w", queue.ErrHeld)
+	// A batch's answer is the one at the count of deliveries its first
+	// message had before; past the script, it is taken.
+	script := []answer{{false, held}, {true, errHandler}, {true, held}, {false, errHandler}, {true, held}, {false, held}}
+	b := f.New(t)
+	topic := newTopic(t)
+	msgs := newMsgs(2, 4)
+	var (
+		mu    sync.Mutex
+		seen  = make(map[string][]answered)
+		acked = make(map[string]bool)
+	)
+	refuse := func(batch []queue.Message, from []int, err error) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for i, m := range batch {
+			seen[m.ID][from[i]].refused = err
+		}
+		return err
+	}
+	h := func(_ context.Context, batch []queue.Message) (queue.Finish, error) {
+		mu.Lock()
+		step := answer{}
+		if k := len(seen[batch[0].ID]); k < len(script) {
+			step = script[k]
+		}
+		from := make([]int, len(batch))
+		for i, m := range batch {
+			from[i] = len(seen[m.ID])
+			seen[m.ID] = append(seen[m.ID], answered{attempt: m.Attempt})
+		}
+		mu.Unlock()
+		if step.err != nil && !step.finish {
+			return nil, refuse(batch, from, step.err)
+		}
+		return func(context.Context) error {
+			if step.err != nil {
+				return refuse(batch, from, step.err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, m := range batch {
+				acked[m.ID] = true
+			}
+			return nil
+		}, nil
+	}
+	startPipelined(t, b.NewConsumer(t, "c"), topic, h)
+	mustPublish(t, b.Publisher(), topic, msgs...)
+	waitUntil(t, deliveryTimeout, "every message acknowledged", func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acked) == len(msgs), fmt.Sprintf("got %d acknowledged, want %d", len(acked), len(msgs))
+	})
+
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids(msgs) {
+		ds := seen[id]
+		if len(ds) < len(script)+1 {
+			t.Errorf("message %s: got %d deliveries, want >= %d", id, len(ds), len(script)+1)
+		}
+		for i := 1; i < len(ds); i++ {
+			prev, got := ds[i-1], ds[i].attempt
+			switch {
+			case errors.Is(prev.refused, queue.ErrHeld) && got != prev.attempt:
+				t.Errorf("message %s: delivery %d after a hold got Attempt %d, want %d as before (deliveries %v)", id, i+1, got, prev.attempt, ds)
+			case prev.refused != nil && !errors.Is(prev.refused, queue.ErrHeld) && got <= prev.attempt:
+				t.Errorf("message %s: delivery %d after a failure got Attempt %d, want > %d (deliveries %v)", id, i+1, got, prev.attempt, ds)
+			case got < prev.attempt:
+				t.Errorf("message %s: delivery %d got Attempt %d, want >= %d (deliveries %v)", id, i+1, got, prev.attempt, ds)
+			}
+		}
+	}
+}
+
+// testHoldOutlivesConsumer: a batch held when its consumer stops (in its
+// first step or its Finish) reaches the next consumer with the Attempt it
+// had: handing a held batch over does not count either.
+func testHoldOutlivesConsumer(t *testing.T, f Factory) {
+	held := fmt.Errorf("queuetest: waiting: %w", queue.ErrHeld)
+	for _, finish := range []bool{false, true} {
+		t.Run(map[bool]string{false: "first step", true: "finish"}[finish], func(t *testing.T) {
+			b := f.New(t)
+			topic := newTopic(t)
+			msgs := newMsgs(1, 3)
+			rec := newRecorder()
+			hold := func(_ context.Context, batch []queue.Message) (queue.Finish, error) {
+				rec.record(batch)
+				if !finish {
+					return nil, held
+				}
+				return func(context.Context) error { return held }, nil
+			}
+			first := startPipelined(t, b.NewConsumer(t, "first"), topic, hold)
+			mustPublish(t, b.Publisher(), topic, msgs...)
+			waitUntil(t, deliveryTimeout, "every message held twice", func() (bool, string) {
+				for _, id := range ids(msgs) {
+					if n := len(rec.deliveries(id)); n < 2 {
+						return false, fmt.Sprintf("message %s delivered %d times", id, n)
+					}
+				}
+				return true, ""
+			})
+			if err := first.stop(t); err != nil {
+				t.Fatalf("first consumer's Consume after cancel: got %v, want nil", err)
+			}
+			heldBy := rec.snapshot()
+
+			startConsumer(t, b.NewConsumer(t, "next"), topic, rec.handle)
+			waitUntil(t, deliveryTimeout, "every message acknowledged", func() (bool, string) {
+				acked := rec.ackedCount()
+				return acked == len(msgs), fmt.Sprintf("got %d acknowledged, want %d", acked, len(msgs))
+			})
+			for _, id := range ids(msgs) {
+				was := heldBy[id][0].Attempt
+				for i, d := range rec.deliveries(id) {
+					if d.Attempt != was {
+						t.Errorf("message %s: delivery %d got Attempt %d, want %d as when first held (%d held by the first consumer)", id, i+1, d.Attempt, was, len(heldBy[id]))
+					}
+				}
+			}
+		})
+	}
+}
+
 // testPerKeyOrder: with three consumers on a topic, each key's messages reach
 // the handlers in publish order, a failed batch comes back before anything
 // after it, and no two batches holding one key are ever handled at once.

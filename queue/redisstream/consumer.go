@@ -221,7 +221,7 @@ func (r *run) partitionLoop(ctx context.Context, p int) error {
 					failures++
 					log.Warn("acquire lease", "err", err)
 				}
-				sleep(ctx, backoff(errorBackoff, failures))
+				sleep(ctx, queue.Backoff(errorBackoff, failures))
 				continue
 			}
 			failures = 0
@@ -243,7 +243,7 @@ func (r *run) partitionLoop(ctx context.Context, p int) error {
 			if ctx.Err() == nil {
 				failures++
 				log.Warn("read partition", "err", err)
-				sleep(ctx, backoff(errorBackoff, failures))
+				sleep(ctx, queue.Backoff(errorBackoff, failures))
 			}
 		}
 	}
@@ -268,14 +268,15 @@ func (r *run) hold(ctx context.Context, p int, l *lease, log *slog.Logger) error
 
 	pl := &pipeline{}
 	// The last Finish must end (and acknowledge) while the lease is held.
-	defer pl.wait()
+	defer func() {
+		_, _ = pl.wait()
+		r.keepHeld(ctx, stream, l, pl, log)
+	}()
 
 	if err := r.ensureGroup(ctx, stream); err != nil {
 		return err
 	}
-	failures := 0 // restarts in a row without an acknowledged Finish
 	for {
-		acked := pl.acked
 		err := r.redeliverPending(ctx, stream, l, pl, log)
 		if err == nil {
 			err = r.readNew(ctx, stream, l, pl, log)
@@ -285,13 +286,36 @@ func (r *run) hold(ctx context.Context, p int, l *lease, log *slog.Logger) error
 		}
 		// A Finish failed: every entry from its batch on is pending again,
 		// and nothing is in flight.
-		if pl.acked > acked {
-			failures = 0
-		}
-		failures++
-		if !sleep(ctx, backoff(r.opts.RedeliveryDelay, failures)) || !l.valid() {
+		pl.restarts++
+		r.keepHeld(ctx, stream, l, pl, log)
+		if !sleep(ctx, queue.Backoff(r.opts.RedeliveryDelay, pl.restarts)) || !l.valid() {
 			return nil
 		}
+	}
+}
+
+// keepHeld sets the delivery counters of the held batches going back to
+// the pending entries (pl.held) one below their messages' Attempt: the next
+// take-over, by this run or the partition's next holder, counts a delivery
+// and so gives them back the Attempt they had. It runs after ctx may have
+// been cancelled.
+func (r *run) keepHeld(ctx context.Context, stream string, l *lease, pl *pipeline, log *slog.Logger) {
+	held := pl.held
+	pl.held = nil
+	if len(held) == 0 || !l.valid() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+	defer cancel()
+	counts := make(map[int][]string)
+	for _, b := range held {
+		for i, id := range b.ids {
+			n := max(b.msgs[i].Attempt-1, 0)
+			counts[n] = append(counts[n], id)
+		}
+	}
+	if err := setDeliveryCounts(ctx, r.q.rdb, l, stream, r.opts.Group, r.owner, counts); err != nil && !isFatal(err) {
+		log.Warn("keep the delivery counts of held batches; their next delivery counts as an attempt", "batches", len(held), "err", err)
 	}
 }
 
@@ -299,17 +323,26 @@ func (r *run) hold(ctx context.Context, p int, l *lease, log *slog.Logger) error
 // those behind it are taken over again from the pending entries.
 var errRestart = errors.New("a finish failed; redelivering from it")
 
-// pipeline is a partition's batch whose Finish runs behind the loop.
+// pipeline is a partition's batch whose Finish runs behind the loop. Only
+// the partition's loop uses it.
 type pipeline struct {
 	behind *finishing
-	acked  int // Finish steps acknowledged, for the restart backoff
+	// restarts counts the restarts after a failed Finish since a Finish was
+	// last acknowledged, for the back-off and the log.
+	restarts int
+	// held are the batches going back to the pending entries held, not
+	// failed (keepHeld): their Finish was held, or their first step when the
+	// loop gave up or restarted.
+	held []batch
 }
 
 // finishing is one batch's Finish and acknowledgement, on its own goroutine.
+// Its fields are set before done is closed.
 type finishing struct {
 	done chan struct{}
-	ok   bool  // finished and acknowledged; set before done is closed
-	err  error // fatal error from the acknowledgement
+	ok   bool   // finished and acknowledged
+	held *batch // the batch, when its Finish was held
+	err  error  // fatal error from the acknowledgement
 }
 
 // wait waits for the batch behind, if any, and reports whether it was
@@ -322,7 +355,10 @@ func (pl *pipeline) wait() (bool, error) {
 	<-f.done
 	pl.behind = nil
 	if f.ok {
-		pl.acked++
+		pl.restarts = 0
+	}
+	if f.held != nil {
+		pl.held = append(pl.held, *f.held)
 	}
 	return f.ok, f.err
 }
@@ -582,22 +618,24 @@ func (r *run) deliver(ctx context.Context, stream string, l *lease, pl *pipeline
 			return false, nil
 		}
 		finish, err := r.h(r.hctx, b.msgs)
-		if err == nil {
+		o := queue.Settle(log, b.msgs, err, failures)
+		if o == queue.Ack {
 			return r.finish(ctx, stream, l, pl, b, finish, log)
 		}
-		log.Warn("handler failed; batch will be redelivered",
-			"messages", len(b.msgs), "attempt", b.msgs[0].Attempt, "err", err)
 		// Retry only after the batch ahead is acknowledged: if its Finish
 		// fails, that batch must come back first.
-		if err := pl.settled(); err != nil {
+		err = pl.settled()
+		if err != nil || !sleep(ctx, queue.Backoff(r.opts.RedeliveryDelay, failures)) || !l.valid() {
+			// Given up: the batch stays pending, uncounted if held
+			// (keepHeld).
+			if o == queue.Hold {
+				pl.held = append(pl.held, b)
+			}
 			return false, err
 		}
-		if !sleep(ctx, backoff(r.opts.RedeliveryDelay, failures)) || !l.valid() {
-			return false, nil
-		}
-		if errors.Is(err, queue.ErrHeld) {
-			// A hold is not a failed delivery: the batch runs again as it
-			// is, its delivery counters left where they were.
+		if !o.Counts() {
+			// Held: the batch runs again as it is, its delivery counters
+			// left where they were.
 			continue
 		}
 		b, err = r.reclaim(ctx, stream, l, b, log)
@@ -625,14 +663,17 @@ func (r *run) finish(ctx context.Context, stream string, l *lease, pl *pipeline,
 	}
 	f := &finishing{done: make(chan struct{})}
 	pl.behind = f
+	// The restart a failure causes is the next in a row: the batch ahead
+	// was acknowledged or this one would not start.
+	failures := pl.restarts + 1
 	go func() {
 		defer close(f.done)
-		if err := finish(r.hctx); err != nil {
-			log.Warn("finishing a batch failed; it will be redelivered with those behind it",
-				"messages", len(b.msgs), "attempt", b.msgs[0].Attempt, "err", err)
-			return
+		switch queue.Settle(log, b.msgs, finish(r.hctx), failures, "step", "finish") {
+		case queue.Ack:
+			f.ok, f.err = r.ack(ctx, stream, l, b.ids, log)
+		case queue.Hold:
+			f.held = &b
 		}
-		f.ok, f.err = r.ack(ctx, stream, l, b.ids, log)
 	}()
 	return true, nil
 }
@@ -713,7 +754,7 @@ func (r *run) ack(ctx context.Context, stream string, l *lease, ids []string, lo
 		if !l.valid() || (ctx.Err() != nil && failures >= shutdownAckTries) {
 			return false, nil
 		}
-		time.Sleep(backoff(errorBackoff, failures))
+		time.Sleep(queue.Backoff(errorBackoff, failures))
 	}
 }
 

@@ -114,7 +114,7 @@ func (r *run) moveLoop(ctx context.Context) error {
 		}
 		wait := r.opts.MoveInterval - r.opts.MoveInterval/5 + rand.N(2*r.opts.MoveInterval/5+1)
 		if failures > 0 {
-			wait = max(wait, backoff(errorBackoff, failures))
+			wait = max(wait, queue.Backoff(errorBackoff, failures))
 		}
 		if !sleep(ctx, wait) {
 			return nil

@@ -117,12 +117,22 @@ func reclaimEntries(ctx context.Context, rdb redis.UniversalClient, l *lease, st
 // unreadEntries resets the delivery counters of ids for l's holder, as if
 // they had never been delivered.
 func unreadEntries(ctx context.Context, rdb redis.UniversalClient, l *lease, stream, group, consumer string, ids []string) error {
-	args := []any{"XCLAIM", stream, group, consumer, 0}
-	for _, id := range ids {
-		args = append(args, id)
-	}
-	args = append(args, "RETRYCOUNT", 0, "JUSTID")
-	return fenced(ctx, rdb, l, func(p redis.Pipeliner) { p.Do(ctx, args...) })
+	return setDeliveryCounts(ctx, rdb, l, stream, group, consumer, map[int][]string{0: ids})
+}
+
+// setDeliveryCounts sets the delivery counters of the entries in counts (by
+// the count they get) for l's holder, in one transaction.
+func setDeliveryCounts(ctx context.Context, rdb redis.UniversalClient, l *lease, stream, group, consumer string, counts map[int][]string) error {
+	return fenced(ctx, rdb, l, func(p redis.Pipeliner) {
+		for n, ids := range counts {
+			args := []any{"XCLAIM", stream, group, consumer, 0}
+			for _, id := range ids {
+				args = append(args, id)
+			}
+			args = append(args, "RETRYCOUNT", n, "JUSTID")
+			p.Do(ctx, args...)
+		}
+	})
 }
 
 // ackEntries acknowledges and deletes the entries ids for l's holder.

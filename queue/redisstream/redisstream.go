@@ -92,11 +92,10 @@ const (
 	DefaultMoveInterval    = 200 * time.Millisecond
 )
 
-// Limits on the backoff used after handler and Redis errors.
+// Waits after Redis errors.
 const (
-	maxBackoffSteps = 6 // a delay doubles at most this many times
-	errorBackoff    = 100 * time.Millisecond
-	opTimeout       = 5 * time.Second // for cleanup commands run after ctx is cancelled
+	errorBackoff = 100 * time.Millisecond // the first of queue.Backoff
+	opTimeout    = 5 * time.Second        // for cleanup commands run after ctx is cancelled
 	// shutdownAckTries bounds acknowledgement attempts once Consume's context
 	// is cancelled, so shutdown cannot hang on a Redis that refuses them.
 	shutdownAckTries = 3
@@ -322,11 +321,6 @@ func validTopic(topic string) error {
 		return fmt.Errorf("invalid topic %q: must be non-empty without braces", topic)
 	}
 	return nil
-}
-
-// backoff is the wait after failures consecutive failures.
-func backoff(base time.Duration, failures int) time.Duration {
-	return base << min(max(failures-1, 0), maxBackoffSteps)
 }
 
 // sleep waits d or until ctx is done; it reports whether the full d passed.

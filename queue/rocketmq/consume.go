@@ -2,7 +2,6 @@ package rocketmq
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -237,10 +236,11 @@ func (r *run) consume(ctx context.Context, msgs ...*primitive.MessageExt) (consu
 			}
 			batch[i] = queue.Message{ID: id, Key: m.GetShardingKey(), Body: m.Body, Attempt: int(m.ReconsumeTimes) + 1}
 		}
-		if err := r.handle(mq, batch); err != nil {
-			r.log.Warn("handler failed",
-				"queue", mq.QueueId, "messages", len(batch), "attempt", batch[0].Attempt, "err", err)
-			if errors.Is(err, queue.ErrHeld) || !r.deadLetter(mq, live) {
+		switch r.handle(mq, batch) {
+		case queue.Hold:
+			return consumer.SuspendCurrentQueueAMoment, nil
+		case queue.Redeliver:
+			if !r.deadLetter(mq, live) {
 				return consumer.SuspendCurrentQueueAMoment, nil
 			}
 		}
@@ -249,24 +249,32 @@ func (r *run) consume(ctx context.Context, msgs ...*primitive.MessageExt) (consu
 	return consumer.ConsumeSuccess, nil
 }
 
-// handle runs the handler on batch. While the handler answers that the
-// batch is held (queue.ErrHeld: a paused sale, Redis or MySQL away), it
-// runs it again every SuspendTime within this call, so a hold never counts
-// as a failed delivery towards MaxReconsumeTimes (in orderly mode the
-// library counts each suspended delivery), however long it lasts. It hands
-// the held batch back when the consumer stops or mq is given up.
-func (r *run) handle(mq primitive.MessageQueue, batch []queue.Message) error {
-	for logged := false; ; logged = true {
-		err := r.h(r.hctx, batch)
-		if err == nil || !errors.Is(err, queue.ErrHeld) {
-			return err
-		}
-		if !logged {
-			r.log.Info("batch held; trying it again every suspend_time",
-				"queue", mq.QueueId, "messages", len(batch), "suspend_time", r.opts.SuspendTime, "err", err)
-		}
-		if !r.waitHeld(mq) {
-			return err
+// The consumer policy (queue.Settle) on the library's orderly consumer. Its
+// outcomes map onto the callback's result: Ack is ConsumeSuccess; Redeliver
+// is SuspendCurrentQueueAMoment, or ConsumeSuccess once the whole batch is
+// dead-lettered. What the library forces to stay here:
+//   - Attempt is the library's ReconsumeTimes+1, and every suspended
+//     delivery counts one. A held batch cannot go back uncounted, so handle
+//     runs it again within the callback until the hold ends. It hands it
+//     back only when the consumer stops or the queue is given up, where the
+//     count goes with the library's memory of the queue (the next owner
+//     starts at Attempt 1).
+//   - The wait before a redelivery is the library's: it sleeps SuspendTime,
+//     the same every time, before handing a suspended batch out again;
+//     handle waits SuspendTime between the runs of a held one to match. Not
+//     queue.Backoff, which the library has no way to take.
+//   - Giving up after MaxReconsumeTimes is the driver's (deadLetter), not
+//     the library's, whose send-back ignores the broker's answer.
+
+// handle runs the handler on batch and settles its result. A held batch
+// runs again every SuspendTime within this call, so a hold never counts
+// towards MaxReconsumeTimes, however long it lasts; it is handed back (Hold)
+// only when the consumer stops or mq is given up.
+func (r *run) handle(mq primitive.MessageQueue, batch []queue.Message) queue.Outcome {
+	for runs := 1; ; runs++ {
+		o := queue.Settle(r.log, batch, r.h(r.hctx, batch), runs, "queue", mq.QueueId)
+		if o != queue.Hold || !r.waitHeld(mq) {
+			return o
 		}
 	}
 }
