@@ -30,10 +30,11 @@
 --         means the same as none, so stale fields need no expiry.
 -- KEYS[7] client IP rate limits: hash client IP -> TAT, like KEYS[6]
 -- KEYS[8] meta      hash: expire_at (rebuild.lua), the lifetime of what this call creates
--- KEYS[9] admissions sorted set: one member per call that admitted
---                   requests, their ids joined by spaces, scored with the
---                   call's millisecond (Redis's clock). sweep.lua rejects
---                   those whose message never came (not_enqueued) and drops
+-- KEYS[9] admissions sorted set (the admissions set): one member per call
+--                   that admitted requests, their ids joined by spaces,
+--                   scored with the call's millisecond (Redis's clock). The
+--                   not-enqueued sweep (notenqueued.lua) rejects those
+--                   whose message never came (not_enqueued) and drops
 --                   a member once all of its requests are final. Written
 --                   here, in the admission itself, so no crash of a gateway
 --                   can leave a queued marker that nothing decides; one

@@ -98,18 +98,18 @@ func TestProviderSubjects(t *testing.T) {
 				t.Fatalf("reject of %q: got %+v, %v", user, r, err)
 			}
 		}
-		var unknown []model.AdmitRequest
+		var notEnqueued []model.AdmitRequest
 		for _, user := range providerUsers {
 			a := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: user, Quantity: 1, IdempotencyKey: "k-2"}
 			mustAdmit(t, s, a)
-			unknown = append(unknown, a)
+			notEnqueued = append(notEnqueued, a)
 		}
 		passQueue(t, s, c, "closing")
 		swept, err := s.SweepNotEnqueued(t.Context(), []string{c.ID}, 0)
-		if err != nil || len(swept) != len(unknown) {
-			t.Fatalf("SweepNotEnqueued: got %d results, %v; want %d", len(swept), err, len(unknown))
+		if err != nil || len(swept) != len(notEnqueued) {
+			t.Fatalf("SweepNotEnqueued: got %d results, %v; want %d", len(swept), err, len(notEnqueued))
 		}
-		for _, a := range unknown {
+		for _, a := range notEnqueued {
 			if r := mustResult(t, s, a.RequestID); r.UserID != a.UserID || r.Reason != model.ReasonNotEnqueued {
 				t.Fatalf("swept result of %q: got %+v", a.UserID, r)
 			}
