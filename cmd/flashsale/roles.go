@@ -191,6 +191,7 @@ type system struct {
 	lifecycle      *lifecycle.Service // with a gateway or a worker
 	expiry         *worker.Expiry     // with a worker
 	expiryConsumer queue.Consumer
+	sweeper        worker.Sweeper // with a worker
 
 	// The listeners, from listen.
 	addr      string
@@ -386,6 +387,7 @@ func (s *system) mountWorker() {
 	s.expiry = worker.NewExpiry(log, s.lifecycle, worker.ExpiryOptions{Topic: s.cfg.Queue.ExpiryTopic, Publisher: s.pub,
 		MaxAttempts: s.cfg.Worker.MaxAttempts})
 	s.expiryConsumer = s.newExpiryConsumer(consumerName())
+	s.sweeper = worker.Sweeper{Log: log, Tasks: s.worker.Tasks(s.cfg.Worker.MaxQueueDelay)}
 	s.watchBacklog()
 }
 
@@ -532,7 +534,7 @@ func (s *system) run(ctx context.Context) {
 		g.Go(func() error { return s.worker.Run(gctx, s.consumer, s.cfg.Queue.Topic) })
 		g.Go(func() error { return s.expiry.Run(gctx, s.expiryConsumer) })
 		g.Go(func() error { return s.expiry.Sweep(gctx, s.cfg.Payment.SweepInterval) })
-		g.Go(func() error { return s.worker.SweepNotEnqueued(gctx, s.cfg.Worker.MaxQueueDelay) })
+		g.Go(func() error { return s.sweeper.Run(gctx) })
 	}
 	for _, l := range s.listeners {
 		g.Go(func() error {
