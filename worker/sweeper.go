@@ -20,12 +20,15 @@ import (
 //     was lost): store.SweepNotEnqueued gives it a final rejected result
 //     (not_enqueued), so it does not stay queued for good;
 //   - transfer recovery: the stock transfers between a campaign's buckets
-//     that a dead worker left half done (store.RecoverTransfers).
+//     that a dead worker left half done (store.RecoverTransfers);
+//   - the expiry sweep: the unpaid orders still pending payment.grace past
+//     their window, their expiry message lost, expired from MySQL
+//     (Expiry.SweepTask).
 //
-// Every worker process sweeps every campaign it can find in MySQL (the
-// durable record, so no index in Redis can be lost or raced), so the
-// not-enqueued sweep does not wait for the worker of one partition; no
-// worker at all means no sweep, which is right: nothing is consumed either.
+// Every worker process's not-enqueued sweep looks at every campaign it can
+// find in MySQL (the durable record, so no index in Redis can be lost or
+// raced), so it does not wait for the worker of one partition; no worker at
+// all means no sweep, which is right: nothing is consumed either.
 
 // Task is one of a Sweeper's periodic tasks.
 type Task struct {
