@@ -21,12 +21,12 @@ import (
 	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
 )
 
-// Not enqueued, end to end: a publish whose outcome is
-// unknown (queue.ErrUnknown) is answered 202 and its request kept: a worker
-// decides it if its message was stored after all, and the workers'
-// not-enqueued sweep rejects it (not_enqueued) if it was not, as it does a
-// request whose gateway died before publishing. A publish the queue
-// refused is still withdrawn and answered 503.
+// Not enqueued, end to end: a publish whose outcome is unknown
+// (queue.ErrUnknown) is answered 202 and its request kept: a worker decides
+// it if its message was stored after all, and the workers' not-enqueued
+// sweep rejects it (not_enqueued) if it was not, as it does a request whose
+// gateway died before publishing. A publish the queue refused is still
+// withdrawn and answered 503.
 
 // faultProxy forwards TCP to Redis and can fault the publishes that pass:
 // in dropReply mode it forwards a request carrying XADD, but when Redis

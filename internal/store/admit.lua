@@ -324,7 +324,8 @@ if admitted > 0 then
   end
   redis.call('ZADD', KEYS[9], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), table.concat(ids, ' '))
 end
--- A challenge key lives no longer than its challenge could be used: no sweep.
+-- A challenge key lives no longer than its challenge could be used: nothing
+-- needs to remove it.
 for _, g in ipairs(spends) do
   redis.call('SET', g.key, g.holder, 'EXAT', g.exat)
 end

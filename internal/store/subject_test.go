@@ -23,7 +23,8 @@ var providerUsers = []string{
 // TestProviderSubjects: every script and stored format carries any user id
 // a token may name, whole and apart from every other one: the queued
 // marker, the Idempotency-Key, the per-user rate limit and units, the
-// final results of deduct, reject and the sweep, and a release.
+// final results of deduct, reject and the not-enqueued sweep, and a
+// release.
 func TestProviderSubjects(t *testing.T) {
 	for _, user := range providerUsers {
 		if !model.ValidUserID(user) {
@@ -91,7 +92,8 @@ func TestProviderSubjects(t *testing.T) {
 		if n, m := mustUserUnits(t, s, c.ID, providerUsers[1]), mustUserUnits(t, s, c.ID, providerUsers[2]); n != 0 || m != 2 {
 			t.Fatalf("units after the release: %q has %d (want 0), %q has %d (want 2)", providerUsers[1], n, providerUsers[2], m)
 		}
-		// Reject and the sweep rewrite a stored result and keep its user.
+		// Reject and the not-enqueued sweep rewrite a stored result and keep
+		// its user.
 		for _, user := range providerUsers {
 			d := model.Deduction{RequestID: newRequestID(c.ID), UserID: user, Quantity: 1}
 			if r, err := s.Reject(t.Context(), d, c.ID, model.ReasonPoison); err != nil || r.UserID != user || r.Status != model.StatusRejected {
