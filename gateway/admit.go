@@ -32,10 +32,10 @@ import (
 // publish withdraws exactly the requests it carried before they are told 503.
 // A publish whose outcome is unknown (queue.ErrUnknown: the queue may have
 // stored the messages) withdraws nothing: its requests stay admitted and
-// are answered as published. Nothing more is needed: admit.lua recorded
-// every admission, and a worker's sweep rejects the ones whose message
-// never arrives (store.SweepNotEnqueued), as it does those of a gateway
-// that died before publishing.
+// are answered as published. Nothing more is needed: admit.lua adds every
+// admission to the admissions set, and the workers' not-enqueued sweep
+// rejects the ones whose message never arrives (store.SweepNotEnqueued),
+// as it does those of a gateway that died before publishing.
 
 // admitter is the pending list and its flush loops. Loops start on demand
 // and end when nothing is pending, so it needs no lifecycle of its own.
@@ -188,7 +188,7 @@ func (s *Service) flush(batch []*pendingPurchase) {
 	defer ucancel()
 	reqs := admitRequests(fresh)
 	if werr := s.stock.Withdraw(uctx, reqs); werr != nil {
-		s.noteOrphans(reqs, werr)
+		s.noteMaybeNotEnqueued(reqs, werr)
 	}
 	for _, p := range fresh {
 		p.done <- admitAnswer{err: s.refuse("unavailable", fmt.Errorf("publish %s: %w: %v", p.req.RequestID, model.ErrUnavailable, err))}
@@ -196,8 +196,8 @@ func (s *Service) flush(batch []*pendingPurchase) {
 }
 
 // keepUnknown keeps the requests of a publish whose outcome is unknown
-// admitted (queued marker, Idempotency-Key, count, and the record of
-// admissions that the workers' sweep reads). Withdrawing them instead would
+// admitted (queued marker, Idempotency-Key, count, and the admissions set
+// that the workers' not-enqueued sweep reads). Withdrawing them instead would
 // tell a shopper "failed" about a purchase a worker may still decide, and
 // make a retry with the same key a second request.
 func (s *Service) keepUnknown(fresh []*pendingPurchase, cause error) {
@@ -206,15 +206,16 @@ func (s *Service) keepUnknown(fresh []*pendingPurchase, cause error) {
 		"count", len(fresh), "campaign_id", fresh[0].req.CampaignID, "request_id", fresh[0].req.RequestID, "err", cause)
 }
 
-// noteOrphans counts and logs requests answered 503 whose admission may be
-// stored all the same (admit.lua's reply was lost, or a withdraw failed): a
-// queued marker that no message will decide. The workers' sweep rejects
-// the stored ones (not_enqueued). Not withdrawn: a shopper who
-// retries with the same Idempotency-Key meanwhile gets the stored request
-// back, and a withdraw landing after that would delete it under them.
-func (s *Service) noteOrphans(reqs []model.AdmitRequest, cause error) {
-	s.m.Orphans.Add(float64(len(reqs)))
-	s.log.Warn("admission outcome unknown; a stored request ends rejected as not enqueued",
+// noteMaybeNotEnqueued counts and logs requests answered 503 whose
+// admission may be stored all the same (admit.lua's reply was lost, or a
+// withdraw failed): maybe not enqueued, a queued marker that no message
+// will decide. The workers' not-enqueued sweep rejects the stored ones
+// (not_enqueued). Not withdrawn: a shopper who retries with the same
+// Idempotency-Key meanwhile gets the stored request back, and a withdraw
+// landing after that would delete it under them.
+func (s *Service) noteMaybeNotEnqueued(reqs []model.AdmitRequest, cause error) {
+	s.m.MaybeNotEnqueued.Add(float64(len(reqs)))
+	s.log.Warn("maybe not enqueued: answered 503, but the admission may be stored; a stored request ends rejected (not_enqueued)",
 		"count", len(reqs), "campaign_id", reqs[0].CampaignID, "request_id", reqs[0].RequestID, "err", cause)
 }
 
@@ -237,8 +238,8 @@ func (s *Service) admitGroup(group []*pendingPurchase) []*pendingPurchase {
 	defer cancel()
 	replies, err := s.stock.Admit(ctx, reqs[0].KeyTag(), reqs, s.opts.RateLimits.PerBucket(group[0].buckets))
 	if err != nil {
-		if errors.Is(err, model.ErrMaybeApplied) {
-			s.noteOrphans(reqs, err)
+		if errors.Is(err, model.ErrMaybeNotEnqueued) {
+			s.noteMaybeNotEnqueued(reqs, err)
 		}
 		for _, p := range group {
 			p.done <- admitAnswer{err: s.refuse("unavailable", fmt.Errorf("%w: %v", model.ErrUnavailable, err))}

@@ -86,7 +86,7 @@ func newAdmitServiceOn(t *testing.T, pub queue.Publisher, opts Options, wrap fun
 	campaigns := &memCampaigns{c: model.Campaign{ID: testenv.Name(t, "adm"), Name: "t", Stock: 100, PerUserLimit: 2,
 		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}}
 	c := mustLoad(t, campaigns, st)
-	// Its own topic: the requests recorded for the sweep are indexed per topic.
+	// Its own topic: a test drains only the messages of its own purchases.
 	opts.Topic = testenv.Topic(t)
 	if opts.AdmitConcurrency == 0 {
 		opts.AdmitConcurrency = 1
@@ -276,9 +276,8 @@ func (p *unknownPublisher) Publish(ctx context.Context, topic string, msgs ...qu
 // TestAdmitPublishUnknown: when the shared publish's outcome is unknown,
 // every request it carried is answered as admitted (202, its request id),
 // nothing is withdrawn, a retry with the same key names the same request,
-// and the requests are recorded for the sweep: a worker that decides one
-// takes it off the record, and the sweep rejects only the ones no worker
-// saw.
+// and the requests stay in the admissions set: the not-enqueued sweep
+// rejects only the ones no worker decided.
 func TestAdmitPublishUnknown(t *testing.T) {
 	for _, stored := range []bool{true, false} {
 		t.Run(fmt.Sprintf("stored=%v", stored), func(t *testing.T) {

@@ -52,11 +52,13 @@ var (
 	ErrPaused      = hold("sale paused")
 	ErrLedgerMoved = hold("campaign reloaded since the decision")
 
-	// ErrMaybeApplied wraps a Redis call's error after which the call may
-	// have run: it was sent, and its reply was lost (a timeout, a broken
-	// connection, a master killed mid-call). It always comes with
-	// ErrUnavailable.
-	ErrMaybeApplied = errors.New("outcome unknown")
+	// ErrMaybeNotEnqueued wraps an admission's Redis error after which the
+	// admission may have been stored: the call was sent, and its reply was
+	// lost (a timeout, a broken connection, a master killed mid-call). Its
+	// requests are answered 503 and no message carries them, so a stored
+	// one is not enqueued: the not-enqueued sweep ends it. It always comes
+	// with ErrUnavailable.
+	ErrMaybeNotEnqueued = errors.New("admission may be stored, not enqueued")
 )
 
 // ErrHeld is what ErrNotLoaded, ErrPaused, ErrUnavailable and

@@ -33,9 +33,11 @@ const (
 	ReasonInsufficientStock = "insufficient_stock" // fewer units left than asked for, but not zero
 	ReasonPoison            = "undeliverable"      // the worker gave up after repeated failures
 	ReasonBadMessage        = "bad_message"        // the message could not be decoded
-	// ReasonNotEnqueued: the queue could not confirm the request was stored
-	// (an unknown publish outcome) and no worker saw it within the longest
-	// possible queue delay, so its message was never stored.
+	// ReasonNotEnqueued: the request was admitted but not enqueued: still
+	// queued the longest possible queue delay after its admission, and the
+	// queue has moved past it, so its message was never stored (its
+	// publish's outcome was unknown, or its gateway died before
+	// publishing). The not-enqueued sweep gives it this final result.
 	ReasonNotEnqueued = "not_enqueued"
 	// ReasonEndedEarly: an operator ended the sale while the request was
 	// still queued (Campaign.EndedEarly).

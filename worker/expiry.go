@@ -13,11 +13,11 @@ import (
 
 // An unpaid order expires twice over: a message scheduled when the order is
 // stored comes back when its payment window ends (Options.Expiry, consumed
-// by Expiry.Run), and a sweeper expires from MySQL whatever is still
-// pending a grace later (Expiry.Sweep), so a lost, dead or never-scheduled
-// message cannot hold stock. The lifecycle's transitions are conditional
-// and its release idempotent per order, so both at once return the units
-// once.
+// by Expiry.Run), and the sweeper's expiry sweep expires from MySQL
+// whatever is still pending a grace later (Expiry.SweepTask), so a lost,
+// dead or never-scheduled message cannot hold stock. The lifecycle's
+// transitions are conditional and its release idempotent per order, so both
+// at once return the units once.
 
 // expiryMessage is the expiry message of an order: its id is the order id
 // (the idempotency key), its key the campaign.
@@ -138,27 +138,16 @@ func (e *Expiry) delay(ctx context.Context, m queue.Message, d time.Duration) er
 	return nil
 }
 
-// Sweep runs the lifecycle's sweep every interval until ctx ends: it
-// expires the orders still pending past their window and the grace, and
-// completes releases a crash interrupted. A failed sweep is logged; the
-// next one takes up where it stopped.
-func (e *Expiry) Sweep(ctx context.Context, interval time.Duration) error {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+// SweepTask returns the expiry sweep, the sweeper's task that runs the
+// lifecycle's sweep every interval: it expires the orders still pending
+// past their window and the grace, and completes releases a crash
+// interrupted.
+func (e *Expiry) SweepTask(interval time.Duration) Task {
+	return Task{Name: "expiry sweep", First: interval, Every: interval, Run: func(ctx context.Context, log *slog.Logger) error {
 		sw, err := e.orders.Sweep(ctx, e.opts.Now())
-		switch {
-		case ctx.Err() != nil:
-			return nil
-		case err != nil:
-			e.log.Warn("sweep orders", "err", err)
-		case sw != (model.Swept{}):
-			e.log.Info("swept orders", "expired", sw.Expired, "released", sw.Released)
+		if err == nil && sw != (model.Swept{}) {
+			log.Info("swept orders", "expired", sw.Expired, "released", sw.Released)
 		}
-	}
+		return err
+	}}
 }

@@ -185,7 +185,8 @@ func TestExpiryMessageDropped(t *testing.T) {
 	exp := NewExpiry(discard(), b.svc, ExpiryOptions{Topic: "expiry", Publisher: b.scheduled})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
-	go func() { done <- exp.Sweep(ctx, 20*time.Millisecond) }()
+	sweeper := Sweeper{Log: discard(), Tasks: []Task{exp.SweepTask(20 * time.Millisecond)}}
+	go func() { done <- sweeper.Run(ctx) }()
 	b.waitExpired(t, orders, 20*time.Second)
 	cancel()
 	if err := <-done; err != nil {
@@ -217,7 +218,8 @@ func TestExpiryMessageAndSweeperAtOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
 	errs := make(chan error, 3)
-	wg.Go(func() { errs <- exp.Sweep(ctx, time.Millisecond) })
+	sweeper := Sweeper{Log: discard(), Tasks: []Task{exp.SweepTask(time.Millisecond)}}
+	wg.Go(func() { errs <- sweeper.Run(ctx) })
 	for i := range 2 {
 		consumer := NewExpiry(discard(), b.svc, ExpiryOptions{Topic: topic, Publisher: b.scheduled, Now: later})
 		wg.Go(func() { errs <- consumer.Run(ctx, q.Consumer(fmt.Sprintf("c%d", i))) })

@@ -33,6 +33,8 @@ type Stock interface {
 	Reject(ctx context.Context, d model.Deduction, campaignID, reason string) (model.Result, error)
 	PublishResults(ctx context.Context, results []model.Result) error
 	PublishEvent(ctx context.Context, e model.Event) error
+	// SweepNotEnqueued rejects the admitted requests whose message never
+	// came: the not-enqueued sweep (sweeper.go).
 	SweepNotEnqueued(ctx context.Context, tags []string, maxDelay time.Duration) ([]model.Result, error)
 	// RecoverTransfers completes stock transfers between a campaign's
 	// buckets that a worker left half done.
@@ -70,8 +72,8 @@ type Options struct {
 	Expiry      queue.Publisher
 	ExpiryTopic string
 	// KeyRetention is how long after its sale Redis may hold a campaign
-	// (redis.key_retention): the sweep of requests not enqueued looks at the
-	// campaigns that ended less than this ago. Default 7 days.
+	// (redis.key_retention): the not-enqueued sweep looks at the campaigns
+	// that ended less than this ago. Default 7 days.
 	KeyRetention time.Duration
 }
 

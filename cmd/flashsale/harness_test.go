@@ -46,7 +46,8 @@ func realConfig(t *testing.T, queueDriver string) config.Config {
 	cfg.Notifier.AllowedOrigins = []string{"*"}
 	cfg.Log.Level = "warn"
 	// A fault test whose publish had an unknown outcome and stored nothing
-	// still settles within a minute (the sweep rejects the request), and
+	// still settles within a minute (the not-enqueued sweep rejects the
+	// request), and
 	// the delay still covers a RocketMQ broker restart's rebalance (20 s).
 	cfg.Worker.MaxQueueDelay = 30 * time.Second
 	if err := cfg.Validate(); err != nil {

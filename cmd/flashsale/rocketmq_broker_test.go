@@ -215,8 +215,8 @@ func TestBrokerCrashMidSale(t *testing.T) {
 	// The successor went over the whole queue again: the requests decided
 	// before the crash once more, and everything after. A purchase whose
 	// send the crash cut off may be accepted without being stored (its
-	// outcome was unknown; the sweep rejects it), so count what the broker
-	// holds.
+	// outcome was unknown; the not-enqueued sweep rejects it), so count
+	// what the broker holds.
 	inQueue := map[string]bool{}
 	for _, m := range srv.AllMessages(cfg.Queue.Topic) {
 		inQueue[m.Keys()] = true

@@ -191,6 +191,7 @@ type system struct {
 	lifecycle      *lifecycle.Service // with a gateway or a worker
 	expiry         *worker.Expiry     // with a worker
 	expiryConsumer queue.Consumer
+	sweeper        worker.Sweeper // with a worker
 
 	// The listeners, from listen.
 	addr      string
@@ -373,7 +374,9 @@ func (s *system) watchBacklog() {
 }
 
 // mountWorker builds the worker, which decides purchases and schedules the
-// expiry of the orders they make, and the expiry consumer and sweeper.
+// expiry of the orders they make, the expiry consumer, and the sweeper of
+// the periodic tasks (the not-enqueued sweep, transfer recovery, the
+// expiry sweep).
 func (s *system) mountWorker() {
 	log := s.log.With("role", "worker")
 	s.worker = worker.New(log, s.store, s.db, s.Metrics, worker.Options{MaxAttempts: s.cfg.Worker.MaxAttempts,
@@ -386,6 +389,8 @@ func (s *system) mountWorker() {
 	s.expiry = worker.NewExpiry(log, s.lifecycle, worker.ExpiryOptions{Topic: s.cfg.Queue.ExpiryTopic, Publisher: s.pub,
 		MaxAttempts: s.cfg.Worker.MaxAttempts})
 	s.expiryConsumer = s.newExpiryConsumer(consumerName())
+	s.sweeper = worker.Sweeper{Log: log,
+		Tasks: append(s.worker.Tasks(s.cfg.Worker.MaxQueueDelay), s.expiry.SweepTask(s.cfg.Payment.SweepInterval))}
 	s.watchBacklog()
 }
 
@@ -531,8 +536,7 @@ func (s *system) run(ctx context.Context) {
 	if s.worker != nil {
 		g.Go(func() error { return s.worker.Run(gctx, s.consumer, s.cfg.Queue.Topic) })
 		g.Go(func() error { return s.expiry.Run(gctx, s.expiryConsumer) })
-		g.Go(func() error { return s.expiry.Sweep(gctx, s.cfg.Payment.SweepInterval) })
-		g.Go(func() error { return s.worker.SweepNotEnqueued(gctx, s.cfg.Worker.MaxQueueDelay) })
+		g.Go(func() error { return s.sweeper.Run(gctx) })
 	}
 	for _, l := range s.listeners {
 		g.Go(func() error {

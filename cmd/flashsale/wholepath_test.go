@@ -166,7 +166,7 @@ func verifySettled(t *testing.T, c *client, campaign string, stock, limit int64,
 		case "sold_out", "limit_exceeded":
 		case "rejected":
 			// A fault test's publish with an unknown outcome whose message
-			// never reached the queue: the sweep finished it.
+			// never reached the queue: the not-enqueued sweep finished it.
 			if r.Reason != "not_enqueued" {
 				t.Errorf("request %s: rejected (%s), want success, sold_out, limit_exceeded or rejected (not_enqueued)", rid, r.Reason)
 			}

@@ -221,17 +221,18 @@ type Worker struct {
 	MaxAttempts int `yaml:"max_attempts" env:"MAX_ATTEMPTS"`
 	// MaxQueueDelay is the longest a stored message can take to reach a
 	// worker while workers run. An admitted request still queued this
-	// long after its admission, that the queue has moved past, was never
-	// stored (an unknown publish, a gateway that died
-	// before publishing): the workers' sweep rejects it (not_enqueued). Too short, and
-	// a message that was only slow is rejected (when it arrives it finds
-	// the final result and takes nothing); too long, and its shopper waits
-	// that long for the answer. The default, 5m, covers several times over
+	// long after its admission, that the queue has moved past, was not
+	// enqueued (a publish of unknown outcome whose message was lost, a
+	// gateway that died before publishing): the workers' not-enqueued
+	// sweep rejects it (not_enqueued). Too short, and a message that was
+	// only slow is rejected (when it arrives it finds the final result and
+	// takes nothing); too long, and its shopper waits that long for the
+	// answer. The default, 5m, covers several times over
 	// the slowest hand-overs measured or documented: a dead RocketMQ
 	// consumer's queue lock (60 s) plus a rebalance (20 s), a broker
 	// restart's resubscription (30 s), a redisstream lease (queue.lease_ttl)
 	// and a sale's backlog at the workers' throughput. Paused campaigns do
-	// not count against it (their requests are held, not swept).
+	// not count against it (their requests are held, not rejected).
 	MaxQueueDelay time.Duration `yaml:"max_queue_delay" env:"MAX_QUEUE_DELAY"`
 }
 

@@ -37,12 +37,12 @@ type Metrics struct {
 	Requests        *CounterVec          // route, code
 	RequestDuration *prometheus.HistogramVec
 	// Gateway.
-	Refusals        *CounterVec          // reason
-	PublishLatency  prometheus.Histogram // seconds
-	PublishUnknown  prometheus.Counter   // requests published with an unknown outcome, kept admitted
-	Orphans         prometheus.Counter   // admissions answered 503 that may hold a queued marker (the sweep ends them)
-	LatePayments    prometheus.Counter   // payments for orders that had ended
-	CachedCampaigns *prometheus.GaugeVec // kind: known, unknown (ids naming no campaign)
+	Refusals         *CounterVec          // reason
+	PublishLatency   prometheus.Histogram // seconds
+	PublishUnknown   prometheus.Counter   // requests published with an unknown outcome, kept admitted
+	MaybeNotEnqueued prometheus.Counter   // admissions answered 503 that may hold a queued marker (the not-enqueued sweep ends them)
+	LatePayments     prometheus.Counter   // payments for orders that had ended
+	CachedCampaigns  *prometheus.GaugeVec // kind: known, unknown (ids naming no campaign)
 	// Gateway and worker: the Lua scripts they run (ScriptHook).
 	ScriptDuration *prometheus.HistogramVec // script
 	// Worker.
@@ -51,7 +51,7 @@ type Metrics struct {
 	PersistLatency  prometheus.Histogram // seconds
 	PoisonMessages  prometheus.Counter
 	HeldBatches     prometheus.Counter     // deliveries held (queue.ErrHeld)
-	NotEnqueued     prometheus.Counter     // unknown publishes rejected by the sweep: no worker saw them
+	NotEnqueued     prometheus.Counter     // requests the not-enqueued sweep rejected: no worker saw them
 	LeaseEvents     *prometheus.CounterVec // topic, event (PartitionEvent)
 	PartitionsOwned *prometheus.GaugeVec   // topic
 	// ReplicaAckLatency and ReplicaShortfalls follow redis.min_replicas_ack
@@ -105,13 +105,13 @@ func New(roles ...Role) *Metrics {
 			Name: "flashsale_publish_unknown_total",
 			Help: "Purchase requests whose publish outcome was unknown (the queue may have stored them), admitted all the same.",
 		}),
-		Orphans: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "flashsale_orphaned_admissions_total",
-			Help: "Purchases answered 503 whose admission may have been stored (admit.lua's reply lost, or a withdraw that failed); a stored one is rejected (not_enqueued) by the workers' sweep.",
+		MaybeNotEnqueued: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flashsale_maybe_not_enqueued_total",
+			Help: "Purchases answered 503 whose admission may have been stored all the same (admit.lua's reply lost, or a withdraw that failed), with no message: a stored one is rejected (not_enqueued) by the workers' not-enqueued sweep.",
 		}),
 		NotEnqueued: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_not_enqueued_total",
-			Help: "Admitted requests still queued worker.max_queue_delay after their admission that the queue has moved past (never published, or lost), rejected (not_enqueued).",
+			Help: "Admitted requests the workers' not-enqueued sweep rejected (not_enqueued): still queued worker.max_queue_delay after their admission, and the queue has moved past them (never published, or lost).",
 		}),
 		LatePayments: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_late_payments_total",
@@ -180,7 +180,7 @@ func New(roles ...Role) *Metrics {
 		m.buildInfo, m.Requests, m.RequestDuration)
 	has := func(r Role) bool { return slices.Contains(roles, r) }
 	if has(Gateway) {
-		m.Registry.MustRegister(m.Refusals, m.PublishLatency, m.PublishUnknown, m.Orphans, m.LatePayments, m.CachedCampaigns)
+		m.Registry.MustRegister(m.Refusals, m.PublishLatency, m.PublishUnknown, m.MaybeNotEnqueued, m.LatePayments, m.CachedCampaigns)
 	}
 	if has(Gateway) || has(Worker) {
 		m.Registry.MustRegister(m.ScriptDuration)

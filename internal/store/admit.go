@@ -82,8 +82,8 @@ func (s *Store) Admit(ctx context.Context, campaignID string, batch []model.Admi
 	}
 	reply, err := s.admit.Run(ctx, s.rdb, keys, args...).Slice()
 	if err != nil {
-		if maybeApplied(err) {
-			err = fmt.Errorf("%w: %w: %w", model.ErrUnavailable, model.ErrMaybeApplied, err)
+		if maybeNotEnqueued(err) {
+			err = fmt.Errorf("%w: %w: %w", model.ErrUnavailable, model.ErrMaybeNotEnqueued, err)
 		}
 		return nil, fmt.Errorf("admit %s (%d requests): %w", campaignID, len(batch), err)
 	}

@@ -30,10 +30,11 @@
 --         means the same as none, so stale fields need no expiry.
 -- KEYS[7] client IP rate limits: hash client IP -> TAT, like KEYS[6]
 -- KEYS[8] meta      hash: expire_at (rebuild.lua), the lifetime of what this call creates
--- KEYS[9] admissions sorted set: one member per call that admitted
---                   requests, their ids joined by spaces, scored with the
---                   call's millisecond (Redis's clock). sweep.lua rejects
---                   those whose message never came (not_enqueued) and drops
+-- KEYS[9] admissions sorted set (the admissions set): one member per call
+--                   that admitted requests, their ids joined by spaces,
+--                   scored with the call's millisecond (Redis's clock). The
+--                   not-enqueued sweep (notenqueued.lua) rejects those
+--                   whose message never came (not_enqueued) and drops
 --                   a member once all of its requests are final. Written
 --                   here, in the admission itself, so no crash of a gateway
 --                   can leave a queued marker that nothing decides; one
@@ -323,7 +324,8 @@ if admitted > 0 then
   end
   redis.call('ZADD', KEYS[9], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), table.concat(ids, ' '))
 end
--- A challenge key lives no longer than its challenge could be used: no sweep.
+-- A challenge key lives no longer than its challenge could be used: nothing
+-- needs to remove it.
 for _, g in ipairs(spends) do
   redis.call('SET', g.key, g.holder, 'EXAT', g.exat)
 end

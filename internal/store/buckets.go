@@ -451,8 +451,8 @@ const transfersIndex = "fs:transfers"
 // holds it (its keys expired, or it was removed): before that, a transfer
 // may start at any moment, and an index entry taken off between its
 // indexing and its first step would hide it if it died there. Every worker
-// process runs it periodically (worker.SweepNotEnqueued's loop); a scan of the
-// campaign does the same sooner, when one of its buckets runs short.
+// process runs it periodically (the sweeper's "transfer recovery"); a scan
+// of the campaign does the same sooner, when one of its buckets runs short.
 func (s *Store) RecoverTransfers(ctx context.Context) error {
 	campaigns, err := s.rdb.SMembers(ctx, transfersIndex).Result()
 	if err != nil {

@@ -234,8 +234,8 @@ func TestReleaseBuckets(t *testing.T) {
 }
 
 // TestRecoverTransfers: a transfer taken and never given (its worker died)
-// is completed by the periodic sweep, once, without any scan of the
-// campaign; a campaign Redis no longer holds leaves the index.
+// is completed by the periodic transfer recovery, once, without any scan
+// of the campaign; a campaign Redis no longer holds leaves the index.
 func TestRecoverTransfers(t *testing.T) {
 	s := backends()[0].store(t)
 	c := bucketed(t, s, 10, 2)
@@ -244,7 +244,8 @@ func TestRecoverTransfers(t *testing.T) {
 		t.Fatalf("transfer: got %d, %v; want 3", got, err)
 	}
 	// And a half one. (Not checked as pending here: another package's
-	// worker, sweeping the shared test Redis, may complete it first.)
+	// worker, recovering transfers on the shared test Redis, may complete
+	// it first.)
 	mustTake(t, s, c, 0, 1, c.Epoch, "dead", 2, 2)
 	for range 2 {
 		if err := s.RecoverTransfers(t.Context()); err != nil {

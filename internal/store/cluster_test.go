@@ -43,12 +43,12 @@ func TestCampaignsOnEveryMaster(t *testing.T) {
 		t.Fatalf("%d campaigns landed on %d masters, want %d", len(campaigns), len(masters), n.Load())
 	}
 	var ids []string
-	var withdrawn, unknown []model.AdmitRequest
+	var withdrawn, notEnqueued []model.AdmitRequest
 	var kept []model.Deduction
 	for _, c := range campaigns {
 		mustLoad(t, s, c)
 		ids = append(ids, c.ID)
-		for _, user := range []string{"kept", "withdrawn", "unknown"} {
+		for _, user := range []string{"kept", "withdrawn", "notenqueued"} {
 			a := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: user, Quantity: 1}
 			mustAdmit(t, s, a)
 			switch user {
@@ -57,7 +57,7 @@ func TestCampaignsOnEveryMaster(t *testing.T) {
 			case "withdrawn":
 				withdrawn = append(withdrawn, a)
 			default:
-				unknown = append(unknown, a)
+				notEnqueued = append(notEnqueued, a)
 			}
 		}
 	}
@@ -79,15 +79,15 @@ func TestCampaignsOnEveryMaster(t *testing.T) {
 		}
 		passQueue(t, s, c, "closing")
 	}
-	// Never published: the "unknown" request and the challenge's holder.
-	swept := mustSweep(t, s, 0, ids...)
+	// Never published: the "notenqueued" request and the challenge's holder.
+	swept := mustSweepNotEnqueued(t, s, 0, ids...)
 	if len(swept) != 2*len(campaigns) {
 		t.Fatalf("SweepNotEnqueued: got %d results, want %d (two per campaign)", len(swept), 2*len(campaigns))
 	}
 
 	var rids []string
 	for i := range campaigns {
-		rids = append(rids, kept[i].RequestID, withdrawn[i].RequestID, unknown[i].RequestID)
+		rids = append(rids, kept[i].RequestID, withdrawn[i].RequestID, notEnqueued[i].RequestID)
 	}
 	results, err := s.Results(ctx, rids)
 	if err != nil {

@@ -49,8 +49,8 @@
 --                it from MySQL; a final result decided now would be decided
 --                against nothing. Nothing is written.
 --   { -2 }       paused (meta paused = "1") and not ended early. Nothing is
---                written (a held request is in the queue; sweep.lua leaves
---                a paused campaign alone).
+--                written (a held request is in the queue; notenqueued.lua
+--                leaves a paused campaign alone).
 --
 -- Cost: every redis.call is the expensive part of a script, so the batch reads
 -- its stored results and its users' units with one HMGET each, decides in Lua

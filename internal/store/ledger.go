@@ -45,7 +45,7 @@ func (s *Store) Projection(ctx context.Context, campaignID string) (model.Projec
 // still in flight changes nothing; the counters (sold = active units, every
 // restored result admitted and decided); the sold-out flag when nothing
 // remains. Everything else Redis held of the campaign goes, the requests
-// whose publish outcome was unknown included (their queued markers go).
+// not enqueued included (their queued markers and the admissions set go).
 // Every key of the campaign expires at expireAt.
 //
 // c must come from the ledger's BumpEpoch, and orders must be read after

@@ -7,8 +7,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// What the record of admissions costs admit.lua: one ZADD of a member
-// naming the call's requests, against the script as it was before it
+// What the admissions set costs admit.lua: one ZADD of a member naming the
+// call's requests, against the script as it was before it
 // (testdata/admit_before_record.lua, test only), pair by pair as
 // BenchmarkAdmitPosition (docs/BENCHMARKS.md, "The record of admissions").
 
@@ -16,8 +16,8 @@ import (
 var admitBeforeRecord string
 
 // BenchmarkAdmitRecord admits batches of 30 on each side in turn, in the
-// shape of BenchmarkAdmitPosition; nothing is decided, so today's record
-// grows as a sale's backlog does.
+// shape of BenchmarkAdmitPosition; nothing is decided, so today's
+// admissions set grows as a sale's backlog does.
 func BenchmarkAdmitRecord(b *testing.B) {
 	benchAdmitPairs(b, 30, scriptPairs(b, "record", func(s *Store, today bool) {
 		if !today {

@@ -13,8 +13,8 @@ import (
 	"github.com/flashsale/flashsale/model"
 )
 
-// queuedRequest admits one request of user in c, which records it, and
-// leaves it queued.
+// queuedRequest admits one request of user in c, which adds it to the
+// admissions set, and leaves it queued.
 func queuedRequest(t *testing.T, s *Store, c model.Campaign, user string) model.Deduction {
 	t.Helper()
 	a := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: user, Quantity: 1, IdempotencyKey: "k-" + user}
@@ -29,7 +29,7 @@ func passQueue(t *testing.T, s *Store, c model.Campaign, user string) {
 	mustDeduct(t, s, c.ID, []model.Deduction{queuedRequest(t, s, c, user)})
 }
 
-func mustSweep(t *testing.T, s *Store, maxDelay time.Duration, tags ...string) []model.Result {
+func mustSweepNotEnqueued(t *testing.T, s *Store, maxDelay time.Duration, tags ...string) []model.Result {
 	t.Helper()
 	rs, err := s.SweepNotEnqueued(t.Context(), tags, maxDelay)
 	if err != nil {
@@ -38,9 +38,9 @@ func mustSweep(t *testing.T, s *Store, maxDelay time.Duration, tags ...string) [
 	return rs
 }
 
-// recorded is how many admission calls of tag are still on record (not
-// all of their requests final).
-func recorded(t *testing.T, s *Store, tag string) int64 {
+// admissionsLeft is how many admission calls of tag are still in the
+// admissions set (not all of their requests final).
+func admissionsLeft(t *testing.T, s *Store, tag string) int64 {
 	t.Helper()
 	n, err := s.rdb.ZCard(t.Context(), campaignKeys(tag).admissions).Result()
 	if err != nil {
@@ -63,23 +63,23 @@ func mustSetPaused(t *testing.T, s *Store, c model.Campaign, paused bool) {
 // queue has moved past it (a later request decided, or the sale ended the
 // delay ago); anything decided is left alone, and so is a queue that stands
 // still, a paused campaign or one resumed within the delay. An admission
-// leaves the record once all of its requests are final.
+// leaves the admissions set once all of its requests are final.
 func TestSweepNotEnqueued(t *testing.T) {
 	const long = time.Hour // never due within a test
 	tests := []struct {
 		name string
-		// run acts on the recorded request d and returns the results the
+		// run acts on the admitted request d and returns the results the
 		// last sweep stored.
 		run        func(t *testing.T, s *Store, c model.Campaign, d model.Deduction) []model.Result
 		wantSwept  bool         // the sweep rejected d
 		wantStatus model.Status // d's stored result at the end
-		wantLeft   int64        // admissions still on record
+		wantLeft   int64        // admissions still in the admissions set
 	}{
 		{
 			name: "due and passed by the queue",
 			run: func(t *testing.T, s *Store, c model.Campaign, _ model.Deduction) []model.Result {
 				passQueue(t, s, c, "bob")
-				return mustSweep(t, s, 0, c.ID)
+				return mustSweepNotEnqueued(t, s, 0, c.ID)
 			},
 			wantSwept: true, wantStatus: model.StatusRejected,
 		},
@@ -90,14 +90,14 @@ func TestSweepNotEnqueued(t *testing.T) {
 				if err := s.rdb.HSet(t.Context(), campaignKeys(c.ID).meta, "end_ms", time.Now().Add(-time.Second).UnixMilli()).Err(); err != nil {
 					t.Fatal(err)
 				}
-				return mustSweep(t, s, 0, c.ID)
+				return mustSweepNotEnqueued(t, s, 0, c.ID)
 			},
 			wantSwept: true, wantStatus: model.StatusRejected,
 		},
 		{
 			name: "due but the queue stands still",
 			run: func(t *testing.T, s *Store, c model.Campaign, _ model.Deduction) []model.Result {
-				return mustSweep(t, s, 0, c.ID)
+				return mustSweepNotEnqueued(t, s, 0, c.ID)
 			},
 			wantStatus: model.StatusQueued, wantLeft: 1,
 		},
@@ -105,7 +105,7 @@ func TestSweepNotEnqueued(t *testing.T) {
 			name: "passed by the queue, not due yet",
 			run: func(t *testing.T, s *Store, c model.Campaign, _ model.Deduction) []model.Result {
 				passQueue(t, s, c, "bob")
-				return mustSweep(t, s, long, c.ID)
+				return mustSweepNotEnqueued(t, s, long, c.ID)
 			},
 			wantStatus: model.StatusQueued, wantLeft: 2, // alice's and bob's
 		},
@@ -117,7 +117,7 @@ func TestSweepNotEnqueued(t *testing.T) {
 					t.Fatal(err)
 				}
 				passQueue(t, s, c, "bob")
-				return mustSweep(t, s, 0, c.ID)
+				return mustSweepNotEnqueued(t, s, 0, c.ID)
 			},
 			wantStatus: "", // taken back
 		},
@@ -125,7 +125,7 @@ func TestSweepNotEnqueued(t *testing.T) {
 			name: "decided by a worker",
 			run: func(t *testing.T, s *Store, c model.Campaign, d model.Deduction) []model.Result {
 				mustDeduct(t, s, c.ID, []model.Deduction{d})
-				return mustSweep(t, s, 0, c.ID)
+				return mustSweepNotEnqueued(t, s, 0, c.ID)
 			},
 			wantStatus: model.StatusSuccess,
 		},
@@ -136,7 +136,7 @@ func TestSweepNotEnqueued(t *testing.T) {
 					t.Fatal(err)
 				}
 				passQueue(t, s, c, "bob")
-				return mustSweep(t, s, 0, c.ID)
+				return mustSweepNotEnqueued(t, s, 0, c.ID)
 			},
 			wantStatus: model.StatusRejected, // undeliverable, not swept
 		},
@@ -147,13 +147,13 @@ func TestSweepNotEnqueued(t *testing.T) {
 				if _, err := s.Deduct(t.Context(), c.ID, []model.Deduction{d}); !errors.Is(err, model.ErrPaused) {
 					t.Fatalf("Deduct while paused: got %v, want %v", err, model.ErrPaused)
 				}
-				if rs := mustSweep(t, s, 0, c.ID); len(rs) != 0 {
+				if rs := mustSweepNotEnqueued(t, s, 0, c.ID); len(rs) != 0 {
 					t.Fatalf("swept while paused: %+v", rs)
 				}
 				mustSetPaused(t, s, c, false)
 				mustDeduct(t, s, c.ID, []model.Deduction{d})
 				passQueue(t, s, c, "bob")
-				return mustSweep(t, s, 0, c.ID)
+				return mustSweepNotEnqueued(t, s, 0, c.ID)
 			},
 			wantStatus: model.StatusSuccess,
 		},
@@ -162,7 +162,7 @@ func TestSweepNotEnqueued(t *testing.T) {
 			run: func(t *testing.T, s *Store, c model.Campaign, _ model.Deduction) []model.Result {
 				passQueue(t, s, c, "bob")
 				mustSetPaused(t, s, c, true)
-				return mustSweep(t, s, 0, c.ID)
+				return mustSweepNotEnqueued(t, s, 0, c.ID)
 			},
 			wantStatus: model.StatusQueued, wantLeft: 2,
 		},
@@ -172,7 +172,7 @@ func TestSweepNotEnqueued(t *testing.T) {
 				passQueue(t, s, c, "bob")
 				mustSetPaused(t, s, c, true)
 				mustSetPaused(t, s, c, false)
-				return mustSweep(t, s, long, c.ID)
+				return mustSweepNotEnqueued(t, s, long, c.ID)
 			},
 			wantStatus: model.StatusQueued, wantLeft: 2,
 		},
@@ -182,7 +182,7 @@ func TestSweepNotEnqueued(t *testing.T) {
 				passQueue(t, s, c, "bob")
 				mustSetPaused(t, s, c, true)
 				mustSetPaused(t, s, c, false)
-				return mustSweep(t, s, 0, c.ID)
+				return mustSweepNotEnqueued(t, s, 0, c.ID)
 			},
 			wantSwept: true, wantStatus: model.StatusRejected,
 		},
@@ -191,7 +191,7 @@ func TestSweepNotEnqueued(t *testing.T) {
 			run: func(t *testing.T, s *Store, c model.Campaign, _ model.Deduction) []model.Result {
 				c.Epoch++
 				mustRebuild(t, s, c, nil)
-				return mustSweep(t, s, 0, c.ID)
+				return mustSweepNotEnqueued(t, s, 0, c.ID)
 			},
 			wantStatus: "", // the rebuild forgot the request
 		},
@@ -218,10 +218,10 @@ func TestSweepNotEnqueued(t *testing.T) {
 					(tc.wantSwept && got != want) {
 					t.Fatalf("stored: got %+v, want status %s", got, tc.wantStatus)
 				}
-				if left := recorded(t, s, c.ID); left != tc.wantLeft {
-					t.Fatalf("admissions on record: got %d, want %d", left, tc.wantLeft)
+				if left := admissionsLeft(t, s, c.ID); left != tc.wantLeft {
+					t.Fatalf("admissions set: got %d members, want %d", left, tc.wantLeft)
 				}
-				if again := mustSweep(t, s, 0, c.ID); tc.wantLeft == 0 && len(again) != 0 {
+				if again := mustSweepNotEnqueued(t, s, 0, c.ID); tc.wantLeft == 0 && len(again) != 0 {
 					t.Fatalf("second sweep: got %+v, want none", again)
 				}
 			})
@@ -239,7 +239,7 @@ func TestSweptRequestArrivesLate(t *testing.T) {
 		mustLoad(t, s, c)
 		d := queuedRequest(t, s, c, "alice")
 		passQueue(t, s, c, "carol")
-		if got := mustSweep(t, s, 0, c.ID); len(got) != 1 {
+		if got := mustSweepNotEnqueued(t, s, 0, c.ID); len(got) != 1 {
 			t.Fatalf("swept: got %+v, want one result", got)
 		}
 		before := mustStats(t, s, c.ID)
@@ -276,7 +276,7 @@ func TestSweepOnlyWhatTheQueuePassed(t *testing.T) {
 		before := []model.Deduction{queuedRequest(t, s, c, "a1"), queuedRequest(t, s, c, "a2")}
 		passQueue(t, s, c, "b")
 		after := queuedRequest(t, s, c, "a3")
-		got := mustSweep(t, s, 0, c.ID)
+		got := mustSweepNotEnqueued(t, s, 0, c.ID)
 		if len(got) != 2 || !slices.ContainsFunc(got, func(r model.Result) bool { return r.RequestID == before[0].RequestID }) ||
 			!slices.ContainsFunc(got, func(r model.Result) bool { return r.RequestID == before[1].RequestID }) {
 			t.Fatalf("swept %+v, want %s and %s", got, before[0].RequestID, before[1].RequestID)
@@ -284,8 +284,8 @@ func TestSweepOnlyWhatTheQueuePassed(t *testing.T) {
 		if r := mustResult(t, s, after.RequestID); r.Status != model.StatusQueued {
 			t.Fatalf("admitted after the last decided: got %+v, want queued", r)
 		}
-		if n := recorded(t, s, c.ID); n != 1 {
-			t.Fatalf("admissions on record: got %d, want 1 (a3's)", n)
+		if n := admissionsLeft(t, s, c.ID); n != 1 {
+			t.Fatalf("admissions set: got %d members, want 1 (a3's)", n)
 		}
 	})
 }
@@ -303,7 +303,7 @@ func testSweepNotEnqueuedBatches(t *testing.T, s *Store) {
 		mustLoad(t, s, c)
 		for call := range 100 { // more than the 64 members a call reads
 			var batch []model.AdmitRequest
-			for i := range sweepBudget/100 + 1 { // in all more than the budget
+			for i := range notEnqueuedBudget/100 + 1 { // in all more than the budget
 				a := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: fmt.Sprintf("u%d-%d", call, i), Quantity: 1}
 				batch = append(batch, a)
 				want[a.RequestID] = true
@@ -315,19 +315,19 @@ func testSweepNotEnqueuedBatches(t *testing.T, s *Store) {
 		passQueue(t, s, c, "last")
 		tags = append(tags, c.ID)
 	}
-	got := mustSweep(t, s, 0, tags...)
+	got := mustSweepNotEnqueued(t, s, 0, tags...)
 	if len(got) != len(want) {
 		t.Fatalf("swept %d, want %d", len(got), len(want))
 	}
 	for _, r := range got {
 		if !want[r.RequestID] || r.Reason != model.ReasonNotEnqueued {
-			t.Fatalf("swept %+v, want one of the recorded requests, not_enqueued", r)
+			t.Fatalf("swept %+v, want one of the admitted requests, not_enqueued", r)
 		}
 		delete(want, r.RequestID)
 	}
 	for _, tag := range tags {
-		if n := recorded(t, s, tag); n != 0 {
-			t.Fatalf("admissions on record after the sweep in %s: got %d, want 0", tag, n)
+		if n := admissionsLeft(t, s, tag); n != 0 {
+			t.Fatalf("admissions set after the sweep in %s: got %d members, want 0", tag, n)
 		}
 	}
 }
@@ -434,7 +434,7 @@ func testSweepNotEnqueuedRace(t *testing.T, s *Store) {
 	sweeps.Wait()
 	// The queue moves past the last chunk too: one more request, decided.
 	passQueue(t, s, c, "closing")
-	for _, r := range mustSweep(t, s, 0, c.ID) {
+	for _, r := range mustSweepNotEnqueued(t, s, 0, c.ID) {
 		report(r)
 	}
 
@@ -469,13 +469,13 @@ func testSweepNotEnqueuedRace(t *testing.T, s *Store) {
 	if st.Admitted != requests+1 || st.Queued() != 0 {
 		t.Fatalf("admitted %d, queued %d; want %d, 0", st.Admitted, st.Queued(), requests+1)
 	}
-	if left := recorded(t, s, c.ID); left != 0 {
-		t.Fatalf("admissions on record at the end: %d, want none", left)
+	if left := admissionsLeft(t, s, c.ID); left != 0 {
+		t.Fatalf("admissions set at the end: %d members, want none", left)
 	}
 	t.Logf("%d successes, %d swept, %d decided otherwise", successes, swept, requests-successes-swept)
 }
 
-func TestParseSweepReply(t *testing.T) {
+func TestParseNotEnqueuedReply(t *testing.T) {
 	ok := []any{int64(3), int64(1), "c.1", "rejected|1||not_enqueued|u1"}
 	with := func(i int, v any) []any {
 		r := append([]any(nil), ok...)
@@ -499,7 +499,7 @@ func TestParseSweepReply(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			more, rs, err := parseSweepReply("c", tc.reply)
+			more, rs, err := parseNotEnqueuedReply("c", tc.reply)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("got %v %+v %v, want error containing %q", more, rs, err, tc.wantErr)

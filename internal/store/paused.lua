@@ -1,7 +1,8 @@
 -- paused.lua: mirror a campaign's paused flag from MySQL into its meta, so
 -- workers hold (or resume) its requests. A resume also notes when, on
 -- Redis's clock (resumed_ms): the held backlog drains only from then on, so
--- sweep.lua waits the longest queue delay again before it rejects anything.
+-- the not-enqueued sweep (notenqueued.lua) waits the longest queue delay
+-- again before it rejects anything.
 --
 -- KEYS[1] meta
 -- ARGV[1] the epoch the flag was read with, ARGV[2] paused ("1" or "0")

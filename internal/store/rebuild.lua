@@ -10,8 +10,8 @@
 -- KEYS[1] meta, KEYS[2] stock, KEYS[3] soldout, KEYS[4] counters,
 -- KEYS[5] users, KEYS[6] results, KEYS[7] idem, KEYS[8] released,
 -- KEYS[9] user rate limits, KEYS[10] client IP rate limits
--- KEYS[11] admissions (what sweep.lua looks at: their queued markers go
--- here, so they go too)
+-- KEYS[11] admissions (the admissions set notenqueued.lua looks at: their
+-- queued markers go here, so they go too)
 -- KEYS[12] xfer, KEYS[13] xpend, KEYS[14] got: the stock transfers of a
 -- bucket (take.lua, give.lua): a new epoch voids every older one
 -- ARGV[1] epoch, ARGV[2] stock, ARGV[3] limit, ARGV[4] start_ms,
@@ -33,7 +33,7 @@
 --
 -- Everything else of the old state goes: results without an order (a
 -- success among them was never stored, and its request is decided again),
--- Idempotency-Keys, buyers' units, counters, the record of admissions.
+-- Idempotency-Keys, buyers' units, counters, the admissions set.
 -- Rate-limit state stays.
 --
 -- Every key gets expire_at, kept in meta for the scripts that create keys

@@ -34,7 +34,7 @@ func TestScriptNames(t *testing.T) {
 	names := ScriptNames()
 	for want, script := range map[string]interface{ Hash() string }{
 		"deduct": s.deduct, "admit": s.admit, "withdraw": s.withdraw, "rebuild": s.rebuild,
-		"paused": s.paused, "reject": s.reject, "release": s.release,
+		"paused": s.paused, "reject": s.reject, "release": s.release, "notenqueued": s.notEnqueued,
 	} {
 		if got := names[script.Hash()]; got != want {
 			t.Errorf("script %s: got name %q", want, got)

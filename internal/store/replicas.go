@@ -32,8 +32,8 @@ func WithReplicaAck(a ReplicaAck) Option {
 }
 
 // runAcked runs script, followed by WAIT when replicas must acknowledge its
-// writes (deductions; the transfers and releases of a campaign's buckets;
-// the records of unknown publishes). A shortfall is the Cmd's error,
+// writes (deductions; the sold-out flag, the transfers and releases of a
+// campaign's buckets). A shortfall is the Cmd's error,
 // model.ErrUnavailable: what the script did stands on the master, and the
 // caller repeats the call, which each of these scripts answers as before.
 func (s *Store) runAcked(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {

@@ -38,8 +38,8 @@ var (
 	rejectSource string
 	//go:embed release.lua
 	releaseSource string
-	//go:embed sweep.lua
-	sweepSource string
+	//go:embed notenqueued.lua
+	notEnqueuedSource string
 	//go:embed endearly.lua
 	endEarlySource string
 	//go:embed remove.lua
@@ -56,21 +56,21 @@ var (
 
 // Store runs flashsale's Redis operations on a client, ring or cluster.
 type Store struct {
-	rdb      redis.UniversalClient
-	deduct   *redis.Script
-	withdraw *redis.Script
-	rebuild  *redis.Script
-	paused   *redis.Script
-	reject   *redis.Script
-	admit    *redis.Script
-	release  *redis.Script
-	sweep    *redis.Script
-	endEarly *redis.Script
-	remove   *redis.Script
-	take     *redis.Script
-	give     *redis.Script
-	settle   *redis.Script
-	soldOut  *redis.Script
+	rdb         redis.UniversalClient
+	deduct      *redis.Script
+	withdraw    *redis.Script
+	rebuild     *redis.Script
+	paused      *redis.Script
+	reject      *redis.Script
+	admit       *redis.Script
+	release     *redis.Script
+	notEnqueued *redis.Script
+	endEarly    *redis.Script
+	remove      *redis.Script
+	take        *redis.Script
+	give        *redis.Script
+	settle      *redis.Script
+	soldOut     *redis.Script
 
 	// transferObserver, when set, is told every transfer between buckets
 	// (WithTransferObserver).
@@ -115,21 +115,21 @@ func WithPlainResults() Option {
 // New returns a Store on rdb.
 func New(rdb redis.UniversalClient, opts ...Option) *Store {
 	s := &Store{
-		rdb:      rdb,
-		deduct:   redis.NewScript(deductSource),
-		withdraw: redis.NewScript(withdrawSource),
-		rebuild:  redis.NewScript(rebuildSource),
-		paused:   redis.NewScript(pausedSource),
-		reject:   redis.NewScript(rejectSource),
-		admit:    redis.NewScript(admitSource),
-		release:  redis.NewScript(releaseSource),
-		sweep:    redis.NewScript(sweepSource),
-		endEarly: redis.NewScript(endEarlySource),
-		remove:   redis.NewScript(removeSource),
-		take:     redis.NewScript(takeSource),
-		give:     redis.NewScript(giveSource),
-		settle:   redis.NewScript(settleSource),
-		soldOut:  redis.NewScript(soldOutSource),
+		rdb:         rdb,
+		deduct:      redis.NewScript(deductSource),
+		withdraw:    redis.NewScript(withdrawSource),
+		rebuild:     redis.NewScript(rebuildSource),
+		paused:      redis.NewScript(pausedSource),
+		reject:      redis.NewScript(rejectSource),
+		admit:       redis.NewScript(admitSource),
+		release:     redis.NewScript(releaseSource),
+		notEnqueued: redis.NewScript(notEnqueuedSource),
+		endEarly:    redis.NewScript(endEarlySource),
+		remove:      redis.NewScript(removeSource),
+		take:        redis.NewScript(takeSource),
+		give:        redis.NewScript(giveSource),
+		settle:      redis.NewScript(settleSource),
+		soldOut:     redis.NewScript(soldOutSource),
 	}
 	s.retention = DefaultKeyRetention
 	for _, o := range opts {
@@ -159,7 +159,7 @@ func campaignKeys(tag string) keys {
 		idem:     p + "idem",
 		// Order ids whose units went back on sale (see release.lua).
 		released: p + "released",
-		// The admissions, a member per admit.lua call (see notenqueued.go).
+		// The admissions set, a member per admit.lua call (see notenqueued.go).
 		admissions: p + "admissions",
 		// Stock transfers between buckets (see buckets.go).
 		xfer:  p + "xfer",
@@ -185,11 +185,12 @@ func unavailable(err error) error {
 	return fmt.Errorf("%w: %w", model.ErrUnavailable, err)
 }
 
-// maybeApplied reports whether a call that failed with err may have run on
-// the server: not when Redis answered with an error (a script runs whole or
-// not at all, unless it fails halfway, which is a bug), nor when no
+// maybeNotEnqueued reports whether an admission that failed with err may
+// have been stored all the same (model.ErrMaybeNotEnqueued), its call run
+// on the server: not when Redis answered with an error (a script runs whole
+// or not at all, unless it fails halfway, which is a bug), nor when no
 // connection was made; any other failure came after the call was sent.
-func maybeApplied(err error) bool {
+func maybeNotEnqueued(err error) bool {
 	var reply redis.Error
 	if errors.As(err, &reply) {
 		return false
@@ -557,7 +558,7 @@ func addCounters(st *model.Stats, tag string, counters map[string]string) error 
 
 // Reject gives a request a final rejected result with reason, unless it
 // already has a final result, and returns the result that stands. The
-// request is no longer one the sweep of unknown publishes may reject.
+// request is no longer one the not-enqueued sweep may reject.
 func (s *Store) Reject(ctx context.Context, d model.Deduction, campaignID, reason string) (model.Result, error) {
 	// The request's result lives under its tag (its bucket's, if any).
 	k := campaignKeys(campaignID)

@@ -23,7 +23,8 @@ var providerUsers = []string{
 // TestProviderSubjects: every script and stored format carries any user id
 // a token may name, whole and apart from every other one: the queued
 // marker, the Idempotency-Key, the per-user rate limit and units, the
-// final results of deduct, reject and the sweep, and a release.
+// final results of deduct, reject and the not-enqueued sweep, and a
+// release.
 func TestProviderSubjects(t *testing.T) {
 	for _, user := range providerUsers {
 		if !model.ValidUserID(user) {
@@ -91,25 +92,26 @@ func TestProviderSubjects(t *testing.T) {
 		if n, m := mustUserUnits(t, s, c.ID, providerUsers[1]), mustUserUnits(t, s, c.ID, providerUsers[2]); n != 0 || m != 2 {
 			t.Fatalf("units after the release: %q has %d (want 0), %q has %d (want 2)", providerUsers[1], n, providerUsers[2], m)
 		}
-		// Reject and the sweep rewrite a stored result and keep its user.
+		// Reject and the not-enqueued sweep rewrite a stored result and keep
+		// its user.
 		for _, user := range providerUsers {
 			d := model.Deduction{RequestID: newRequestID(c.ID), UserID: user, Quantity: 1}
 			if r, err := s.Reject(t.Context(), d, c.ID, model.ReasonPoison); err != nil || r.UserID != user || r.Status != model.StatusRejected {
 				t.Fatalf("reject of %q: got %+v, %v", user, r, err)
 			}
 		}
-		var unknown []model.AdmitRequest
+		var notEnqueued []model.AdmitRequest
 		for _, user := range providerUsers {
 			a := model.AdmitRequest{RequestID: newRequestID(c.ID), CampaignID: c.ID, UserID: user, Quantity: 1, IdempotencyKey: "k-2"}
 			mustAdmit(t, s, a)
-			unknown = append(unknown, a)
+			notEnqueued = append(notEnqueued, a)
 		}
 		passQueue(t, s, c, "closing")
 		swept, err := s.SweepNotEnqueued(t.Context(), []string{c.ID}, 0)
-		if err != nil || len(swept) != len(unknown) {
-			t.Fatalf("SweepNotEnqueued: got %d results, %v; want %d", len(swept), err, len(unknown))
+		if err != nil || len(swept) != len(notEnqueued) {
+			t.Fatalf("SweepNotEnqueued: got %d results, %v; want %d", len(swept), err, len(notEnqueued))
 		}
-		for _, a := range unknown {
+		for _, a := range notEnqueued {
 			if r := mustResult(t, s, a.RequestID); r.UserID != a.UserID || r.Reason != model.ReasonNotEnqueued {
 				t.Fatalf("swept result of %q: got %+v", a.UserID, r)
 			}

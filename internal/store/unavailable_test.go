@@ -58,11 +58,11 @@ func TestTransientReply(t *testing.T) {
 	}
 }
 
-// TestAdmitMaybeApplied: an admission whose call reached a server that
-// never answered may have been stored (model.ErrMaybeApplied, with
+// TestAdmitMaybeNotEnqueued: an admission whose call reached a server that
+// never answered may have been stored (model.ErrMaybeNotEnqueued, with
 // model.ErrUnavailable); one refused at the dial, or answered with an
 // error, was not.
-func TestAdmitMaybeApplied(t *testing.T) {
+func TestAdmitMaybeNotEnqueued(t *testing.T) {
 	batch := []model.AdmitRequest{{RequestID: newRequestID("c"), CampaignID: "c", UserID: "u", Quantity: 1}}
 	admit := func(addr string) error {
 		c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 200 * time.Millisecond, MaxRetries: -1})
@@ -85,8 +85,8 @@ func TestAdmitMaybeApplied(t *testing.T) {
 			go func() { _, _ = io.Copy(io.Discard, conn) }()
 		}
 	}()
-	if err := admit(ln.Addr().String()); !errors.Is(err, model.ErrMaybeApplied) || !errors.Is(err, model.ErrUnavailable) {
-		t.Errorf("no reply: got %v, want model.ErrMaybeApplied and model.ErrUnavailable", err)
+	if err := admit(ln.Addr().String()); !errors.Is(err, model.ErrMaybeNotEnqueued) || !errors.Is(err, model.ErrUnavailable) {
+		t.Errorf("no reply: got %v, want model.ErrMaybeNotEnqueued and model.ErrUnavailable", err)
 	}
 
 	down, err := net.Listen("tcp", "127.0.0.1:0")
@@ -95,8 +95,8 @@ func TestAdmitMaybeApplied(t *testing.T) {
 	}
 	addr := down.Addr().String()
 	_ = down.Close()
-	if err := admit(addr); err == nil || errors.Is(err, model.ErrMaybeApplied) {
-		t.Errorf("connection refused: got %v, want an error that is not model.ErrMaybeApplied", err)
+	if err := admit(addr); err == nil || errors.Is(err, model.ErrMaybeNotEnqueued) {
+		t.Errorf("connection refused: got %v, want an error that is not model.ErrMaybeNotEnqueued", err)
 	}
 
 	rdb := testenv.Redis(t)
@@ -106,7 +106,7 @@ func TestAdmitMaybeApplied(t *testing.T) {
 		t.Fatal(err)
 	}
 	batch[0].CampaignID, batch[0].RequestID = camp.ID, newRequestID(camp.ID)
-	if _, err := New(rdb).Admit(t.Context(), camp.ID, batch, model.RateLimits{}); err == nil || errors.Is(err, model.ErrMaybeApplied) {
-		t.Errorf("an error reply: got %v, want an error that is not model.ErrMaybeApplied", err)
+	if _, err := New(rdb).Admit(t.Context(), camp.ID, batch, model.RateLimits{}); err == nil || errors.Is(err, model.ErrMaybeNotEnqueued) {
+		t.Errorf("an error reply: got %v, want an error that is not model.ErrMaybeNotEnqueued", err)
 	}
 }

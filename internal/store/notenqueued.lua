@@ -1,13 +1,14 @@
--- sweep.lua: give a final "rejected" result (not_enqueued) to the admitted
--- requests of ONE campaign (or bucket) whose message can no longer be on
--- its way: a gateway died between admitting and publishing, its publish's
--- outcome was unknown and the message was never stored, or admit.lua's
--- reply was lost. admit.lua records every call that admitted requests (a
--- member of KEYS[1]: their ids, scored with the call's millisecond); this
--- script walks the oldest members and drops each once all of its requests
--- are final. As in reject.lua, a request with a final result keeps it; a
--- message that shows up after all finds the rejected result and deduct.lua
--- decides nothing twice: exactly one final result, and no unit taken.
+-- notenqueued.lua: the not-enqueued sweep of ONE campaign (or bucket): give
+-- a final "rejected" result (not_enqueued) to the admitted requests whose
+-- message can no longer be on its way: a gateway died between admitting
+-- and publishing, its publish's outcome was unknown and the message was
+-- never stored, or admit.lua's reply was lost. admit.lua adds every call
+-- that admitted requests to the admissions set (a member of KEYS[1]: their
+-- ids, scored with the call's millisecond); this script walks the oldest
+-- members and drops each once all of its requests are final. As in
+-- reject.lua, a request with a final result keeps it; a message that shows
+-- up after all finds the rejected result and deduct.lua decides nothing
+-- twice: exactly one final result, and no unit taken.
 --
 -- A request is rejected when it is still queued, was admitted longer ago
 -- than the longest possible queue delay, AND the queue has moved past it:
@@ -21,7 +22,7 @@
 -- Not swept: a paused campaign (its messages are held, not lost), nor one
 -- whose resume (meta resumed_ms) is more recent than the delay, since the
 -- held backlog only drains then; nor a campaign that is not loaded (a
--- rebuild drops the record with the queued markers).
+-- rebuild drops the admissions set with the queued markers).
 --
 -- KEYS[1] admissions sorted set: "<request id> <request id> ..." -> ms
 -- KEYS[2] results   hash request id -> "status|qty|order_id|reason|user";
@@ -34,7 +35,7 @@
 -- ARGV[3] the reason of the rejected results
 --
 -- Reply: { left, more, rid_1, value_1, ..., rid_n, value_n }
---   left     members still recorded after this call
+--   left     members left in the admissions set after this call
 --   more     1 when another call may find more to do now: every member
 --            looked at was dropped, and due ones were left unlooked at
 --   then each result this call stored

@@ -21,10 +21,12 @@ import (
 	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
 )
 
-// A publish whose outcome is unknown (queue.ErrUnknown) is answered 202 and
-// its request kept: a worker decides it if its message was stored after
-// all, and the workers' sweep rejects it as not_enqueued if it was not. A
-// publish the queue refused is still withdrawn and answered 503.
+// Not enqueued, end to end: a publish whose outcome is unknown
+// (queue.ErrUnknown) is answered 202 and its request kept: a worker decides
+// it if its message was stored after all, and the workers' not-enqueued
+// sweep rejects it (not_enqueued) if it was not, as it does a request whose
+// gateway died before publishing. A publish the queue refused is still
+// withdrawn and answered 503.
 
 // faultProxy forwards TCP to Redis and can fault the publishes that pass:
 // in dropReply mode it forwards a request carrying XADD, but when Redis
@@ -203,8 +205,8 @@ func (c *client) mustRetrySame(campaign, user, key, rid string) {
 // redisstream driver on a connection to Redis that a proxy faults. An XADD
 // Redis stored but whose answer was lost is answered 202, and the worker
 // sells it; one that never reached Redis is answered 202 too, and once the
-// queue has moved past it (a later purchase decided) the sweep rejects it
-// as not enqueued, pushed over WebSocket. A retry with the same
+// queue has moved past it (a later purchase decided) the not-enqueued
+// sweep rejects it, pushed over WebSocket. A retry with the same
 // Idempotency-Key names the same request in both cases.
 func TestPublishUnknownRedisStream(t *testing.T) {
 	cfg := realConfig(t, "redisstream")
@@ -247,7 +249,7 @@ func TestPublishUnknownRedisStream(t *testing.T) {
 	}
 	c.mustRetrySame(campaign, "ben", "b", ben.RequestID)
 	if code, r := c.poll("ben", ben.RequestID); code != http.StatusOK || r.Status != "queued" {
-		t.Fatalf("never stored, before the sweep: got %d %+v, want queued", code, r)
+		t.Fatalf("never stored, before the not-enqueued sweep: got %d %+v, want queued", code, r)
 	}
 	if code, _ := c.buyWithKey(campaign, "cat", "c"); code != http.StatusAccepted {
 		t.Fatalf("purchase after the faults: got %d, want 202", code)
@@ -333,7 +335,7 @@ func TestPublishUnknownRocketMQ(t *testing.T) {
 // ever come. Their retry with the same Idempotency-Key at another gateway
 // names the stored request; once the queue has moved past it (a later
 // purchase decided) and worker.max_queue_delay has passed, the workers'
-// sweep rejects it as not enqueued, pushed over WebSocket, so it ends
+// not-enqueued sweep rejects it, pushed over WebSocket, so it ends
 // instead of staying queued for good. Nothing is sold for it.
 func TestGatewayKilledBeforePublish(t *testing.T) {
 	cfg := realConfig(t, "redisstream")
@@ -384,14 +386,14 @@ func TestGatewayKilledBeforePublish(t *testing.T) {
 		t.Fatalf("retry with the key at another gateway: got %d %+v, want 200 naming the stored request", code, ann)
 	}
 	if code, r := c.poll("ann", ann.RequestID); code != http.StatusOK || r.Status != "queued" {
-		t.Fatalf("the orphan before the sweep: got %d %+v, want queued", code, r)
+		t.Fatalf("not enqueued, before the sweep: got %d %+v, want queued", code, r)
 	}
 	if code, _ := c.buyWithKey(campaign, "cat", "c"); code != http.StatusAccepted {
 		t.Fatalf("purchase after the fault: got %d, want 202", code)
 	}
 	r, err := c.wsResult("ann", ann.RequestID, 60*time.Second)
 	if err != nil || r.Status != "rejected" || r.Reason != "not_enqueued" {
-		t.Fatalf("the orphan: pushed %+v, %v; want rejected/not_enqueued", r, err)
+		t.Fatalf("not enqueued: pushed %+v, %v; want rejected/not_enqueued", r, err)
 	}
 	st := c.settle(campaign, 30*time.Second)
 	if st.Admitted != 3 || st.Sold != 2 || st.FinishedByStatus["rejected"] != 1 || st.OrdersInDB != 2 {

@@ -1,8 +1,12 @@
 package worker
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,15 +20,18 @@ import (
 
 // TestSweepNotEnqueued: of three admitted requests, the two a worker decided
 // keep their results and orders; the one between them, which no worker saw
-// (its message never stored), is rejected as not enqueued by the sweep
-// loop, which finds the campaign in MySQL, and its result is published
-// like any other final result. Its message arriving late afterwards
-// changes nothing: no order, no unit.
+// (its message never stored), is rejected as not enqueued by the sweeper's
+// not-enqueued sweep, which finds the campaign in MySQL, and its result is
+// published like any other final result, and logged in one line with its
+// count. Its message arriving late afterwards changes nothing: no order, no
+// unit.
 func TestSweepNotEnqueued(t *testing.T) {
 	f := newFixture(t, 5, 1)
 	msgs := f.admit(t, 3, 3)
 	m := metrics.New()
 	w := New(discard(), f.st, f.db, m, Options{})
+	var logged bytes.Buffer
+	sweeper := Sweeper{Log: slog.New(slog.NewTextHandler(&logged, nil)), Tasks: w.Tasks(time.Second)}
 	for _, i := range []int{0, 2} {
 		if err := queue.Serial(w.Decide)(t.Context(), msgs[i:i+1]); err != nil {
 			t.Fatalf("decide a stored one: %v", err)
@@ -42,7 +49,7 @@ func TestSweepNotEnqueued(t *testing.T) {
 	}()
 	<-ready
 	swept := make(chan error, 1)
-	go func() { swept <- w.SweepNotEnqueued(ctx, time.Second) }()
+	go func() { swept <- sweeper.Run(ctx) }()
 
 	want := model.Result{RequestID: msgs[1].ID, CampaignID: f.campaign.ID, UserID: "user1", Status: model.StatusRejected,
 		Reason: model.ReasonNotEnqueued, Quantity: 1}
@@ -56,10 +63,22 @@ func TestSweepNotEnqueued(t *testing.T) {
 	}
 	cancel()
 	if err := <-swept; err != nil {
-		t.Fatalf("SweepNotEnqueued: %v", err)
+		t.Fatalf("sweeper: %v", err)
 	}
 	if got := testutil.ToFloat64(m.NotEnqueued); got != 1 {
 		t.Fatalf("flashsale_not_enqueued_total: got %v, want 1", got)
+	}
+	// Written before Run returned, which ended every task. (Transfer
+	// recovery reads every campaign of the shared Redis: other tests' may
+	// give it something to say.)
+	var lines []string
+	for line := range strings.Lines(logged.String()) {
+		if strings.Contains(line, `task="not-enqueued sweep"`) {
+			lines = append(lines, line)
+		}
+	}
+	if len(lines) != 1 || !strings.Contains(lines[0], "count=1 ") || !strings.Contains(lines[0], msgs[1].ID) {
+		t.Fatalf("log: got %q, want one line of the not-enqueued sweep naming its count and %s", lines, msgs[1].ID)
 	}
 	before := f.snapshot(t, msgs)
 	if before.results[msgs[0].ID].Status != model.StatusSuccess || before.results[msgs[1].ID] != want || before.results[msgs[2].ID].Status != model.StatusSuccess {
@@ -139,14 +158,18 @@ func TestSweepNotEnqueuedRace(t *testing.T) {
 	}
 	wg.Go(func() {
 		for range sweep {
-			w.sweepNotEnqueued(t.Context(), 0)
+			if err := w.sweepNotEnqueued(t.Context(), discard(), 0); err != nil {
+				t.Errorf("sweep: %v", err)
+			}
 		}
 	})
 	wg.Wait()
 	if err := handle(t.Context(), []queue.Message{closing}); err != nil {
 		t.Fatalf("deliver %s: %v", closing.ID, err)
 	}
-	w.sweepNotEnqueued(t.Context(), 0)
+	if err := w.sweepNotEnqueued(t.Context(), discard(), 0); err != nil {
+		t.Fatalf("last sweep: %v", err)
+	}
 
 	s := f.snapshot(t, all)
 	var successes, swept int64
@@ -171,4 +194,50 @@ func TestSweepNotEnqueuedRace(t *testing.T) {
 		t.Fatalf("sold %d, remaining %d, successes %d; want sold = successes <= %d = sold + remaining", s.sold, s.remaining, successes, stock)
 	}
 	t.Logf("%d successes, %d swept, %d decided otherwise", successes, swept, requests-successes-swept)
+}
+
+// TestSweeperTasks: each task runs on its own timer, a failed run is
+// logged with the task's name and the next run follows all the same, and
+// Run returns once ctx ends.
+func TestSweeperTasks(t *testing.T) {
+	var logged bytes.Buffer
+	fails, fine := make(chan struct{}), make(chan struct{})
+	sweeper := Sweeper{Log: slog.New(slog.NewTextHandler(&logged, nil)), Tasks: []Task{
+		{Name: "failing", Every: time.Millisecond, Run: func(ctx context.Context, _ *slog.Logger) error {
+			select {
+			case fails <- struct{}{}:
+			case <-ctx.Done():
+			}
+			return errors.New("boom")
+		}},
+		// Its first run is due long after the test: only the other runs.
+		{Name: "idle", First: time.Hour, Run: func(context.Context, *slog.Logger) error {
+			t.Error("the idle task ran")
+			return nil
+		}},
+		{Name: "fine", Every: time.Millisecond, Run: func(ctx context.Context, log *slog.Logger) error {
+			log.Info("ran")
+			select {
+			case fine <- struct{}{}:
+			case <-ctx.Done():
+			}
+			return nil
+		}},
+	}}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- sweeper.Run(ctx) }()
+	for range 2 { // a run after a failed one
+		<-fails
+		<-fine
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	out := logged.String()
+	if !strings.Contains(out, `level=WARN msg="periodic task failed; its next run takes up what it left" task=failing err=boom`) ||
+		!strings.Contains(out, `level=INFO msg=ran task=fine`) {
+		t.Fatalf("log: got %q, want the failing task's failure and the fine task's line, each with its name", out)
+	}
 }

@@ -23,7 +23,7 @@ type faultyStock struct {
 func (f *faultyStock) Admit(ctx context.Context, campaignID string, batch []model.AdmitRequest, limits model.RateLimits) ([]model.AdmitReply, error) {
 	out, err := f.Store.Admit(ctx, campaignID, batch, limits)
 	if err == nil && f.loseAdmitReply {
-		return nil, fmt.Errorf("admit: %w: %w: read tcp: connection reset by peer", model.ErrUnavailable, model.ErrMaybeApplied)
+		return nil, fmt.Errorf("admit: %w: %w: read tcp: connection reset by peer", model.ErrUnavailable, model.ErrMaybeNotEnqueued)
 	}
 	return out, err
 }
@@ -49,14 +49,15 @@ func passQueue(t *testing.T, st *store.Store, campaignID string) {
 	}
 }
 
-// TestOrphanedAdmission: a purchase whose admission was stored but whose
-// answer was lost (admit.lua's reply, or the withdraw after a failed
-// publish) is on the record of admissions, so the workers'
-// sweep ends it rejected (not_enqueued), once the queue has moved past it,
-// instead of queued for good; a retry with its Idempotency-Key then gets
-// that final result. (A gateway that dies between admitting and publishing
-// leaves the same: internal/store TestSweepNotEnqueued.)
-func TestOrphanedAdmission(t *testing.T) {
+// TestMaybeNotEnqueued: a purchase answered 503 whose admission was stored
+// all the same, its answer lost (admit.lua's reply, or the withdraw after a
+// failed publish), is counted maybe not enqueued and is in the admissions
+// set, so the workers' not-enqueued sweep ends it rejected (not_enqueued),
+// once the queue has moved past it, instead of queued for good; a retry
+// with its Idempotency-Key then gets that final result. (A gateway that
+// dies between admitting and publishing leaves the same: internal/store
+// TestSweepNotEnqueued.)
+func TestMaybeNotEnqueued(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		fs   *faultyStock
@@ -83,8 +84,8 @@ func TestOrphanedAdmission(t *testing.T) {
 			if err != nil || len(swept) != 1 || swept[0].RequestID != stored.RequestID || swept[0].Status != model.StatusRejected || swept[0].Reason != model.ReasonNotEnqueued {
 				t.Fatalf("swept %+v, %v; want %s rejected (%s)", swept, err, stored.RequestID, model.ReasonNotEnqueued)
 			}
-			if got := testutil.ToFloat64(svc.m.Orphans); got != 1 {
-				t.Errorf("flashsale_orphaned_admissions_total: got %v, want 1", got)
+			if got := testutil.ToFloat64(svc.m.MaybeNotEnqueued); got != 1 {
+				t.Errorf("flashsale_maybe_not_enqueued_total: got %v, want 1", got)
 			}
 
 			tc.fs.loseAdmitReply, tc.fs.failWithdraw = false, false
