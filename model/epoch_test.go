@@ -44,7 +44,7 @@ func TestHolds(t *testing.T) {
 			t.Errorf("%v is ErrSoldOut", err)
 		}
 	}
-	for _, err := range []error{ErrSoldOut, ErrNotFound, ErrMaybeApplied, ErrRateLimited, errors.New("connection refused")} {
+	for _, err := range []error{ErrSoldOut, ErrNotFound, ErrMaybeNotEnqueued, ErrRateLimited, errors.New("connection refused")} {
 		if errors.Is(err, ErrHeld) {
 			t.Errorf("%v: is ErrHeld, want not", err)
 		}
