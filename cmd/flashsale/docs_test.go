@@ -1,0 +1,209 @@
+package main
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode"
+)
+
+// TestDocsScripts holds docs/ARCHITECTURE.md's list of Lua scripts equal
+// to the scripts in the tree (the frozen copies benchmarks compare against,
+// under testdata/, aside): a script added, renamed or removed must be
+// written down there too.
+func TestDocsScripts(t *testing.T) {
+	root := moduleRoot(t)
+	b, err := os.ReadFile(filepath.Join(root, "docs/ARCHITECTURE.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n## Lua scripts\n")
+	if !ok {
+		t.Fatal(`docs/ARCHITECTURE.md has no "## Lua scripts" section`)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	var listed []string
+	for _, m := range scriptRow.FindAllStringSubmatch(section, -1) {
+		listed = append(listed, m[1])
+	}
+	var files []string
+	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".") && p != root) {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(p, ".lua") {
+			rel, err := filepath.Rel(root, p)
+			if err != nil {
+				return err
+			}
+			files = append(files, filepath.ToSlash(rel))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) == 0 {
+		t.Fatal("found no Lua script in the tree")
+	}
+	slices.Sort(listed)
+	slices.Sort(files)
+	for _, f := range files {
+		if !slices.Contains(listed, f) {
+			t.Errorf("%s is not in docs/ARCHITECTURE.md's Lua scripts", f)
+		}
+	}
+	for _, l := range listed {
+		if !slices.Contains(files, l) {
+			t.Errorf("docs/ARCHITECTURE.md lists %s, which does not exist", l)
+		}
+	}
+	if len(listed) != len(slices.Compact(slices.Clone(listed))) {
+		t.Errorf("docs/ARCHITECTURE.md lists a script twice: %v", listed)
+	}
+}
+
+// scriptRow is a row of ARCHITECTURE's script table: | `dir/name.lua` | … |
+var scriptRow = regexp.MustCompile("(?m)^\\| `([a-z/_]+\\.lua)` \\|")
+
+// TestDocsLinks checks every relative link of README.md, docs/ and the
+// README.md files beside the code: the file it names exists, and so does
+// the heading its #fragment names.
+func TestDocsLinks(t *testing.T) {
+	root := moduleRoot(t)
+	var docs []string
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && strings.HasPrefix(d.Name(), ".") && p != root {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(p, ".md") {
+			docs = append(docs, p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	links := 0
+	for _, doc := range docs {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, target := range docLinks(string(b)) {
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			links++
+			file, fragment, _ := strings.Cut(target, "#")
+			linked := doc
+			if file != "" {
+				linked = filepath.Join(filepath.Dir(doc), filepath.FromSlash(file))
+			}
+			rel, _ := filepath.Rel(root, doc)
+			if _, err := os.Stat(linked); err != nil {
+				t.Errorf("%s links to %s, which does not exist", rel, target)
+				continue
+			}
+			if fragment == "" {
+				continue
+			}
+			lb, err := os.ReadFile(linked)
+			if err != nil {
+				t.Errorf("%s links to %s: %v", rel, target, err)
+				continue
+			}
+			if !slices.Contains(headingAnchors(string(lb)), fragment) {
+				t.Errorf("%s links to %s: no heading there has the anchor #%s", rel, target, fragment)
+			}
+		}
+	}
+	if links < 20 {
+		t.Fatalf("checked %d relative links; the docs were not found whole", links)
+	}
+}
+
+var (
+	// mdLink is a Markdown link or image, [text](target); imgSrc an HTML
+	// image's source.
+	mdLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	imgSrc = regexp.MustCompile(`<img src="([^"]+)"`)
+	// codeSpan is inline code, where brackets are not links.
+	codeSpan = regexp.MustCompile("`[^`\n]*`")
+)
+
+// docLinks returns the targets of a Markdown text's links, outside code.
+func docLinks(text string) []string {
+	var out []string
+	for _, line := range proseLines(text) {
+		line = codeSpan.ReplaceAllString(line, "")
+		for _, re := range []*regexp.Regexp{mdLink, imgSrc} {
+			for _, m := range re.FindAllStringSubmatch(line, -1) {
+				out = append(out, m[1])
+			}
+		}
+	}
+	return out
+}
+
+// proseLines returns the lines of a Markdown text outside fenced code.
+func proseLines(text string) []string {
+	var out []string
+	fenced := false
+	for line := range strings.SplitSeq(text, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			fenced = !fenced
+			continue
+		}
+		if !fenced {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// headingAnchors returns the anchors GitHub gives a Markdown text's
+// headings: lower case, punctuation dropped, spaces as hyphens, and "-1",
+// "-2" … after a repeated one.
+func headingAnchors(text string) []string {
+	var out []string
+	seen := map[string]int{}
+	for _, line := range proseLines(text) {
+		title, ok := strings.CutPrefix(line, "#")
+		if !ok {
+			continue
+		}
+		title = strings.TrimLeft(title, "#")
+		if !strings.HasPrefix(title, " ") {
+			continue
+		}
+		var a strings.Builder
+		for _, r := range strings.ToLower(strings.TrimSpace(title)) {
+			switch {
+			case r == ' ':
+				a.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				a.WriteRune(r)
+			}
+		}
+		anchor := a.String()
+		if n := seen[anchor]; n > 0 {
+			out = append(out, anchor+"-"+strconv.Itoa(n))
+		} else {
+			out = append(out, anchor)
+		}
+		seen[anchor]++
+	}
+	return out
+}
