@@ -71,6 +71,54 @@ func TestDocsScripts(t *testing.T) {
 	}
 }
 
+// TestDocsRoutes holds the routes docs/API.md and docs/OPERATIONS.md name
+// ("`GET /api/v1/orders`") equal to the operations of the OpenAPI document,
+// which TestOpenAPIRoutes holds equal to the routes the roles register.
+func TestDocsRoutes(t *testing.T) {
+	root := moduleRoot(t)
+	documented := map[string]bool{}
+	for _, doc := range []string{"docs/API.md", "docs/OPERATIONS.md"} {
+		b, err := os.ReadFile(filepath.Join(root, doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range docRoute.FindAllStringSubmatch(string(b), -1) {
+			p, _, _ := strings.Cut(m[2], "?")
+			p, _, _ = strings.Cut(p, "[")
+			if strings.HasSuffix(p, "…") {
+				continue // an example, not a route
+			}
+			documented[m[1]+" "+docParam.ReplaceAllString(p, "{}")] = true
+		}
+	}
+	specified := map[string]bool{}
+	for _, op := range documentedOps(t) {
+		specified[op.method+" "+ginParam.ReplaceAllString(op.path, "{}")] = true
+	}
+	for r := range specified {
+		if !documented[r] {
+			t.Errorf("%s is in the OpenAPI document but in neither docs/API.md nor docs/OPERATIONS.md", r)
+		}
+	}
+	for r := range documented {
+		if !specified[r] {
+			t.Errorf("the docs name %s, which the OpenAPI document does not have", r)
+		}
+	}
+	if len(specified) < 30 {
+		t.Fatalf("the OpenAPI document has %d operations; it was not read whole", len(specified))
+	}
+}
+
+var (
+	// docRoute is a route named in the docs: `METHOD /path`.
+	docRoute = regexp.MustCompile("`(GET|POST|PUT|PATCH|DELETE) (/[^`\\s]*)`")
+	// docParam and ginParam are a path parameter, whatever its name, as
+	// the docs write it ({id}) and as documentedOps gives it (:id).
+	docParam = regexp.MustCompile(`\{[^}]*\}`)
+	ginParam = regexp.MustCompile(`:[^/]+`)
+)
+
 // scriptRow is a row of ARCHITECTURE's script table: | `dir/name.lua` | … |
 var scriptRow = regexp.MustCompile("(?m)^\\| `([a-z/_]+\\.lua)` \\|")
 
