@@ -31,26 +31,7 @@ func TestDocsScripts(t *testing.T) {
 	for _, m := range scriptRow.FindAllStringSubmatch(section, -1) {
 		listed = append(listed, m[1])
 	}
-	var files []string
-	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && (d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".") && p != root) {
-			return filepath.SkipDir
-		}
-		if !d.IsDir() && strings.HasSuffix(p, ".lua") {
-			rel, err := filepath.Rel(root, p)
-			if err != nil {
-				return err
-			}
-			files = append(files, filepath.ToSlash(rel))
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	files := luaFiles(t, root)
 	if len(files) == 0 {
 		t.Fatal("found no Lua script in the tree")
 	}
@@ -119,6 +100,33 @@ var (
 	ginParam = regexp.MustCompile(`:[^/]+`)
 )
 
+// luaFiles returns the Lua scripts under root, relative to it, testdata
+// and hidden folders aside.
+func luaFiles(t *testing.T, root string) []string {
+	t.Helper()
+	var files []string
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".") && p != root) {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(p, ".lua") {
+			rel, err := filepath.Rel(root, p)
+			if err != nil {
+				return err
+			}
+			files = append(files, filepath.ToSlash(rel))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
 // scriptRow is a row of ARCHITECTURE's script table: | `dir/name.lua` | … |
 var scriptRow = regexp.MustCompile("(?m)^\\| `([a-z/_]+\\.lua)` \\|")
 
@@ -149,37 +157,44 @@ func TestDocsLinks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		rel, _ := filepath.Rel(root, doc)
 		for _, target := range docLinks(string(b)) {
 			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
 				continue
 			}
 			links++
-			file, fragment, _ := strings.Cut(target, "#")
-			linked := doc
-			if file != "" {
-				linked = filepath.Join(filepath.Dir(doc), filepath.FromSlash(file))
-			}
-			rel, _ := filepath.Rel(root, doc)
-			if _, err := os.Stat(linked); err != nil {
-				t.Errorf("%s links to %s, which does not exist", rel, target)
-				continue
-			}
-			if fragment == "" {
-				continue
-			}
-			lb, err := os.ReadFile(linked)
-			if err != nil {
-				t.Errorf("%s links to %s: %v", rel, target, err)
-				continue
-			}
-			if !slices.Contains(headingAnchors(string(lb)), fragment) {
-				t.Errorf("%s links to %s: no heading there has the anchor #%s", rel, target, fragment)
+			if err := checkLink(doc, target); err != "" {
+				t.Errorf("%s links to %s: %s", rel, target, err)
 			}
 		}
 	}
 	if links < 20 {
 		t.Fatalf("checked %d relative links; the docs were not found whole", links)
 	}
+}
+
+// checkLink returns what is wrong with a relative link of the file doc, ""
+// if nothing.
+func checkLink(doc, target string) string {
+	file, fragment, _ := strings.Cut(target, "#")
+	linked := doc
+	if file != "" {
+		linked = filepath.Join(filepath.Dir(doc), filepath.FromSlash(file))
+	}
+	if _, err := os.Stat(linked); err != nil {
+		return "it does not exist"
+	}
+	if fragment == "" {
+		return ""
+	}
+	b, err := os.ReadFile(linked)
+	if err != nil {
+		return err.Error()
+	}
+	if !slices.Contains(headingAnchors(string(b)), fragment) {
+		return "no heading there has the anchor #" + fragment
+	}
+	return ""
 }
 
 var (

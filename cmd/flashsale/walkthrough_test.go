@@ -28,14 +28,9 @@ import (
 // kind of step must be taught here, not skipped.
 func TestREADMEWalkThrough(t *testing.T) {
 	block := readmeWalkThrough(t)
-	var (
-		ctx    = t.Context()
-		base   string // the running server's http://host:port
-		vars   = map[string]string{}
-		binds  = map[string]string{} // "spring-sale.0193…" -> the real id
-		lines  = strings.Split(block, "\n")
-		client = &http.Client{Timeout: 30 * time.Second}
-	)
+	w := &walk{t: t, vars: map[string]string{}, binds: map[string]string{},
+		client: &http.Client{Timeout: 30 * time.Second}}
+	lines := strings.Split(block, "\n")
 	// expectations returns the "# {…}" lines that follow line i.
 	expectations := func(i int) ([]string, int) {
 		var out []string
@@ -63,72 +58,93 @@ func TestREADMEWalkThrough(t *testing.T) {
 				line += "\n" + lines[i]
 			}
 		}
-		words := shellWords(t, line, vars)
 		steps++
 		want, next := expectations(i)
 		i = next
-		noAnswer := func() {
-			if len(want) > 0 {
-				t.Fatalf("an answer shown under a command that prints none: %q", line)
-			}
-		}
-		switch {
-		case len(words) == 1 && strings.Contains(words[0], "="):
-			noAnswer()
-			name, value, _ := strings.Cut(words[0], "=")
-			vars[name] = value
-		case isCapture(words) && words[2] == "go":
-			// NAME=$(go run ./cmd/flashsale token alice)
-			noAnswer()
-			args := flashsaleArgs(t, words[2:len(words)-1])
-			var out bytes.Buffer
-			if err := run(ctx, args, &out, map[string]string{}, logTo(io.Discard)); err != nil {
-				t.Fatalf("%s: %v", line, err)
-			}
-			vars[captureName(words)] = strings.TrimSpace(out.String())
-		case isCapture(words) && words[2] == "curl":
-			// NAME=$(curl … | jq -r .field)
-			req, field := curlToField(t, words[3:len(words)-1], "-r")
-			retry := req.method == "GET" || req.header.Get("Idempotency-Key") != ""
-			body := runCurl(t, client, base, req, want, binds, retry, nil)
-			value, ok := stringField(body, field)
-			if !ok {
-				t.Fatalf("%s: the answer has no string %q: %s", line, field, body)
-			}
-			vars[captureName(words)] = value
-		case words[0] == "until":
-			// until CONDITION; do sleep N; done, where CONDITION is a curl
-			// or NAME=$(curl … | jq -er .field): sent again until it holds.
-			cond := untilCondition(t, words)
-			if isCapture(cond) && cond[2] == "curl" {
-				req, field := curlToField(t, cond[3:len(cond)-1], "-er")
-				body := runCurl(t, client, base, req, want, binds, true, func(b []byte) bool {
-					_, ok := stringField(b, field)
-					return ok
-				})
-				vars[captureName(cond)], _ = stringField(body, field)
-			} else if cond[0] == "curl" {
-				runCurl(t, client, base, parseCurl(t, cond[1:]), want, binds, true, nil)
-			} else {
-				t.Fatalf("until-condition not understood: %q", line)
-			}
-		case len(words) >= 3 && words[0] == "go" && words[len(words)-1] == "&":
-			noAnswer()
-			args := flashsaleArgs(t, words[:len(words)-1])
-			if port := config.Default().HTTP.Addr; !strings.HasSuffix(port, ":8080") {
-				t.Fatalf("the walk-through says localhost:8080; the default http.addr is %s", port)
-			}
-			base = startServe(t, args)
-		case words[0] == "curl":
-			req := parseCurl(t, words[1:])
-			retry := req.method == "GET" || req.header.Get("Idempotency-Key") != ""
-			runCurl(t, client, base, req, want, binds, retry, nil)
-		default:
-			t.Fatalf("walk-through line not understood (teach TestREADMEWalkThrough): %q", line)
+		w.step(line, shellWords(t, line, w.vars), want)
+	}
+	if steps < 10 || w.base == "" {
+		t.Fatalf("ran %d steps (server started: %v); the walk-through was not found whole", steps, w.base != "")
+	}
+}
+
+// walk is the state of a walk-through run: the server, the shell's
+// variables and the values the answers named.
+type walk struct {
+	t      *testing.T
+	base   string            // the running server's http://host:port
+	vars   map[string]string // the shell's variables
+	binds  map[string]string // "spring-sale.0193…" -> the real id
+	client *http.Client
+}
+
+// step runs one command of the walk-through; want are the answers shown
+// under it.
+func (w *walk) step(line string, words, want []string) {
+	t := w.t
+	t.Helper()
+	noAnswer := func() {
+		if len(want) > 0 {
+			t.Fatalf("an answer shown under a command that prints none: %q", line)
 		}
 	}
-	if steps < 10 || base == "" {
-		t.Fatalf("ran %d steps (server started: %v); the walk-through was not found whole", steps, base != "")
+	switch {
+	case len(words) == 1 && strings.Contains(words[0], "="):
+		noAnswer()
+		name, value, _ := strings.Cut(words[0], "=")
+		w.vars[name] = value
+	case isCapture(words) && words[2] == "go":
+		// NAME=$(go run ./cmd/flashsale token alice)
+		noAnswer()
+		args := flashsaleArgs(t, words[2:len(words)-1])
+		var out bytes.Buffer
+		if err := run(t.Context(), args, &out, map[string]string{}, logTo(io.Discard)); err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		w.vars[captureName(words)] = strings.TrimSpace(out.String())
+	case isCapture(words) && words[2] == "curl":
+		// NAME=$(curl … | jq -r .field)
+		req, field := curlToField(t, words[3:len(words)-1], "-r")
+		body := runCurl(t, w.client, w.base, req, want, w.binds, req.retried(), nil)
+		value, ok := stringField(body, field)
+		if !ok {
+			t.Fatalf("%s: the answer has no string %q: %s", line, field, body)
+		}
+		w.vars[captureName(words)] = value
+	case words[0] == "until":
+		w.until(line, untilCondition(t, words), want)
+	case len(words) >= 3 && words[0] == "go" && words[len(words)-1] == "&":
+		noAnswer()
+		args := flashsaleArgs(t, words[:len(words)-1])
+		if port := config.Default().HTTP.Addr; !strings.HasSuffix(port, ":8080") {
+			t.Fatalf("the walk-through says localhost:8080; the default http.addr is %s", port)
+		}
+		w.base = startServe(t, args)
+	case words[0] == "curl":
+		req := parseCurl(t, words[1:])
+		runCurl(t, w.client, w.base, req, want, w.binds, req.retried(), nil)
+	default:
+		t.Fatalf("walk-through line not understood (teach TestREADMEWalkThrough): %q", line)
+	}
+}
+
+// until runs "until CONDITION; do sleep N; done", where CONDITION is a curl
+// or NAME=$(curl … | jq -er .field): sent again until it holds.
+func (w *walk) until(line string, cond, want []string) {
+	t := w.t
+	t.Helper()
+	switch {
+	case isCapture(cond) && cond[2] == "curl":
+		req, field := curlToField(t, cond[3:len(cond)-1], "-er")
+		body := runCurl(t, w.client, w.base, req, want, w.binds, true, func(b []byte) bool {
+			_, ok := stringField(b, field)
+			return ok
+		})
+		w.vars[captureName(cond)], _ = stringField(body, field)
+	case cond[0] == "curl":
+		runCurl(t, w.client, w.base, parseCurl(t, cond[1:]), want, w.binds, true, nil)
+	default:
+		t.Fatalf("until-condition not understood: %q", line)
 	}
 }
 
@@ -343,6 +359,13 @@ type curlRequest struct {
 	method, target, body string
 	header               http.Header
 	discard              bool // >/dev/null: the answer is not shown
+}
+
+// retried tells whether the request may be sent again until its answer
+// matches: a read, or a purchase with an Idempotency-Key (a result is
+// queued for a moment).
+func (c curlRequest) retried() bool {
+	return c.method == "GET" || c.header.Get("Idempotency-Key") != ""
 }
 
 // parseCurl reads curl's arguments: -s and -f (the answer must be 2xx in
