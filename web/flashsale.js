@@ -1,5 +1,5 @@
 // flashsale.js: the browser client of the flashsale API, a dependency-free
-// ES module. README.md ("Frontend") shows it in use.
+// ES module. docs/API.md ("The shopper page and the browser client") shows it in use.
 //
 //   const fs = createClient({ token });
 //   const p = await fs.purchase("spring-sale", { quantity: 1 });

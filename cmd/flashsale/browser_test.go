@@ -23,7 +23,8 @@ import (
 
 // screenshotsEnv names the directory (relative to the module's root) where
 // the browser tests write their screenshots of the shopper page; unset,
-// they write none. README.md shows the ones committed under docs/.
+// they write none. README.md and docs/OPERATIONS.md show the ones
+// committed under docs/.
 const screenshotsEnv = "FLASHSALE_TEST_SCREENSHOTS"
 
 // TestBrowser drives the shopper page (web/) and flashsale.js in a real

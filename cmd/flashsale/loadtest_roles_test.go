@@ -15,7 +15,7 @@ import (
 func TestLoadtestSeparateRoles(t *testing.T) {
 	cfg := realConfig(t, "redisstream")
 	bin := buildBinary(t)
-	// Every simulated shopper connects from this host (README, "Load test").
+	// Every simulated shopper connects from this host (docs/OPERATIONS.md, "Load test").
 	env := append(processEnv(cfg), "FLASHSALE_NOTIFIER_MAX_CONNS_PER_IP=100000")
 	gw := startRole(t, bin, "gateway", env)
 	ntf := startRole(t, bin, "notifier", env)

@@ -96,7 +96,7 @@ func describedFamilies(reg *prometheus.Registry) map[string]bool {
 }
 
 // roleFamilies are the families each role exports besides the common ones:
-// what an operator finds on its /metrics (README.md, "Metrics").
+// what an operator finds on its /metrics (docs/OPERATIONS.md, "Metrics").
 var roleFamilies = map[string][]string{
 	"gateway": {"flashsale_admit_refusals_total", "flashsale_queue_publish_seconds", "flashsale_late_payments_total",
 		"flashsale_redis_script_seconds", "flashsale_stock_remaining"},

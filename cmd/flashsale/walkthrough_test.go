@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorilla/websocket"
-
 	"github.com/flashsale/flashsale/internal/config"
 )
 
@@ -24,19 +22,15 @@ import (
 // every answer shown under a command ("# {…}") must match the real one —
 // the same keys, the same values, where "…" stands for what differs each
 // run and the hex digits before it for any hex digit. A value shown with
-// "…" names that value further on (a request id in the poll's URL). A line
-// the test does not understand fails it: a new kind of step must be taught
-// here, not skipped.
+// "…" names that value in the answers further on. A value kept in a shell
+// variable (NAME=$(curl … | jq -r .field)) is the answer's field, which
+// must be a string. A line the test does not understand fails it: a new
+// kind of step must be taught here, not skipped.
 func TestREADMEWalkThrough(t *testing.T) {
 	block := readmeWalkThrough(t)
-	var (
-		ctx    = t.Context()
-		base   string // the running server's http://host:port
-		vars   = map[string]string{}
-		binds  = map[string]string{} // "spring-sale.0193…" -> the real id
-		lines  = strings.Split(block, "\n")
-		client = &http.Client{Timeout: 30 * time.Second}
-	)
+	w := &walk{t: t, vars: map[string]string{}, binds: map[string]string{},
+		client: &http.Client{Timeout: 30 * time.Second}}
+	lines := strings.Split(block, "\n")
 	// expectations returns the "# {…}" lines that follow line i.
 	expectations := func(i int) ([]string, int) {
 		var out []string
@@ -64,47 +58,140 @@ func TestREADMEWalkThrough(t *testing.T) {
 				line += "\n" + lines[i]
 			}
 		}
-		words := shellWords(t, line, vars)
 		steps++
-		switch {
-		case len(words) == 1 && strings.Contains(words[0], "="):
-			name, value, _ := strings.Cut(words[0], "=")
-			vars[name] = value
-		case len(words) >= 2 && strings.Contains(words[0], "=") && words[1] == "$(":
-			// NAME=$(go run ./cmd/flashsale token alice)
-			name, _, _ := strings.Cut(words[0], "=")
-			args := flashsaleArgs(t, words[2:len(words)-1])
-			var out bytes.Buffer
-			if err := run(ctx, args, &out, map[string]string{}, logTo(io.Discard)); err != nil {
-				t.Fatalf("%s: %v", line, err)
-			}
-			vars[name] = strings.TrimSpace(out.String())
-		case len(words) >= 3 && words[0] == "go" && words[len(words)-1] == "&":
-			args := flashsaleArgs(t, words[:len(words)-1])
-			if port := config.Default().HTTP.Addr; !strings.HasSuffix(port, ":8080") {
-				t.Fatalf("the walk-through says localhost:8080; the default http.addr is %s", port)
-			}
-			base = startServe(t, args)
-		case words[0] == "curl":
-			want, next := expectations(i)
-			i = next
-			runCurl(t, client, base, words[1:], want, binds)
-		case words[0] == "websocat" && len(words) == 2:
-			if i+1 >= len(lines) || !strings.HasPrefix(strings.TrimSpace(lines[i+1]), "{") {
-				t.Fatalf("websocat without a frame to send after it")
-			}
-			i++
-			frame := strings.TrimSpace(lines[i])
-			want, next := expectations(i)
-			i = next
-			runWebSocket(t, base, words[1], frame, want, binds)
-		default:
-			t.Fatalf("walk-through line not understood (teach TestREADMEWalkThrough): %q", line)
+		want, next := expectations(i)
+		i = next
+		w.step(line, shellWords(t, line, w.vars), want)
+	}
+	if steps < 10 || w.base == "" {
+		t.Fatalf("ran %d steps (server started: %v); the walk-through was not found whole", steps, w.base != "")
+	}
+}
+
+// walk is the state of a walk-through run: the server, the shell's
+// variables and the values the answers named.
+type walk struct {
+	t      *testing.T
+	base   string            // the running server's http://host:port
+	vars   map[string]string // the shell's variables
+	binds  map[string]string // "spring-sale.0193…" -> the real id
+	client *http.Client
+}
+
+// step runs one command of the walk-through; want are the answers shown
+// under it.
+func (w *walk) step(line string, words, want []string) {
+	t := w.t
+	t.Helper()
+	noAnswer := func() {
+		if len(want) > 0 {
+			t.Fatalf("an answer shown under a command that prints none: %q", line)
 		}
 	}
-	if steps < 10 || base == "" {
-		t.Fatalf("ran %d steps (server started: %v); the walk-through was not found whole", steps, base != "")
+	switch {
+	case len(words) == 1 && strings.Contains(words[0], "="):
+		noAnswer()
+		name, value, _ := strings.Cut(words[0], "=")
+		w.vars[name] = value
+	case isCapture(words) && words[2] == "go":
+		// NAME=$(go run ./cmd/flashsale token alice)
+		noAnswer()
+		args := flashsaleArgs(t, words[2:len(words)-1])
+		var out bytes.Buffer
+		if err := run(t.Context(), args, &out, map[string]string{}, logTo(io.Discard)); err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		w.vars[captureName(words)] = strings.TrimSpace(out.String())
+	case isCapture(words) && words[2] == "curl":
+		// NAME=$(curl … | jq -r .field)
+		req, field := curlToField(t, words[3:len(words)-1], "-r")
+		body := runCurl(t, w.client, w.base, req, want, w.binds, req.retried(), nil)
+		value, ok := stringField(body, field)
+		if !ok {
+			t.Fatalf("%s: the answer has no string %q: %s", line, field, body)
+		}
+		w.vars[captureName(words)] = value
+	case words[0] == "until":
+		w.until(line, untilCondition(t, words), want)
+	case len(words) >= 3 && words[0] == "go" && words[len(words)-1] == "&":
+		noAnswer()
+		args := flashsaleArgs(t, words[:len(words)-1])
+		if port := config.Default().HTTP.Addr; !strings.HasSuffix(port, ":8080") {
+			t.Fatalf("the walk-through says localhost:8080; the default http.addr is %s", port)
+		}
+		w.base = startServe(t, args)
+	case words[0] == "curl":
+		req := parseCurl(t, words[1:])
+		runCurl(t, w.client, w.base, req, want, w.binds, req.retried(), nil)
+	default:
+		t.Fatalf("walk-through line not understood (teach TestREADMEWalkThrough): %q", line)
 	}
+}
+
+// until runs "until CONDITION; do sleep N; done", where CONDITION is a curl
+// or NAME=$(curl … | jq -er .field): sent again until it holds.
+func (w *walk) until(line string, cond, want []string) {
+	t := w.t
+	t.Helper()
+	switch {
+	case isCapture(cond) && cond[2] == "curl":
+		req, field := curlToField(t, cond[3:len(cond)-1], "-er")
+		body := runCurl(t, w.client, w.base, req, want, w.binds, true, func(b []byte) bool {
+			_, ok := stringField(b, field)
+			return ok
+		})
+		w.vars[captureName(cond)], _ = stringField(body, field)
+	case cond[0] == "curl":
+		runCurl(t, w.client, w.base, parseCurl(t, cond[1:]), want, w.binds, true, nil)
+	default:
+		t.Fatalf("until-condition not understood: %q", line)
+	}
+}
+
+// isCapture tells whether words are NAME=$( … ).
+func isCapture(words []string) bool {
+	return len(words) >= 4 && strings.HasSuffix(words[0], "=") && !strings.Contains(strings.TrimSuffix(words[0], "="), "=") &&
+		words[1] == "$(" && words[len(words)-1] == ")"
+}
+
+// captureName is NAME of NAME=$( … ).
+func captureName(words []string) string { return strings.TrimSuffix(words[0], "=") }
+
+// untilCondition returns CONDITION of "until CONDITION ; do sleep N ; done".
+func untilCondition(t *testing.T, words []string) []string {
+	t.Helper()
+	n := len(words)
+	if n < 7 || words[n-6] != ";" || words[n-5] != "do" || words[n-4] != "sleep" || words[n-2] != ";" || words[n-1] != "done" {
+		t.Fatalf("until loop not understood (want: until CONDITION; do sleep N; done): %q", words)
+	}
+	if d, err := time.ParseDuration(words[n-3] + "s"); err != nil || d <= 0 || d > 5*time.Second {
+		t.Fatalf("until loop sleeps %q: want a few tenths of a second", words[n-3])
+	}
+	return words[1 : n-6]
+}
+
+// curlToField splits "curl … | jq FLAGS .field" into the curl and the field.
+func curlToField(t *testing.T, words []string, flags string) (curlRequest, string) {
+	t.Helper()
+	n := len(words)
+	if n < 5 || words[n-4] != "|" || words[n-3] != "jq" || words[n-2] != flags || !jqField.MatchString(words[n-1]) {
+		t.Fatalf("want curl … | jq %s .field, got %q", flags, words)
+	}
+	return parseCurl(t, words[1:n-4]), strings.TrimPrefix(words[n-1], ".")
+}
+
+// jqField is the one jq filter the walk-through uses: a top-level field.
+var jqField = regexp.MustCompile(`^\.[a-z_]+$`)
+
+// stringField returns the answer's top-level field as jq -er prints it: a
+// string, present and not null.
+func stringField(body []byte, field string) (string, bool) {
+	var m map[string]any
+	if json.Unmarshal(body, &m) != nil {
+		return "", false
+	}
+	s, ok := m[field].(string)
+	return s, ok
 }
 
 // readmeWalkThrough returns the first sh block under the README's
@@ -132,7 +219,8 @@ func readmeWalkThrough(t *testing.T) string {
 
 // shellWords splits a command as sh would for the walk-through's needs:
 // single quotes literal, double quotes expanding $NAME, a trailing comment
-// dropped, and "$(" / ")" kept as words around a command substitution.
+// dropped, "$(" / ")" kept as words around a command substitution, and ";"
+// and "|" as words of their own.
 func shellWords(t *testing.T, line string, vars map[string]string) []string {
 	t.Helper()
 	var (
@@ -186,9 +274,9 @@ func shellWords(t *testing.T, line string, vars map[string]string) []string {
 			flush()
 			words = append(words, "$(")
 			j += 2
-		case c == ')':
+		case c == ')' || c == ';' || c == '|':
 			flush()
-			words = append(words, ")")
+			words = append(words, string(c))
 			j++
 		case c == '$':
 			v, k := expand(line, j)
@@ -266,94 +354,94 @@ func bound(t *testing.T, s string, binds map[string]string) string {
 	return s
 }
 
-// runCurl sends one curl of the walk-through and compares its answer with
-// want (at most one line). A read, or a purchase with an Idempotency-Key,
-// is sent again until it matches (a result is queued for a moment); other
-// requests must match at once.
-func runCurl(t *testing.T, client *http.Client, base string, args []string, want []string, binds map[string]string) {
+// curlRequest is one curl command of the walk-through.
+type curlRequest struct {
+	method, target, body string
+	header               http.Header
+	discard              bool // >/dev/null: the answer is not shown
+}
+
+// retried tells whether the request may be sent again until its answer
+// matches: a read, or a purchase with an Idempotency-Key (a result is
+// queued for a moment).
+func (c curlRequest) retried() bool {
+	return c.method == "GET" || c.header.Get("Idempotency-Key") != ""
+}
+
+// parseCurl reads curl's arguments: -s and -f (the answer must be 2xx in
+// any case), -X, -H, -d, the URL and >/dev/null.
+func parseCurl(t *testing.T, args []string) curlRequest {
 	t.Helper()
-	method, target, body := "GET", "", ""
-	header := http.Header{}
+	req := curlRequest{method: "GET", header: http.Header{}}
 	for j := 0; j < len(args); j++ {
 		switch a := args[j]; {
-		case a == "-s":
+		case a == "-s" || a == "-f" || a == "-sf" || a == "-fs":
+		case a == ">/dev/null":
+			req.discard = true
 		case strings.HasPrefix(a, "-X"):
-			method = strings.TrimPrefix(a, "-X")
+			req.method = strings.TrimPrefix(a, "-X")
 		case a == "-H" && j+1 < len(args):
 			j++
 			k, v, _ := strings.Cut(args[j], ":")
-			header.Set(k, strings.TrimSpace(v))
+			req.header.Set(k, strings.TrimSpace(v))
 		case a == "-d" && j+1 < len(args):
 			j++
-			body = args[j]
-		case !strings.HasPrefix(a, "-") && target == "":
-			target = a
+			req.body = args[j]
+		case !strings.HasPrefix(a, "-") && req.target == "":
+			req.target = a
 		default:
 			t.Fatalf("curl argument not understood: %q in %q", a, args)
 		}
 	}
+	return req
+}
+
+// runCurl sends one curl of the walk-through, compares its answer with
+// want (at most one line) and returns it. With retry it is sent again until
+// it is 2xx, matches, and ready (when not nil) holds, for 20 s at most;
+// otherwise it must do so at once.
+func runCurl(t *testing.T, client *http.Client, base string, c curlRequest, want []string, binds map[string]string, retry bool, ready func([]byte) bool) []byte {
+	t.Helper()
 	if len(want) > 1 {
-		t.Fatalf("curl %s %s: %d answers shown, want at most one", method, target, len(want))
+		t.Fatalf("curl %s %s: %d answers shown, want at most one", c.method, c.target, len(want))
 	}
-	u := onServer(t, base, bound(t, target, binds))
-	retry := method == "GET" || header.Get("Idempotency-Key") != ""
+	if c.discard && len(want) > 0 {
+		t.Fatalf("curl %s %s >/dev/null: an answer is shown under it", c.method, c.target)
+	}
+	u := onServer(t, base, bound(t, c.target, binds))
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		var rd io.Reader
-		if body != "" {
-			rd = strings.NewReader(bound(t, body, binds))
+		if c.body != "" {
+			rd = strings.NewReader(bound(t, c.body, binds))
 		}
-		req, err := http.NewRequest(method, u, rd)
+		req, err := http.NewRequest(c.method, u, rd)
 		if err != nil {
-			t.Fatalf("curl %s %s: %v", method, target, err)
+			t.Fatalf("curl %s %s: %v", c.method, c.target, err)
 		}
-		req.Header = header.Clone()
+		req.Header = c.header.Clone()
 		resp, err := client.Do(req)
 		if err != nil {
-			t.Fatalf("curl %s %s: %v", method, target, err)
+			t.Fatalf("curl %s %s: %v", c.method, c.target, err)
 		}
 		got, _ := io.ReadAll(resp.Body)
 		_ = resp.Body.Close()
 		mismatch := ""
-		if resp.StatusCode/100 != 2 {
+		switch {
+		case resp.StatusCode/100 != 2:
 			mismatch = fmt.Sprintf("status %d", resp.StatusCode)
-		} else if len(want) == 1 {
+		case ready != nil && !ready(got):
+			mismatch = "not yet what the loop waits for"
+		case len(want) == 1:
 			mismatch = matchJSON(t, want[0], got, binds)
 		}
 		if mismatch == "" {
-			return
+			return got
 		}
 		if !retry || time.Now().After(deadline) {
-			t.Fatalf("curl %s %s: %s\n got: %s\nwant: %v", method, target, mismatch, got, want)
+			t.Fatalf("curl %s %s: %s\n got: %s\nwant: %v", c.method, c.target, mismatch, got, want)
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// runWebSocket connects as websocat would, sends frame and reads one frame
-// per answer shown.
-func runWebSocket(t *testing.T, base, addr, frame string, want []string, binds map[string]string) {
-	t.Helper()
-	conn, resp, err := websocket.DefaultDialer.Dial(onServer(t, base, addr), nil)
-	if resp != nil && resp.Body != nil {
-		_ = resp.Body.Close()
-	}
-	if err != nil {
-		t.Fatalf("websocat %s: %v", addr, err)
-	}
-	defer conn.Close()
-	if err := conn.WriteMessage(websocket.TextMessage, []byte(bound(t, frame, binds))); err != nil {
-		t.Fatalf("send %s: %v", frame, err)
-	}
-	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
-	for _, w := range want {
-		_, got, err := conn.ReadMessage()
-		if err != nil {
-			t.Fatalf("websocket: waiting for %s: %v", w, err)
-		}
-		if mismatch := matchJSON(t, w, got, binds); mismatch != "" {
-			t.Fatalf("websocket frame: %s\n got: %s\nwant: %s", mismatch, got, w)
-		}
 	}
 }
 
