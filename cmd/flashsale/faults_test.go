@@ -157,7 +157,7 @@ func mysqlOutage(t *testing.T, cfg config.Config, start func(*testing.T, config.
 	outage := make(chan struct{})
 	readyDown := make(chan bool, 1)
 	go func() {
-		time.Sleep(500 * time.Millisecond)
+		c.saleUnderway(campaign, stock)
 		px.setDown(true)
 		close(outage)
 		sawDown := false
@@ -190,6 +190,21 @@ func mysqlOutage(t *testing.T, cfg config.Config, start func(*testing.T, config.
 		t.Errorf("flashsale_worker_held_batches_total: 0, want the outage's batches held")
 	}
 	t.Logf("codes %v, results %v, %v held deliveries", codes, byStatus, held)
+}
+
+// saleUnderway waits until a tenth of campaign's stock is sold, so that a
+// fault falls mid-sale however slow the machine, or 30 s pass, and returns
+// what remains. It runs beside the shoppers, off the test's goroutine: the
+// caller checks what it returns.
+func (c *client) saleUnderway(campaign string, stock int64) (remaining int64) {
+	end := time.Now().Add(30 * time.Second)
+	for {
+		st := c.stats(campaign)
+		if st.Sold >= max(stock/10, 1) || time.Now().After(end) {
+			return st.Remaining
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // redisServer runs a redis-server of the test's own on a free port, with AOF
@@ -266,8 +281,7 @@ func TestRedisRestartWithAOF(t *testing.T) {
 	var remainingAtKill int64
 	go func() {
 		defer close(restarted)
-		time.Sleep(500 * time.Millisecond)
-		remainingAtKill = c.stats(campaign).Remaining
+		remainingAtKill = c.saleUnderway(campaign, stock)
 		rs.kill()
 		time.Sleep(time.Second)
 		rs.start()
