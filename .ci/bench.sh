@@ -140,9 +140,9 @@ if [ -n "${BENCH_REVS:-}" ]; then
         b=$(awk -v s="$st" -v c=$col '$1 == s {print $c}' "$WORK/results1" | median)
         row+=("$a" "$b" "$(awk -v a="$a" -v b="$b" 'BEGIN{if(a>0) printf "%.3f", b/a; else print "n/a"}')")
       done
-      printf '%-16s %10s %10s %6s   %14s %14s %6s   %14s %14s %6s\n' "$st" "${row[@]}"
+      printf '%-16s %10.0f %10.0f %6s   %14.1f %14.1f %6s   %14.1f %14.1f %6s\n' "$st" "${row[@]}"
     done
-    echo "(medians of $ROUNDS runs each; the runs' own reports were in WORK/run-ROUND-{0,1}.txt)"
+    echo "(medians of $ROUNDS runs each)"
   fi
   if want gobench; then
     echo
