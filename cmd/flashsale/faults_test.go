@@ -248,13 +248,10 @@ func (rs *redisServer) start() {
 	}
 	c := redis.NewClient(&redis.Options{Addr: rs.addr()})
 	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Ping(context.Background()).Err() != nil {
-		if time.Now().After(deadline) {
-			rs.t.Fatalf("redis-server on %s did not come up", rs.addr())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Eventually(rs.t, 10*time.Second, "redis-server on "+rs.addr()+" up", func() (bool, string) {
+		err := c.Ping(context.Background()).Err()
+		return err == nil, fmt.Sprint(err)
+	})
 }
 
 func (rs *redisServer) kill() {
