@@ -66,6 +66,7 @@ func (p *switchablePublisher) Publish(ctx context.Context, topic string, msgs ..
 // behind (no queued marker, no counter), and admitting recovers by itself
 // when the queue is back.
 func TestQueueOutage(t *testing.T) {
+	testenv.SkipShort(t, "a fault test: the queue down mid-sale")
 	setCfg := func(cfg *config.Config) {
 		cfg.Gateway.PublishTimeout = 500 * time.Millisecond
 		cfg.Gateway.BreakerFailures, cfg.Gateway.BreakerOpenFor = 3, time.Second

@@ -120,6 +120,7 @@ func (p *proxy) setDown(down bool) {
 // suspend_time 10 ms) the held batches must not reach the dead-letter
 // topic either: an outage is a hold, not a failure.
 func TestMySQLOutage(t *testing.T) {
+	testenv.SkipShort(t, "a fault test: MySQL down for 10 s mid-sale")
 	t.Run("redisstream", func(t *testing.T) {
 		mysqlOutage(t, realConfig(t, "redisstream"), startSystem)
 	})
@@ -266,6 +267,7 @@ func (rs *redisServer) kill() {
 // SIGKILLed mid-sale and restarted from its AOF; no acknowledged request or
 // success is lost, and every invariant holds once the system settles.
 func TestRedisRestartWithAOF(t *testing.T) {
+	testenv.SkipShort(t, "a fault test: Redis killed mid-sale")
 	rs := startRedisServer(t)
 	cfg := realConfig(t, "redisstream")
 	cfg.Redis.Addr = rs.addr()

@@ -94,6 +94,7 @@ const (
 // back to their buyer's bucket while other buckets' workers decide against
 // every bucket found empty, and must still all be sold.
 func TestLifecycleRace(t *testing.T) {
+	testenv.SkipShort(t, "a race of 2,000 shoppers through payment windows of 10 s, on every driver")
 	for _, run := range []struct {
 		driver  string
 		buckets int
