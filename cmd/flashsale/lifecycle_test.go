@@ -104,6 +104,9 @@ func TestLifecycleRace(t *testing.T) {
 			name += "/buckets=" + strconv.Itoa(run.buckets)
 		}
 		t.Run(name, func(t *testing.T) {
+			// Each run has its own system, topic, database and campaign,
+			// and spends most of its time waiting out payment windows.
+			t.Parallel()
 			cfg := realConfig(t, run.driver)
 			cfg.Payment.Grace = lifecycleGrace
 			var c *client
