@@ -53,8 +53,9 @@
 # only) runs the Go benchmarks of internal/store matching BENCH_GO_BENCH
 # ('^Benchmark(Admit|Deduct)$') for BENCH_GO_BENCHTIME (1s) at each
 # revision in the same alternation and compares them with benchstat (go run,
-# from the Go module proxy). E.g. BENCH_REVS="main HEAD" BENCH_STAGES=admit,gobench.
-# BENCH_PROFILE does not apply to it.
+# from the Go module proxy), on the test Redis (127.0.0.1:6379). E.g.
+# BENCH_REVS="main HEAD" BENCH_STAGES=admit,gobench. BENCH_PROFILE and the
+# stage deduct do not apply to it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -95,6 +96,8 @@ if [ -n "${BENCH_REVS:-}" ]; then
   read -r -a REVS <<<"$BENCH_REVS"
   [ "${#REVS[@]}" = 2 ] || die "BENCH_REVS takes two revisions, e.g. 'HEAD~1 HEAD'"
   [ -z "${BENCH_PROFILE:-}" ] || die "BENCH_PROFILE does not apply to BENCH_REVS"
+  # The deduct stage runs this tree's benchmark, whatever the revision.
+  ! want deduct || die "the deduct stage does not apply to BENCH_REVS (set BENCH_STAGES; gobench compares Go benchmarks)"
   ROUNDS=${BENCH_ROUNDS:-3}
   GO_BENCH=${BENCH_GO_BENCH:-'^Benchmark(Admit|Deduct)$'}
   RUN_STAGES=$(tr , '\n' <<<"$STAGES" | grep -vx gobench | paste -sd, || true)
