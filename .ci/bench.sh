@@ -43,9 +43,23 @@
 # stage on the cluster with redis.min_replicas_ack 0 and 1 in turn,
 # BENCH_ACK_ROUNDS (3) rounds; with BENCH_SHOPPERS = BENCH_STOCK every
 # purchase is a deduction the worker waits on.
+#
+# BENCH_REVS="A B" compares two git revisions instead: each is checked out
+# (git worktree, in the run's temporary folder, removed by the clean-up) and
+# built, then the chosen stages run at A, B, A, B ... for BENCH_ROUNDS (3)
+# rounds, each run a bench.sh of its own with that revision's binaries and
+# configs/production.yaml; it prints each stage's medians (req/s, server and
+# Redis CPU per request) and the ratios B/A. The stage "gobench" (revisions
+# only) runs the Go benchmarks of internal/store matching BENCH_GO_BENCH
+# ('^Benchmark(Admit|Deduct)$') for BENCH_GO_BENCHTIME (1s) at each
+# revision in the same alternation and compares them with benchstat (go run,
+# from the Go module proxy), on the test Redis (127.0.0.1:6379). E.g.
+# BENCH_REVS="main HEAD" BENCH_STAGES=admit,gobench. BENCH_PROFILE and the
+# stage deduct do not apply to it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+SELF=$PWD/.ci/bench.sh
 DURATION=${BENCH_DURATION:-10s}
 CONNS=${BENCH_CONNECTIONS:-128}
 THREADS=${BENCH_THREADS:-1}
@@ -74,6 +88,74 @@ fi
 
 # WORK, PIDS, RUN_ID, DB, TOPIC and the clean-up come from .ci/lib.sh.
 
+# median: the median of the numbers on stdin, one a line.
+median() { sort -g | awk '{a[NR]=$1} END{if(NR%2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2]+a[NR/2+1])/2}'; }
+
+# Two revisions: build both, run the stages at each in turn, compare.
+if [ -n "${BENCH_REVS:-}" ]; then
+  read -r -a REVS <<<"$BENCH_REVS"
+  [ "${#REVS[@]}" = 2 ] || die "BENCH_REVS takes two revisions, e.g. 'HEAD~1 HEAD'"
+  [ -z "${BENCH_PROFILE:-}" ] || die "BENCH_PROFILE does not apply to BENCH_REVS"
+  # The deduct stage runs this tree's benchmark, whatever the revision.
+  ! want deduct || die "the deduct stage does not apply to BENCH_REVS (set BENCH_STAGES; gobench compares Go benchmarks)"
+  ROUNDS=${BENCH_ROUNDS:-3}
+  GO_BENCH=${BENCH_GO_BENCH:-'^Benchmark(Admit|Deduct)$'}
+  RUN_STAGES=$(tr , '\n' <<<"$STAGES" | grep -vx gobench | paste -sd, || true)
+  SHAS=()
+  for i in 0 1; do
+    SHAS[i]=$(git rev-parse --short --verify "${REVS[i]}^{commit}") || die "no revision ${REVS[i]}"
+    tree=$WORK/rev$i
+    git worktree add --quiet --detach "$tree" "${SHAS[i]}" || die "could not check out ${REVS[i]}"
+    REV_TREES+=("$tree") # .ci/lib.sh's clean-up removes them
+    say "building ${REVS[i]} (${SHAS[i]})"
+    mkdir -p "$WORK/bin$i"
+    (cd "$tree" && go build -o "$WORK/bin$i/flashsale" ./cmd/flashsale && go build -o "$WORK/bin$i/hello" ./.ci/benchhello) \
+      || die "could not build ${REVS[i]}"
+    if want gobench; then
+      (cd "$tree" && go test -c -o "$WORK/bin$i/store.test" ./internal/store) || die "could not build ${REVS[i]}'s store tests"
+    fi
+  done
+  mkdir -p "$WORK/gobench"
+  for round in $(seq 1 "$ROUNDS"); do
+    for i in 0 1; do
+      if [ -n "$RUN_STAGES" ]; then
+        say "round $round of $ROUNDS: $RUN_STAGES at ${REVS[i]} (${SHAS[i]})"
+        BENCH_REVS='' BENCH_BIN=$WORK/bin$i BENCH_CONFIG=$WORK/rev$i/configs/production.yaml BENCH_STAGES=$RUN_STAGES \
+          BENCH_RESULTS=$WORK/results$i bash "$SELF" >"$WORK/run-$round-$i.txt" \
+          || { cat "$WORK/run-$round-$i.txt" >&2; die "round $round at ${REVS[i]} failed"; }
+      fi
+      if want gobench; then
+        say "round $round of $ROUNDS: go test -bench '$GO_BENCH' ./internal/store at ${REVS[i]} (${SHAS[i]})"
+        (cd "$WORK/rev$i/internal/store" && CI=true FLASHSALE_TEST_REDIS_ADDR=$REDIS_ADDR "$WORK/bin$i/store.test" \
+          -test.run '^$' -test.bench "$GO_BENCH" -test.benchtime "${BENCH_GO_BENCHTIME:-1s}") >>"$WORK/gobench/$i.txt" 2>&1 \
+          || { cat "$WORK/gobench/$i.txt" >&2; die "the Go benchmarks failed at ${REVS[i]}"; }
+      fi
+    done
+  done
+  echo
+  echo "flashsale bench: A = ${REVS[0]} (${SHAS[0]}), B = ${REVS[1]} (${SHAS[1]}); $ROUNDS rounds A, B; $(nproc) cores, load now $(cut -d' ' -f1-3 /proc/loadavg)"
+  if [ -n "$RUN_STAGES" ]; then
+    printf '%-16s %10s %10s %6s   %14s %14s %6s   %14s %14s %6s\n' stage "A req/s" "B req/s" "B/A" "A server us/rq" "B server us/rq" "B/A" "A redis us/rq" "B redis us/rq" "B/A"
+    for st in $(cut -d' ' -f1 "$WORK/results0" | awk '!seen[$0]++'); do
+      row=()
+      for col in 2 3 4; do
+        a=$(awk -v s="$st" -v c=$col '$1 == s {print $c}' "$WORK/results0" | median)
+        b=$(awk -v s="$st" -v c=$col '$1 == s {print $c}' "$WORK/results1" | median)
+        row+=("$a" "$b" "$(awk -v a="$a" -v b="$b" 'BEGIN{if(a>0) printf "%.3f", b/a; else print "n/a"}')")
+      done
+      printf '%-16s %10.0f %10.0f %6s   %14.1f %14.1f %6s   %14.1f %14.1f %6s\n' "$st" "${row[@]}"
+    done
+    echo "(medians of $ROUNDS runs each)"
+  fi
+  if want gobench; then
+    echo
+    echo "Go benchmarks of internal/store, '$GO_BENCH', -benchtime ${BENCH_GO_BENCHTIME:-1s}, A = 0.txt, B = 1.txt:"
+    (cd "$WORK/gobench" && go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da 0.txt 1.txt) \
+      || die "benchstat failed (it comes from the Go module proxy)"
+  fi
+  exit 0
+fi
+
 say "building"
 BUILD_FLAGS=()
 PPROF_ADDR=127.0.0.1:$(free_port)
@@ -101,8 +183,12 @@ EOF
   BUILD_FLAGS=(-overlay "$WORK/overlay.json")
   export BENCH_PPROF_ADDR=$PPROF_ADDR
 fi
-go build "${BUILD_FLAGS[@]}" -o "$WORK/flashsale" ./cmd/flashsale
-go build "${BUILD_FLAGS[@]}" -o "$WORK/hello" ./.ci/benchhello
+if [ -n "${BENCH_BIN:-}" ]; then # binaries built by the BENCH_REVS run
+  cp "$BENCH_BIN/flashsale" "$BENCH_BIN/hello" "$WORK/"
+else
+  go build "${BUILD_FLAGS[@]}" -o "$WORK/flashsale" ./cmd/flashsale
+  go build "${BUILD_FLAGS[@]}" -o "$WORK/hello" ./.ci/benchhello
+fi
 mariadb -h 127.0.0.1 -uroot -e "CREATE DATABASE $DB"
 if [ "$CLUSTER" = 1 ]; then
   say "starting a Redis Cluster (3 masters + 3 replicas)"
@@ -139,7 +225,7 @@ export FLASHSALE_GATEWAY_USER_RATE=1000000 FLASHSALE_GATEWAY_USER_BURST=1000000
 export FLASHSALE_GATEWAY_IP_RATE=1000000 FLASHSALE_GATEWAY_IP_BURST=1000000
 # The loadtest's WebSockets all come from this host too.
 export FLASHSALE_NOTIFIER_MAX_CONNS_PER_IP=1000000
-CONFIG=configs/production.yaml
+CONFIG=${BENCH_CONFIG:-configs/production.yaml}
 BASE=http://127.0.0.1:$PORT
 ADMIN="Authorization: Bearer $FLASHSALE_AUTH_ADMIN_TOKEN"
 
@@ -226,6 +312,14 @@ PROFILE_PIDS=()
 PROFILE_SECONDS=5 # within the stage: wrk's duration less the first and last second
 if [[ $DURATION =~ ^([0-9]+)s$ ]] && [ "${BASH_REMATCH[1]}" -gt 3 ]; then PROFILE_SECONDS=$((BASH_REMATCH[1] - 2)); fi
 
+# record NAME REQUESTS SERVER_TICKS REDIS_TICKS: with BENCH_RESULTS (set by
+# the BENCH_REVS run), the line "NAME req/s server-us/req redis-us/req".
+record() {
+  [ -n "${BENCH_RESULTS:-}" ] || return 0
+  awk -v name="$1" -v rps="${RPS[$1]}" -v n="$2" -v s="$3" -v r="$4" -v hz="$HZ" \
+    'BEGIN{if(n<1)n=1; printf "%s %s %.1f %.1f\n", name, rps, 1e6*s/hz/n, 1e6*r/hz/n}' >>"$BENCH_RESULTS"
+}
+
 # load NAME URL_PATH SERVER_PID: wrk against the path; prints req/s and the
 # CPU split of the run, and records the non-2xx count.
 declare -A RPS NON2XX CPU DEDUCT
@@ -246,6 +340,7 @@ load() {
   CPU[$name]=$(awk -v a="$all" -v s="$srv" -v r="$red" -v m="$mdb" -v n="$reqs" -v hz="$HZ" \
     'BEGIN{if(a<1)a=1; if(n<1)n=1; printf "server %.0f us/req + redis %.0f us/req; CPU split: server %d%%, redis %d%%, mariadb %d%%, wrk+rest %d%%", 1e6*s/hz/n, 1e6*r/hz/n, 100*s/a, 100*r/a, 100*m/a, 100*(a-s-r-m)/a}')
   say "$name: ${RPS[$name]} req/s (non-2xx ${NON2XX[$name]}; ${CPU[$name]})"
+  record "$name" "$reqs" "$srv" "$red"
   printf '%s\n' "$out" >"$WORK/wrk-$name.txt"
 }
 
@@ -333,7 +428,6 @@ if want gate; then
     if [ $((round % 2)) = 0 ]; then order="gate fetch off"; fi
     for v in $order; do gate_sale "$v" "$round"; done
   done
-  median() { sort -g | awk '{a[NR]=$1} END{if(NR%2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2]+a[NR/2+1])/2}'; }
   GATE_FETCH=$(for r in $(seq 1 "$GATE_ROUNDS"); do awk -v a="${GATE_US[fetch,$r]}" -v b="${GATE_US[off,$r]}" 'BEGIN{printf "%.3f\n", a/b}'; done | median)
   GATE_GATE=$(for r in $(seq 1 "$GATE_ROUNDS"); do awk -v a="${GATE_US[gate,$r]}" -v b="${GATE_US[off,$r]}" 'BEGIN{printf "%.3f\n", a/b}'; done | median)
   GATE_VERIFY=$(for r in $(seq 1 "$GATE_ROUNDS"); do awk -v a="${GATE_US[gate,$r]}" -v b="${GATE_US[fetch,$r]}" 'BEGIN{printf "%.3f\n", a/b}'; done | median)
@@ -386,6 +480,7 @@ e2e_stage() {
   RPS[$name]=$(json requests_per_second "$name" | awk '{printf "%.0f", $1}')
   CPU[$name]=$(awk -v a="$((t1 - t0))" -v s="$((s1 - s0))" -v r="$((r1 - r0))" -v m="$((m1 - m0))" -v n="$(json requests "$name")" -v hz="$HZ" \
     'BEGIN{if(a<1)a=1; if(n<1)n=1; printf "serve %.0f us/req + redis %.0f us/req; CPU split: serve %d%%, redis %d%%, mariadb %d%%, loadtest+rest %d%%", 1e6*s/hz/n, 1e6*r/hz/n, 100*s/a, 100*r/a, 100*m/a, 100*(a-s-r-m)/a}')
+  record "$name" "$(json requests "$name")" "$((s1 - s0))" "$((r1 - r0))"
 }
 if want e2e; then
   e2e_stage e2e

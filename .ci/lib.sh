@@ -24,10 +24,12 @@ free_port() {
 }
 
 # A run's own names and its clean-up: a temporary folder (WORK), the
-# processes it starts (PIDS), a MariaDB database (DB) and the Redis keys of
+# processes it starts (PIDS), the checkouts it adds (REV_TREES), a MariaDB
+# database (DB) and the Redis keys of
 # its campaigns ("$NAME-$RUN_ID-…") and queue (TOPIC), all removed on exit.
 WORK=$(mktemp -d)
 PIDS=()
+REV_TREES=()
 RUN_ID=$(date +%s)$RANDOM
 DB=fs_${NAME}_$RUN_ID
 TOPIC=$NAME-$RUN_ID
@@ -42,6 +44,11 @@ cleanup() {
   if [ -n "${CLUSTER_DIR:-}" ]; then
     "$WORK/testcluster" stop "$CLUSTER_DIR" 2>/dev/null || say "could not stop the Redis Cluster in $CLUSTER_DIR"
   fi
+  # Checkouts of other revisions (bench.sh, BENCH_REVS).
+  for tree in "${REV_TREES[@]}"; do
+    git worktree remove --force "$tree" 2>/dev/null || say "could not remove the checkout $tree"
+  done
+  [ "${#REV_TREES[@]}" = 0 ] || git worktree prune
   rm -rf "$WORK"
 }
 trap cleanup EXIT

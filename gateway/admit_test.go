@@ -116,13 +116,10 @@ func purchaseBehindGate(t *testing.T, svc *Service, pub *gatePublisher, first Pu
 			out[i] = purchaseOutcome{adm, err}
 		})
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for pending(svc) < len(ps) {
-		if time.Now().After(deadline) {
-			t.Fatalf("got %d pending purchases, want %d", pending(svc), len(ps))
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, 5*time.Second, fmt.Sprintf("%d pending purchases", len(ps)), func() (bool, string) {
+		n := pending(svc)
+		return n >= len(ps), fmt.Sprintf("%d pending", n)
+	})
 	close(pub.held)
 	wg.Wait()
 	return out

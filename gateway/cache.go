@@ -1,6 +1,9 @@
 package gateway
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +19,61 @@ import (
 // them; ids that name nothing are unbounded, so they get a fixed-size ring
 // whose oldest entry makes room, and their answer (not found) is trusted
 // for the campaign cache TTL only. No insert scans the cache.
+
+// fresh reports whether snap may still be used at now.
+func (s *Service) fresh(snap *campaignSnapshot, now time.Time) bool {
+	return snap != nil && now.Sub(snap.loadedAt) < s.opts.CampaignCacheTTL
+}
+
+// campaign returns the cached campaign, loading it when missing or stale.
+// The fast path takes a read lock and an atomic load only.
+func (s *Service) campaign(ctx context.Context, id string) (*cachedCampaign, model.Campaign, error) {
+	cc := s.cache.getOrAdd(id)
+	if snap := cc.snap.Load(); s.fresh(snap, s.opts.Now()) {
+		return cc, snap.campaign, snap.err
+	}
+
+	cc.refreshMu.Lock()
+	defer cc.refreshMu.Unlock()
+	old := cc.snap.Load()
+	if s.fresh(old, s.opts.Now()) { // another request reloaded it meanwhile
+		return cc, old.campaign, old.err
+	}
+	c, err := s.lookup(ctx, id)
+	next := &campaignSnapshot{loadedAt: s.opts.Now()}
+	switch {
+	case errors.Is(err, model.ErrNotFound):
+		next.err = model.ErrNotFound
+	case err != nil:
+		// Serve the last good copy rather than refuse purchases on a DB blip.
+		if old != nil && old.err == nil {
+			return cc, old.campaign, nil
+		}
+		return nil, model.Campaign{}, fmt.Errorf("load campaign %s: %w: %v", id, model.ErrUnavailable, err)
+	default:
+		next.campaign = c
+		if flag, ferr := s.stock.SoldOut(ctx, id); ferr == nil {
+			cc.soldOut.Store(flag)
+		}
+	}
+	cc.snap.Store(next)
+	if next.err == nil {
+		s.cache.promote(cc)
+	}
+	return cc, next.campaign, next.err
+}
+
+// lookup reads campaign id from the relational store. Ids are exact
+// strings: a campaign stored under another spelling (a store comparing
+// without case, as MySQL's default collations do) is not this one, or B1
+// would be served b1's sale under B1's Redis keys.
+func (s *Service) lookup(ctx context.Context, id string) (model.Campaign, error) {
+	c, err := s.campaigns.Campaign(ctx, id)
+	if err == nil && c.ID != id {
+		return model.Campaign{}, fmt.Errorf("campaign %s: stored as %s: %w", id, c.ID, model.ErrNotFound)
+	}
+	return c, err
+}
 
 // cachedCampaign keeps what admitting needs of a campaign in memory, so the
 // hot path touches neither MySQL nor (once sold out) Redis. Readers take an

@@ -14,9 +14,9 @@ import (
 	"github.com/flashsale/flashsale/model"
 )
 
-// Campaign management: listing, reading, changing, ending early and
-// deleting campaigns (admin), and the public list of the sales a shopper
-// can still join. Every change is made in MySQL first, under the row's
+// Campaign management: creating, listing, reading, changing, ending early
+// and deleting campaigns and reading their stats (admin), and the public
+// view of one campaign and the list of the sales a shopper can still join. Every change is made in MySQL first, under the row's
 // lock; Redis follows (a reload under a new epoch, or the ended-early
 // flag), and then every gateway drops its cached copy (a changed event;
 // the cache TTL is the fallback).
@@ -33,6 +33,18 @@ const (
 type CampaignAdmin struct {
 	Campaign model.Campaign
 	State    model.CampaignState
+}
+
+// CreateCampaign validates and stores a new campaign.
+func (s *Service) CreateCampaign(ctx context.Context, c model.Campaign) (model.Campaign, error) {
+	if err := c.Validate(); err != nil {
+		return model.Campaign{}, err
+	}
+	created, err := s.campaigns.CreateCampaign(ctx, c)
+	if err == nil { // gateways may have cached the id as naming nothing
+		s.changed(ctx, c.ID)
+	}
+	return created, err
 }
 
 // ListCampaigns lists campaigns newest first, only those in state unless
@@ -169,6 +181,40 @@ func (s *Service) changed(ctx context.Context, id string) {
 	}
 }
 
+// CampaignStats combines Redis counters and MySQL orders.
+type CampaignStats struct {
+	Store      model.Stats
+	OrdersInDB int64
+	UnitsInDB  int64
+}
+
+// statsWait bounds Stats's Redis read: the counters come back in a
+// millisecond, and with Redis down the client would retry for ~1.7 s before
+// the operator hears it is unavailable.
+const statsWait = 500 * time.Millisecond
+
+// Stats returns a campaign's live statistics; with Redis unreachable, an
+// error wrapping model.ErrUnavailable within statsWait.
+func (s *Service) Stats(ctx context.Context, id string) (CampaignStats, error) {
+	if !model.ValidCampaignID(id) {
+		return CampaignStats{}, model.ErrNotFound
+	}
+	if _, err := s.lookup(ctx, id); err != nil {
+		return CampaignStats{}, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, statsWait)
+	st, err := s.stock.Stats(rctx, id)
+	cancel()
+	if err != nil {
+		return CampaignStats{}, err
+	}
+	os, err := s.campaigns.CampaignOrderStats(ctx, id)
+	if err != nil {
+		return CampaignStats{}, err
+	}
+	return CampaignStats{Store: st, OrdersInDB: os.Orders, UnitsInDB: os.Units}, nil
+}
+
 // PublicCampaign is what anyone may know about a campaign. Remaining is
 // approximate (read at most once per campaign cache TTL), and -1 when
 // Redis does not hold the campaign (not preloaded).
@@ -191,6 +237,18 @@ func (l *publicList) drop() {
 	l.mu.Lock()
 	l.items, l.loadedAt = nil, time.Time{}
 	l.mu.Unlock()
+}
+
+// Campaign returns a campaign's public view.
+func (s *Service) Campaign(ctx context.Context, id string) (PublicCampaign, error) {
+	if !model.ValidCampaignID(id) {
+		return PublicCampaign{}, model.ErrNotFound
+	}
+	cc, c, err := s.campaign(ctx, id)
+	if err != nil {
+		return PublicCampaign{}, err
+	}
+	return PublicCampaign{Campaign: c, State: c.State(s.opts.Now()), SoldOut: cc.soldOut.Load(), Remaining: s.remaining(ctx, cc)}, nil
 }
 
 // OpenCampaigns lists the sales not ended yet (upcoming, running, paused),

@@ -3,6 +3,7 @@ package gateway
 import (
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
@@ -206,17 +207,13 @@ func TestPurchaseChallengeRateLimited(t *testing.T) {
 		t.Fatalf("second purchase at once: got %v, want rate limited", err)
 	}
 	// The burst of one comes back within a second; wait for it generously.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testenv.Eventually(t, 30*time.Second, "the retry with the same solution admitted", func() (bool, string) {
 		_, err := svc.Purchase(t.Context(), p, nil)
-		if err == nil {
-			return
-		}
-		if !errors.As(err, &rl) || time.Now().After(deadline) {
+		if err != nil && !errors.As(err, &rl) {
 			t.Fatalf("retry with the same solution: got %v, want admitted", err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil, fmt.Sprintf("got %v", err)
+	})
 }
 
 func TestPurchaseUngatedIgnoresChallenge(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -51,18 +52,14 @@ func TestReturnedEventReopensSoldOut(t *testing.T) {
 	}
 	// The subscription may not be up yet: a returned event is idempotent, so
 	// send it until it lands.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, 10*time.Second, "a purchase admitted after the returned event", func() (bool, string) {
 		if err := st.StockReturned(t.Context(), c.ID); err != nil {
 			t.Fatalf("publish returned: %v", err)
 		}
 		err := buy()
-		if err == nil {
-			return
-		}
-		if !errors.Is(err, model.ErrSoldOut) || time.Now().After(deadline) {
+		if err != nil && !errors.Is(err, model.ErrSoldOut) {
 			t.Fatalf("after the returned event: got %v, want admitted", err)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil, fmt.Sprintf("got %v", err)
+	})
 }

@@ -2,15 +2,16 @@
 // administration, and admitting purchases (auth, validation, sale window,
 // local sold-out flag, rate limits, idempotency) up to a publish to the
 // queue. It answers at once with a request id; the outcome arrives later
-// through the notifier. One purchase reads top to bottom in purchase.go (the
-// route, its decoder, the service call and the answer) and then admit.go
-// (the Redis call and the publish it shares with concurrent purchases).
+// through the notifier. gateway.go holds the service and its event loop;
+// campaigns.go creating, changing and reading campaigns. One purchase reads
+// top to bottom from http.go (its route) through purchase.go (the handler,
+// its decoder, the service call and the answer), cache.go (the campaign it
+// buys from, cached) and admit.go (the Redis call and the publish it shares
+// with concurrent purchases).
 package gateway
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -229,119 +230,6 @@ func (s *Service) recheckSoldOut(ctx context.Context) {
 		}
 		cc.soldOut.Store(flag)
 	}
-}
-
-// fresh reports whether snap may still be used at now.
-func (s *Service) fresh(snap *campaignSnapshot, now time.Time) bool {
-	return snap != nil && now.Sub(snap.loadedAt) < s.opts.CampaignCacheTTL
-}
-
-// campaign returns the cached campaign, loading it when missing or stale.
-// The fast path takes a read lock and an atomic load only.
-func (s *Service) campaign(ctx context.Context, id string) (*cachedCampaign, model.Campaign, error) {
-	cc := s.cache.getOrAdd(id)
-	if snap := cc.snap.Load(); s.fresh(snap, s.opts.Now()) {
-		return cc, snap.campaign, snap.err
-	}
-
-	cc.refreshMu.Lock()
-	defer cc.refreshMu.Unlock()
-	old := cc.snap.Load()
-	if s.fresh(old, s.opts.Now()) { // another request reloaded it meanwhile
-		return cc, old.campaign, old.err
-	}
-	c, err := s.lookup(ctx, id)
-	next := &campaignSnapshot{loadedAt: s.opts.Now()}
-	switch {
-	case errors.Is(err, model.ErrNotFound):
-		next.err = model.ErrNotFound
-	case err != nil:
-		// Serve the last good copy rather than refuse purchases on a DB blip.
-		if old != nil && old.err == nil {
-			return cc, old.campaign, nil
-		}
-		return nil, model.Campaign{}, fmt.Errorf("load campaign %s: %w: %v", id, model.ErrUnavailable, err)
-	default:
-		next.campaign = c
-		if flag, ferr := s.stock.SoldOut(ctx, id); ferr == nil {
-			cc.soldOut.Store(flag)
-		}
-	}
-	cc.snap.Store(next)
-	if next.err == nil {
-		s.cache.promote(cc)
-	}
-	return cc, next.campaign, next.err
-}
-
-// lookup reads campaign id from the relational store. Ids are exact
-// strings: a campaign stored under another spelling (a store comparing
-// without case, as MySQL's default collations do) is not this one, or B1
-// would be served b1's sale under B1's Redis keys.
-func (s *Service) lookup(ctx context.Context, id string) (model.Campaign, error) {
-	c, err := s.campaigns.Campaign(ctx, id)
-	if err == nil && c.ID != id {
-		return model.Campaign{}, fmt.Errorf("campaign %s: stored as %s: %w", id, c.ID, model.ErrNotFound)
-	}
-	return c, err
-}
-
-// CreateCampaign validates and stores a new campaign.
-func (s *Service) CreateCampaign(ctx context.Context, c model.Campaign) (model.Campaign, error) {
-	if err := c.Validate(); err != nil {
-		return model.Campaign{}, err
-	}
-	created, err := s.campaigns.CreateCampaign(ctx, c)
-	if err == nil { // gateways may have cached the id as naming nothing
-		s.changed(ctx, c.ID)
-	}
-	return created, err
-}
-
-// CampaignStats combines Redis counters and MySQL orders.
-type CampaignStats struct {
-	Store      model.Stats
-	OrdersInDB int64
-	UnitsInDB  int64
-}
-
-// statsWait bounds Stats's Redis read: the counters come back in a
-// millisecond, and with Redis down the client would retry for ~1.7 s before
-// the operator hears it is unavailable.
-const statsWait = 500 * time.Millisecond
-
-// Stats returns a campaign's live statistics; with Redis unreachable, an
-// error wrapping model.ErrUnavailable within statsWait.
-func (s *Service) Stats(ctx context.Context, id string) (CampaignStats, error) {
-	if !model.ValidCampaignID(id) {
-		return CampaignStats{}, model.ErrNotFound
-	}
-	if _, err := s.lookup(ctx, id); err != nil {
-		return CampaignStats{}, err
-	}
-	rctx, cancel := context.WithTimeout(ctx, statsWait)
-	st, err := s.stock.Stats(rctx, id)
-	cancel()
-	if err != nil {
-		return CampaignStats{}, err
-	}
-	os, err := s.campaigns.CampaignOrderStats(ctx, id)
-	if err != nil {
-		return CampaignStats{}, err
-	}
-	return CampaignStats{Store: st, OrdersInDB: os.Orders, UnitsInDB: os.Units}, nil
-}
-
-// Campaign returns a campaign's public view.
-func (s *Service) Campaign(ctx context.Context, id string) (PublicCampaign, error) {
-	if !model.ValidCampaignID(id) {
-		return PublicCampaign{}, model.ErrNotFound
-	}
-	cc, c, err := s.campaign(ctx, id)
-	if err != nil {
-		return PublicCampaign{}, err
-	}
-	return PublicCampaign{Campaign: c, State: c.State(s.opts.Now()), SoldOut: cc.soldOut.Load(), Remaining: s.remaining(ctx, cc)}, nil
 }
 
 func (s *Service) refuse(reason string, err error) error {

@@ -193,7 +193,7 @@ func TestWSSubscribeStartsNoWriter(t *testing.T) {
 	}
 	// The round may still be in its writer's last look at the queue, which
 	// would write the published result too.
-	waitFor(t, 5*time.Second, "the read round to end", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the read round to end", func() (bool, string) {
 		h.n.mu.Lock()
 		conns := slices.Collect(maps.Keys(h.n.conns))
 		h.n.mu.Unlock()
@@ -202,10 +202,10 @@ func TestWSSubscribeStartsNoWriter(t *testing.T) {
 			busy := c.reading || c.writing
 			c.mu.Unlock()
 			if busy {
-				return false
+				return false, "a connection still reading or writing"
 			}
 		}
-		return true
+		return true, ""
 	})
 	later := e.decide(t, queued, "alice")
 	e.publish(t, later)
@@ -233,7 +233,10 @@ func TestWSSilentClientClosed(t *testing.T) {
 	if pings.Load() < 2 {
 		t.Errorf("got %d pings before the close, want at least 2", pings.Load())
 	}
-	waitFor(t, 3*time.Second, "no WebSocket clients", func() bool { return gaugeValue(h.m.WebSocketClients) == 0 })
+	testenv.Eventually(t, 3*time.Second, "no WebSocket clients", func() (bool, string) {
+		n := gaugeValue(h.m.WebSocketClients)
+		return n == 0, fmt.Sprintf("%v clients", n)
+	})
 }
 
 // TestWSPartialFrameClosed: a client that starts a frame and stalls is
@@ -264,7 +267,10 @@ func TestWSPartialFrameClosed(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, 3*time.Second, "no WebSocket clients", func() bool { return gaugeValue(h.m.WebSocketClients) == 0 })
+	testenv.Eventually(t, 3*time.Second, "no WebSocket clients", func() (bool, string) {
+		n := gaugeValue(h.m.WebSocketClients)
+		return n == 0, fmt.Sprintf("%v clients", n)
+	})
 }
 
 // TestWSFraming: the frames a client may send, however TCP cuts them.
@@ -362,7 +368,10 @@ func TestWSCloseHandshake(t *testing.T) {
 	if err := mustReadClosed(t, ws, 3*time.Second); !websocket.IsCloseError(err, websocket.CloseNormalClosure) {
 		t.Errorf("got %v, want the close echoed (%d)", err, websocket.CloseNormalClosure)
 	}
-	waitFor(t, 3*time.Second, "no WebSocket clients", func() bool { return gaugeValue(h.m.WebSocketClients) == 0 })
+	testenv.Eventually(t, 3*time.Second, "no WebSocket clients", func() (bool, string) {
+		n := gaugeValue(h.m.WebSocketClients)
+		return n == 0, fmt.Sprintf("%v clients", n)
+	})
 	if got := h.n.hub.size(); got != 0 {
 		t.Errorf("got %d request ids left in the hub, want 0", got)
 	}
@@ -390,5 +399,8 @@ func TestWSOverTLS(t *testing.T) {
 	e.publish(t, r)
 	checkResult(t, mustReadResult(t, ws), r)
 	_ = ws.Close()
-	waitFor(t, 3*time.Second, "no WebSocket clients", func() bool { return gaugeValue(h.m.WebSocketClients) == 0 })
+	testenv.Eventually(t, 3*time.Second, "no WebSocket clients", func() (bool, string) {
+		n := gaugeValue(h.m.WebSocketClients)
+		return n == 0, fmt.Sprintf("%v clients", n)
+	})
 }

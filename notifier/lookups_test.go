@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/flashsale/flashsale/internal/testenv"
 )
 
 // TestLookupsBatch: frames that arrive while the round trips are under way
@@ -57,10 +59,10 @@ func TestLookupsBatch(t *testing.T) {
 			for i := 2; i < frames; i++ {
 				read(i)
 			}
-			waitFor(t, 5*time.Second, "the other frames to queue", func() bool {
+			testenv.Eventually(t, 5*time.Second, "the other frames to queue", func() (bool, string) {
 				l.mu.Lock()
 				defer l.mu.Unlock()
-				return len(l.waiting) == frames-2
+				return len(l.waiting) == frames-2, fmt.Sprintf("%d waiting", len(l.waiting))
 			})
 			before := f.trips.Load()
 			close(release)

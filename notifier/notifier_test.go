@@ -410,7 +410,7 @@ func startHarness(t testing.TB, src ResultSource, opts Options, srv *httptest.Se
 			t.Errorf("Run returned %v, want nil", err)
 		}
 	})
-	waitFor(t, 5*time.Second, "notifier ready", h.n.Ready)
+	testenv.Eventually(t, 5*time.Second, "notifier ready", func() (bool, string) { return h.n.Ready(), "not ready" })
 	return h
 }
 
@@ -421,18 +421,6 @@ func (h *harness) token(t testing.TB, user string) string {
 		t.Fatalf("mint token: %v", err)
 	}
 	return tok
-}
-
-// waitFor polls cond until it holds or d passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func gaugeValue(g prometheus.Gauge) float64 {

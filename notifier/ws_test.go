@@ -17,6 +17,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -207,7 +208,10 @@ func TestWSDelivery(t *testing.T) {
 						expectQuiet(t, ws, quiet)
 					}
 					want := before + float64(tt.tabs)
-					waitFor(t, 3*time.Second, fmt.Sprintf("%v ws deliveries", want), func() bool { return counterValue(delivered) == want })
+					testenv.Eventually(t, 3*time.Second, fmt.Sprintf("%v ws deliveries", want), func() (bool, string) {
+						got := counterValue(delivered)
+						return got == want, fmt.Sprintf("%v delivered", got)
+					})
 				})
 			}
 		})
@@ -538,7 +542,10 @@ func TestWSInvalidFrameFlood(t *testing.T) {
 			_ = ws.Close()
 		})
 	}
-	waitFor(t, 3*time.Second, "no WebSocket clients", func() bool { return gaugeValue(h.m.WebSocketClients) == 0 })
+	testenv.Eventually(t, 3*time.Second, "no WebSocket clients", func() (bool, string) {
+		n := gaugeValue(h.m.WebSocketClients)
+		return n == 0, fmt.Sprintf("%v clients", n)
+	})
 }
 
 // TestWSConnectionCaps: upgrades beyond a user's or an address's cap are
@@ -778,7 +785,10 @@ func TestWSSlowClientDropped(t *testing.T) {
 		t.Fatal("publishing blocked on a slow client for 5s")
 	}
 	checkResult(t, mustReadResult(t, fast), successResult(fastID, "fay"))
-	waitFor(t, 30*time.Second, "the slow client dropped", func() bool { return gaugeValue(h.m.WebSocketClients) == 1 })
+	testenv.Eventually(t, 30*time.Second, "the slow client dropped", func() (bool, string) {
+		n := gaugeValue(h.m.WebSocketClients)
+		return n == 1, fmt.Sprintf("%v clients", n)
+	})
 
 	got := 0
 	for {

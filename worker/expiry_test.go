@@ -309,19 +309,14 @@ func (b *lifecycleBundle) order(t *testing.T, id string) model.Order {
 // waitExpired waits until every order is expired and returned.
 func (b *lifecycleBundle) waitExpired(t *testing.T, orders []model.Order, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for _, o := range orders {
-		for {
-			got := b.order(t, o.ID)
-			if got.Status == model.OrderExpired && got.Returned {
-				break
+	testenv.Eventually(t, timeout, "every order expired and returned", func() (bool, string) {
+		for _, o := range orders {
+			if got := b.order(t, o.ID); got.Status != model.OrderExpired || !got.Returned {
+				return false, fmt.Sprintf("order %s: %s (returned %v)", o.ID, got.Status, got.Returned)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("order %s: got %s (returned %v) after %v, want expired and returned", o.ID, got.Status, got.Returned, timeout)
-			}
-			time.Sleep(10 * time.Millisecond)
 		}
-	}
+		return true, ""
+	})
 }
 
 // checkReleasedOnce: every order's units came back exactly once, and Redis

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -87,13 +88,10 @@ func TestHoldBeyondMaxAttempts(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- queue.ConsumePipelined(ctx, q.Consumer("w"), topic, attemptsSeen(&seen, w.Decide)) }()
 
-			deadline := time.Now().Add(20 * time.Second)
-			for stock.holds.Load() <= 4 { // twice MaxAttempts
-				if time.Now().After(deadline) {
-					t.Fatalf("%d deliveries held, want more than 4", stock.holds.Load())
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+			testenv.Eventually(t, 20*time.Second, "more than 4 deliveries held (twice MaxAttempts)", func() (bool, string) {
+				n := stock.holds.Load()
+				return n > 4, fmt.Sprintf("%d held", n)
+			})
 			// Not one of them counted as a failed attempt (queue.ErrHeld).
 			if got := seen.Load(); got != 1 {
 				t.Errorf("held deliveries reached Attempt %d, want 1", got)
@@ -157,8 +155,7 @@ func mustSetPaused(t *testing.T, f *fixture, paused bool) {
 // the units Redis sold.
 func waitDecided(t *testing.T, f *fixture, msgs []queue.Message) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.Eventually(t, 20*time.Second, "every message decided and its orders stored", func() (bool, string) {
 		final := 0
 		for _, m := range msgs {
 			if r, err := f.st.Result(t.Context(), m.ID); err == nil && r.Status.Final() {
@@ -170,14 +167,8 @@ func waitDecided(t *testing.T, f *fixture, msgs []queue.Message) {
 			t.Fatal(err)
 		}
 		os, err := f.db.CampaignOrderStats(t.Context(), f.campaign.ID)
-		if err == nil && final == len(msgs) && os.Units == st.Sold {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d decided, %+v", final, len(msgs), st)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err == nil && final == len(msgs) && os.Units == st.Sold, fmt.Sprintf("%d of %d decided, %+v", final, len(msgs), st)
+	})
 }
 
 // TestLoadBetweenDecideAndFinish: a load that moves the epoch after a batch

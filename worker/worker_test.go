@@ -254,23 +254,17 @@ func checkSoldOut(t *testing.T, s snapshot, stock int) {
 
 func waitSettled(t *testing.T, f *fixture, admitted int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.Eventually(t, 20*time.Second, "the campaign settled", func() (bool, string) {
 		st, err := f.st.Stats(t.Context(), f.campaign.ID)
 		if err != nil {
 			t.Fatalf("stats: %v", err)
 		}
-		if st.Queued() == 0 && st.Admitted == int64(admitted) {
-			os, err := f.db.CampaignOrderStats(t.Context(), f.campaign.ID)
-			if err == nil && os.Units == st.Sold {
-				return
-			}
+		if st.Queued() != 0 || st.Admitted != int64(admitted) {
+			return false, fmt.Sprintf("%+v", st)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not settled: %+v", st)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		os, err := f.db.CampaignOrderStats(t.Context(), f.campaign.ID)
+		return err == nil && os.Units == st.Sold, fmt.Sprintf("%+v, MySQL %+v (%v)", st, os, err)
+	})
 }
 
 // failingStock fails every Deduct of a batch larger than one, and every

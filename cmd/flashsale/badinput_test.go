@@ -532,19 +532,17 @@ func (c *client) buyKeyed(user, campaign, key, body string) resultBody {
 		map[string]string{"Idempotency-Key": key}, &p); code != http.StatusAccepted {
 		c.t.Fatalf("purchase by %s: got %d %q, want 202", user, code, p.Code)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		if code, r := c.poll(user, p.RequestID); code == http.StatusOK && r.Status != "queued" {
-			if r.Status != "success" {
-				c.t.Fatalf("purchase by %s: got %s (%s), want success", user, r.Status, r.Reason)
-			}
-			// The result is final a moment before the worker's INSERT lands.
-			if c.do("GET", "/api/v1/orders/"+r.OrderID, c.token(user), nil, nil, nil) == http.StatusOK {
-				return r
-			}
+	var r resultBody
+	testenv.Eventually(c.t, 20*time.Second, "the purchase by "+user+" decided and stored", func() (bool, string) {
+		var code int
+		if code, r = c.poll(user, p.RequestID); code != http.StatusOK || r.Status == "queued" {
+			return false, fmt.Sprintf("%d %+v", code, r)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	c.t.Fatalf("purchase by %s: not decided after 20s", user)
-	return resultBody{}
+		if r.Status != "success" {
+			c.t.Fatalf("purchase by %s: got %s (%s), want success", user, r.Status, r.Reason)
+		}
+		// The result is final a moment before the worker's INSERT lands.
+		return c.do("GET", "/api/v1/orders/"+r.OrderID, c.token(user), nil, nil, nil) == http.StatusOK, "a success, its order not stored yet"
+	})
+	return r
 }

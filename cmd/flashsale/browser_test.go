@@ -292,6 +292,7 @@ func testBrowserReconnect(t *testing.T, browser context.Context) {
 // with the test.
 func startBrowser(t *testing.T) context.Context {
 	t.Helper()
+	testenv.SkipShort(t, "drives a browser")
 	path := chromiumPath()
 	if path == "" {
 		const msg = "no Chromium (apt-get install chromium, or set FLASHSALE_TEST_CHROMIUM)"

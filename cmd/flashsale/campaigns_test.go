@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -130,8 +131,7 @@ func TestCampaignManagement(t *testing.T) {
 
 	// The public list: sales not ended, with state and remaining.
 	c.buy("alice", open)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testenv.Eventually(t, 30*time.Second, "the public list: running with 9 left, upcoming with 5, upcoming not loaded", func() (bool, string) {
 		var list struct {
 			Campaigns []publicCampaignBody `json:"campaigns"`
 		}
@@ -143,15 +143,9 @@ func TestCampaignManagement(t *testing.T) {
 			byID[p.ID] = p
 		}
 		o, l, u := byID[open], byID[later], byID[other]
-		if o.State == "running" && o.Remaining != nil && *o.Remaining == 9 && l.State == "upcoming" && l.Remaining != nil && *l.Remaining == 5 &&
-			u.State == "upcoming" && u.Remaining == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("public list: got %+v %+v %+v, want running with 9 left, upcoming with 5, upcoming not loaded", o, l, u)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return o.State == "running" && o.Remaining != nil && *o.Remaining == 9 && l.State == "upcoming" && l.Remaining != nil && *l.Remaining == 5 &&
+			u.State == "upcoming" && u.Remaining == nil, fmt.Sprintf("%+v %+v %+v", o, l, u)
+	})
 
 	// Delete: only before the start.
 	if code := c.do("DELETE", "/admin/v1/campaigns/"+open, c.admin, nil, nil, &got); code != http.StatusConflict || got.Code != "sale_started" {
@@ -331,13 +325,10 @@ func TestArchiveCommand(t *testing.T) {
 	if code := c.do("POST", "/api/v1/orders/"+order.ID+"/cancel", c.token("alice"), nil, nil, nil); code != http.StatusOK {
 		t.Fatalf("cancel: got %d", code)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for c.stats(campaign).Remaining != 5 {
-		if time.Now().After(deadline) {
-			t.Fatalf("units not back after the cancel: %+v", c.stats(campaign))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Eventually(t, 20*time.Second, "the units back after the cancel", func() (bool, string) {
+		st := c.stats(campaign)
+		return st.Remaining == 5, fmt.Sprintf("%+v", st)
+	})
 	rdb.HSet(t.Context(), "fs:{"+campaign+"}:users", "mallory", 1)
 	refused("disagree")
 	rdb.HDel(t.Context(), "fs:{"+campaign+"}:users", "mallory")

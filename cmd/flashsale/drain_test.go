@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -38,13 +39,9 @@ func TestDrainOnStop(t *testing.T) {
 	campaign := testenv.Name(t, "drain-")
 	admin.openCampaign(campaign, 10, 1)
 	var ready map[string]string
-	deadline := time.Now().Add(10 * time.Second)
-	for admin.do("GET", "/readyz", "", nil, nil, &ready) != http.StatusOK {
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz: not 200 within 10s: %v", ready)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "/readyz 200", func() (bool, string) {
+		return admin.do("GET", "/readyz", "", nil, nil, &ready) == http.StatusOK, fmt.Sprintf("%v", ready)
+	})
 
 	stopped := time.Now()
 	cancel()

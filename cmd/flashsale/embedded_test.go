@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/flashsale/flashsale/internal/config"
+	"github.com/flashsale/flashsale/internal/testenv"
 )
 
 // TestServeEmbeddedDefault runs `flashsale serve` exactly as a new user
@@ -27,13 +29,10 @@ func TestServeEmbeddedDefault(t *testing.T) {
 	// Ready only once the notifier's results subscription is confirmed, a
 	// moment after the listener is up.
 	for _, path := range []string{"/healthz", "/readyz"} {
-		deadline := time.Now().Add(5 * time.Second)
-		for code := c.do("GET", path, "", nil, nil, nil); code != http.StatusOK; code = c.do("GET", path, "", nil, nil, nil) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: got %d, want 200 within 5s", path, code)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		testenv.Eventually(t, 5*time.Second, path+" 200", func() (bool, string) {
+			code := c.do("GET", path, "", nil, nil, nil)
+			return code == http.StatusOK, fmt.Sprintf("got %d", code)
+		})
 	}
 	c.openCampaign("embedded-demo", 2, 1)
 

@@ -45,13 +45,10 @@ func TestWorkerSIGTERMHandsOver(t *testing.T) {
 	waitFor := func(what string, cond func(map[int]int) bool) {
 		t.Helper()
 		// Far below the TTL-bound steps: 75 s, 100 s, 5 min.
-		deadline := time.Now().Add(30 * time.Second)
-		for h := holders(); !cond(h); h = holders() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s: got leases by pid %v", what, h)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		testenv.Eventually(t, 30*time.Second, what, func() (bool, string) {
+			h := holders()
+			return cond(h), fmt.Sprintf("leases by pid %v", h)
+		})
 	}
 
 	a, b := startWorkerProcess(t, bin, env), startWorkerProcess(t, bin, env)

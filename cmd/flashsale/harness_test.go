@@ -275,13 +275,10 @@ func (c *client) shopUntilSold(campaign string, users int, sold int64, shop func
 		}
 		close(next)
 	}()
-	deadline := time.Now().Add(60 * time.Second)
-	for c.stats(campaign).Sold < sold {
-		if time.Now().After(deadline) {
-			c.t.Fatalf("%d units not sold within a minute", sold)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(c.t, time.Minute, fmt.Sprintf("%d units sold", sold), func() (bool, string) {
+		n := c.stats(campaign).Sold
+		return n >= sold, fmt.Sprintf("%d sold", n)
+	})
 	return &wg
 }
 
@@ -290,17 +287,12 @@ func (c *client) shopUntilSold(campaign string, users int, sold int64, shop func
 // soon as the Lua call decides it, a moment before the worker's INSERT lands.
 func (c *client) settle(id string, timeout time.Duration) statsBody {
 	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		st := c.stats(id)
-		if st.Queued == 0 && st.UnitsInDB == st.Sold {
-			return st
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("not settled after %s: %+v", timeout, st)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	var st statsBody
+	testenv.Eventually(c.t, timeout, id+" settled", func() (bool, string) {
+		st = c.stats(id)
+		return st.Queued == 0 && st.UnitsInDB == st.Sold, fmt.Sprintf("%+v", st)
+	})
+	return st
 }
 
 type purchaseBody struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -67,15 +68,11 @@ func TestProviderTokens(t *testing.T) {
 	if code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", tok, `{"quantity":1}`, nil, &p); code != http.StatusAccepted {
 		t.Fatalf("purchase with the provider's token: got %d %q, want 202", code, p.Code)
 	}
-	var r resultBody
-	deadline := time.Now().Add(20 * time.Second)
-	for r.Status != "success" && time.Now().Before(deadline) {
+	testenv.Eventually(t, 20*time.Second, "the purchase a success", func() (bool, string) {
+		var r resultBody
 		c.do("GET", "/api/v1/purchases/"+p.RequestID, tok, nil, nil, &r)
-		time.Sleep(20 * time.Millisecond)
-	}
-	if r.Status != "success" {
-		t.Fatalf("result: got %+v, want success", r)
-	}
+		return r.Status == "success", fmt.Sprintf("%+v", r)
+	})
 	for name, bad := range map[string]string{
 		"another audience":             sign(user, "another-api"),
 		"HS256 with the shared secret": c.token(user),

@@ -198,6 +198,7 @@ func startWorkerProcess(t *testing.T, bin string, env []string) *roleProcess {
 // deliveries (Redis Streams leases + pending entries), and every invariant
 // holds when the system settles.
 func TestWorkerKilled(t *testing.T) {
+	testenv.SkipShort(t, "a fault test: kills workers mid-sale")
 	cfg := realConfig(t, "redisstream")
 	cfg.Queue.LeaseTTL = time.Second
 	bin := buildBinary(t)

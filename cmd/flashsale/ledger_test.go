@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -31,17 +32,13 @@ func (c *client) tryBuy(campaign, user string) (int, string) {
 // waitFinal polls rid until its result is final.
 func (c *client) waitFinal(user, rid string, timeout time.Duration) resultBody {
 	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		code, r := c.poll(user, rid)
-		if code == http.StatusOK && r.Status != "queued" {
-			return r
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("no final result for %s after %s: %d %+v", rid, timeout, code, r)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var r resultBody
+	testenv.Eventually(c.t, timeout, "a final result for "+rid, func() (bool, string) {
+		var code int
+		code, r = c.poll(user, rid)
+		return code == http.StatusOK && r.Status != "queued", fmt.Sprintf("%d %+v", code, r)
+	})
+	return r
 }
 
 // preload preloads a campaign and returns the outcome.

@@ -30,6 +30,7 @@ import (
 // releases; every expired order's unit comes back exactly once, is resold
 // to the shoppers waiting, and Redis = MySQL.
 func TestExpiryKilledBeforeRelease(t *testing.T) {
+	testenv.SkipShort(t, "a fault test: kills the process before a release")
 	cfg := realConfig(t, "redisstream")
 	cfg.Queue.LeaseTTL = time.Second
 	// The sweeper picks the due orders up at once: with the zombie's Redis
@@ -187,6 +188,7 @@ func findOrder(orders []model.Order, id string) model.Order {
 // message again (redelivery after the lease) and completes the release:
 // the units come back exactly once, are resold, and Redis = MySQL.
 func TestExpiryConsumerKilledBeforeRelease(t *testing.T) {
+	testenv.SkipShort(t, "a fault test: kills the expiry consumer before a release")
 	cfg := realConfig(t, "redisstream")
 	cfg.Queue.LeaseTTL = time.Second
 	cfg.Payment.Grace = time.Hour
@@ -257,6 +259,7 @@ func TestExpiryConsumerKilledBeforeRelease(t *testing.T) {
 // webhook against a live gateway: the payment is recorded once, the order
 // paid once, nothing given back, Redis = MySQL.
 func TestWebhookKilledMidPayment(t *testing.T) {
+	testenv.SkipShort(t, "a fault test: kills the process mid-payment")
 	cfg := realConfig(t, "redisstream")
 	bin := buildBinary(t)
 	c := startSystem(t, cfg)

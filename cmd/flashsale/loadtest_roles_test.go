@@ -13,6 +13,7 @@ import (
 // production layout: a gateway, a notifier and a worker as separate
 // processes on real Redis and MySQL with the Redis-Streams queue.
 func TestLoadtestSeparateRoles(t *testing.T) {
+	testenv.SkipShort(t, "a load test")
 	cfg := realConfig(t, "redisstream")
 	bin := buildBinary(t)
 	// Every simulated shopper connects from this host (docs/OPERATIONS.md, "Load test").

@@ -20,6 +20,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/flashsale/flashsale/internal/auth"
+	"github.com/flashsale/flashsale/internal/testenv"
 )
 
 // runLoadtestCmd runs `flashsale loadtest args...` as main would, bounded in
@@ -95,6 +96,7 @@ func TestLoadtestEmbedded(t *testing.T) {
 // the notifier saw one upgrade per shopper, and the report carries the
 // connect times and the notifier's figures.
 func TestLoadtestCrowd(t *testing.T) {
+	testenv.SkipShort(t, "a load test")
 	const shoppers = 300
 	out, err := runLoadtestCmd(t, "--json", "--shoppers", strconv.Itoa(shoppers), "--stock", "60", "--per-user-limit", "1",
 		"--repeat", "0.2", "--idempotent-share", "0.2", "--concurrency", "16", "--settle", "20s",
@@ -211,6 +213,7 @@ flashsale_build_info{role="notifier",version="dev {x} y"} 1
 // serve: buyers pay or let their orders expire, waiting shoppers buy the
 // units that come back, and every lifecycle invariant holds.
 func TestLoadtestLifecycle(t *testing.T) {
+	testenv.SkipShort(t, "a load test")
 	out, err := runLoadtestCmd(t, "--json", "--shoppers", "400", "--stock", "40", "--per-user-limit", "1",
 		"--pay-ratio", "0.7", "--payment-window", "2s", "--results", "poll", "--settle", "20s")
 	if err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -49,13 +50,9 @@ func TestServeLocalConfig(t *testing.T) {
 	base, _ := serveInProcess(t, []string{"serve", "--config", path}, env)
 	c := newClient(t, base, config.Auth{JWTSecret: testJWTSecret, JWTLeeway: time.Second, AdminToken: testAdminToken})
 	var ready map[string]string
-	deadline := time.Now().Add(20 * time.Second)
-	for c.do("GET", "/readyz", "", nil, nil, &ready) != http.StatusOK {
-		if time.Now().After(deadline) {
-			t.Fatalf("readyz: got %v after 20s, want 200", ready)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, 20*time.Second, "readyz 200", func() (bool, string) {
+		return c.do("GET", "/readyz", "", nil, nil, &ready) == http.StatusOK, fmt.Sprintf("%v", ready)
+	})
 	if ready["redis"] != "ok" || ready["mysql"] != "ok" || ready["queue"] != "ok" {
 		t.Errorf("readyz: got %v, want redis, mysql and queue ok", ready)
 	}

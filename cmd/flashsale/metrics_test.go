@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -141,13 +142,10 @@ func TestMetricsPerRole(t *testing.T) {
 
 	// The worker takes its partitions in the background.
 	owned := `flashsale_queue_partitions_owned{topic="` + cfg.Queue.Topic + `"}`
-	deadline := time.Now().Add(30 * time.Second)
-	for v, _ := scrape(t, "http://"+systems["worker"].Addr()).value(owned); v != float64(cfg.Queue.Partitions); v, _ = scrape(t, "http://"+systems["worker"].Addr()).value(owned) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: got %v after 30s, want %d", owned, v, cfg.Queue.Partitions)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("%s %d", owned, cfg.Queue.Partitions), func() (bool, string) {
+		v, _ := scrape(t, "http://"+systems["worker"].Addr()).value(owned)
+		return v == float64(cfg.Queue.Partitions), fmt.Sprintf("got %v", v)
+	})
 	scrapes := map[string]exposition{}
 	for role, sys := range systems {
 		// Twice: a worker's first request may be this scrape.

@@ -262,16 +262,13 @@ func TestOpenAPIResponses(t *testing.T) {
 
 	// Its result, polled and pushed.
 	var r resultBody
-	deadline := time.Now().Add(30 * time.Second)
-	for r.Status == "" || r.Status == "queued" {
-		if time.Now().After(deadline) {
-			t.Fatalf("no final result after 30s: %+v", r)
-		}
+	testenv.Eventually(t, 30*time.Second, "a final result", func() (bool, string) {
 		var code int
 		if code, r = c.poll("alice", p.RequestID); code != 200 {
 			t.Fatalf("poll: got %d, want 200", code)
 		}
-	}
+		return r.Status != "" && r.Status != "queued", fmt.Sprintf("%+v", r)
+	})
 	if r.Status != "success" {
 		t.Fatalf("purchase: got %s, want success", r.Status)
 	}
@@ -283,11 +280,10 @@ func TestOpenAPIResponses(t *testing.T) {
 
 	// Orders: the worker's INSERT lands a moment after the result.
 	order := "/api/v1/orders/" + r.OrderID
-	for code := 0; code != 200; code = c.do("GET", order, alice, nil, nil, nil) {
-		if time.Now().After(deadline) {
-			t.Fatalf("order %s not readable after 30s", r.OrderID)
-		}
-	}
+	testenv.Eventually(t, 30*time.Second, "order "+r.OrderID+" readable", func() (bool, string) {
+		code := c.do("GET", order, alice, nil, nil, nil)
+		return code == 200, fmt.Sprintf("got %d", code)
+	})
 	expect("my orders", c.do("GET", "/api/v1/orders?limit=10", alice, nil, nil, nil), 200)
 	expect("my orders, bad limit", c.do("GET", "/api/v1/orders?limit=x", alice, nil, nil, nil), 400)
 	expect("order unknown", c.do("GET", "/api/v1/orders/none", alice, nil, nil, nil), 404)
@@ -339,12 +335,12 @@ func TestOpenAPIResponses(t *testing.T) {
 	// from its flag.
 	c.openCampaign(soldOut, 1, 1)
 	c.buy("dave", soldOut)
-	for i, code := 0, 0; code != http.StatusGone; i++ {
-		if time.Now().After(deadline.Add(30 * time.Second)) {
-			t.Fatalf("no 410 sold_out within a minute; last %d", code)
-		}
-		code = c.do("POST", "/api/v1/campaigns/"+soldOut+"/purchases", c.token(fmt.Sprintf("late-%d", i)), `{}`, nil, nil)
-	}
+	late := 0
+	testenv.Eventually(t, time.Minute, "a 410 sold_out", func() (bool, string) {
+		late++
+		code := c.do("POST", "/api/v1/campaigns/"+soldOut+"/purchases", c.token(fmt.Sprintf("late-%d", late)), `{}`, nil, nil)
+		return code == http.StatusGone, fmt.Sprintf("got %d", code)
+	})
 
 	// Wrong admin tokens until the client IP is throttled, the right one
 	// included: last, since it lasts the minute.

@@ -60,23 +60,19 @@ func (c *client) buy(user, campaign string) orderBody {
 	if code := c.do("POST", "/api/v1/campaigns/"+campaign+"/purchases", tok, `{"quantity":1}`, nil, &p); code != http.StatusAccepted {
 		c.t.Fatalf("purchase by %s: got %d %q, want 202", user, code, p.Code)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	var o orderBody
+	testenv.Eventually(c.t, 20*time.Second, "the order of "+user, func() (bool, string) {
 		code, r := c.poll(user, p.RequestID)
 		switch {
 		case code == http.StatusOK && r.Status == "success":
 			// The result is final a moment before the worker's INSERT lands.
-			var o orderBody
-			if c.do("GET", "/api/v1/orders/"+r.OrderID, tok, nil, nil, &o) == http.StatusOK {
-				return o
-			}
+			return c.do("GET", "/api/v1/orders/"+r.OrderID, tok, nil, nil, &o) == http.StatusOK, "a success, its order not stored yet"
 		case code == http.StatusOK && r.Status != "queued":
 			c.t.Fatalf("purchase by %s: got %s (%s), want success", user, r.Status, r.Reason)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	c.t.Fatalf("purchase by %s: no order after 20s", user)
-	return orderBody{}
+		return false, fmt.Sprintf("%d %+v", code, r)
+	})
+	return o
 }
 
 // webhook posts a payment report signed with secret at ts.

@@ -18,6 +18,7 @@ import (
 // internal), and what go-redis has to say about it reaches the JSON log as
 // JSON, rate-limited.
 func TestAdminStatsRedisDown(t *testing.T) {
+	testenv.SkipShort(t, "a fault test: Redis down")
 	rs := startRedisServer(t)
 	cfg := realConfig(t, "redisstream")
 	cfg.Redis.Addr = rs.addr()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -71,7 +72,12 @@ func TestGatewayRestartWhileClientsWait(t *testing.T) {
 			firstTry <- waited{rid, r, err}
 		}()
 	}
-	time.Sleep(300 * time.Millisecond) // let every client subscribe
+	// Every shopper waits on the old process before it stops, or the test
+	// would prove nothing of them.
+	testenv.Eventually(t, 20*time.Second, "every shopper subscribed", func() (bool, string) {
+		n, _ := scrape(t, "http://"+addr).value("flashsale_websocket_subscriptions")
+		return n == float64(len(admitted)), fmt.Sprintf("%v subscriptions", n)
+	})
 	stopFront()
 	for range admitted {
 		if w := <-firstTry; w.err == nil {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/flashsale/flashsale/internal/config"
+	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
 )
 
@@ -48,9 +49,10 @@ func createTopics(srv *rmqtest.Server, cfg config.Config) {
 
 // startBrokerDouble starts a RocketMQ broker double for one test. Register
 // it before the processes that use it: cleanups run in reverse, so it stops
-// after them.
+// after them. Under -short the test is skipped (testenv.SkipShort).
 func startBrokerDouble(t *testing.T, opts rmqtest.Options) *rmqtest.Server {
 	t.Helper()
+	testenv.SkipShort(t, "runs against the RocketMQ broker double")
 	srv, err := rmqtest.Start(opts)
 	if err != nil {
 		t.Fatalf("start broker double: %v", err)

@@ -45,10 +45,10 @@ func TestProviderSubjectsEndToEnd(t *testing.T) {
 		}
 		tok := c.token(user)
 		var o orderBody
-		deadline := time.Now().Add(20 * time.Second) // the INSERT lands a moment after the result
-		for c.do("GET", "/api/v1/orders/"+r.OrderID, tok, nil, nil, &o) != http.StatusOK && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
+		// The INSERT lands a moment after the result.
+		testenv.Eventually(t, 20*time.Second, "the order stored", func() (bool, string) {
+			return c.do("GET", "/api/v1/orders/"+r.OrderID, tok, nil, nil, &o) == http.StatusOK, "not found"
+		})
 		if o.ID != r.OrderID || o.UserID != user || o.RequestID != p.RequestID {
 			t.Fatalf("order of %q: got %+v, want %s of request %s", user, o, r.OrderID, p.RequestID)
 		}

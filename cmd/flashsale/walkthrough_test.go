@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/flashsale/flashsale/internal/config"
+	"github.com/flashsale/flashsale/internal/testenv"
 )
 
 // TestREADMEWalkThrough runs README.md's walk-through as it is written,
@@ -305,20 +306,15 @@ func flashsaleArgs(t *testing.T, words []string) []string {
 func startServe(t *testing.T, args []string) string {
 	t.Helper()
 	base, _ := serveInProcess(t, args, map[string]string{})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.Eventually(t, 20*time.Second, "serve ready", func() (bool, string) {
 		resp, err := http.Get(base + "/readyz")
-		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return base
-			}
+		if err != nil {
+			return false, err.Error()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve not ready after 20s: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, resp.Status
+	})
+	return base
 }
 
 // onServer points a walk-through address (localhost:8080) at the server.

@@ -49,6 +49,7 @@ func TestWebSocketBudget(t *testing.T) {
 // notifier.fd_reserve (503), and meanwhile /healthz, purchases, polls and
 // the sockets already open keep working; a closed socket frees its slot.
 func TestWebSocketFloodKeepsServiceUp(t *testing.T) {
+	testenv.SkipShort(t, "a flood of WebSockets")
 	const fileLimit, reserve = 256, 128
 	budget := fileLimit - reserve
 	perUser := config.Default().Notifier.MaxConnsPerUser

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/MicahParks/jwkset"
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -268,16 +270,10 @@ func TestJWKSRefetchAfterInterval(t *testing.T) {
 	mustRefuse(t, j, p.sign("rsa-2", providerClaims("auth0|x"))) // spends the interval's fetch
 	p.publish("rsa-1", "rsa-2")
 	token := p.sign("rsa-2", providerClaims("auth0|x"))
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if got, err := j.Verify(token); err == nil && got == "auth0|x" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rsa-2 never found after the interval; %d fetches", p.fetches.Load())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Eventually(t, 30*time.Second, "rsa-2 found after the interval", func() (bool, string) {
+		got, err := j.Verify(token)
+		return err == nil && got == "auth0|x", fmt.Sprintf("%d fetches", p.fetches.Load())
+	})
 }
 
 // TestJWKSRefresh: the set is fetched again every auth.jwks_refresh, so a
@@ -296,13 +292,10 @@ func TestJWKSRefresh(t *testing.T) {
 	p.publish("rsa-2")
 	// Two fetches after the rotation: at least one began after it.
 	from := p.fetches.Load()
-	deadline := time.Now().Add(30 * time.Second)
-	for p.fetches.Load() < from+2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no refresh within 30s: %d fetches", p.fetches.Load())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, 30*time.Second, "two refreshes", func() (bool, string) {
+		n := p.fetches.Load()
+		return n >= from+2, fmt.Sprintf("%d fetches", n)
+	})
 	mustVerify(t, j, p.sign("rsa-2", providerClaims("auth0|new")), "auth0|new")
 	mustRefuse(t, j, old)
 }

@@ -179,8 +179,7 @@ func TestBumpEpochWaitsForInserts(t *testing.T) {
 // caller then checks that it has not returned: it waits for a lock).
 func waitLockWait(t *testing.T, db *DB, id string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, 10*time.Second, "a bump of "+id+"'s epoch executing", func() (bool, string) {
 		var n int64
 		err := db.pool.QueryRowContext(t.Context(),
 			"SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '%ledger_epoch` + 1%' AND INFO LIKE ?",
@@ -188,14 +187,8 @@ func waitLockWait(t *testing.T, db *DB, id string) {
 		if err != nil {
 			t.Fatalf("read the process list: %v", err)
 		}
-		if n > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no bump of %s's epoch is executing", id)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return n > 0, "none in the process list"
+	})
 }
 
 // TestLoadWaitsForInFlightInsert: a worker's insert that read the epoch

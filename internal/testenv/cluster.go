@@ -26,9 +26,10 @@ const ClusterAddrsEnv = "FLASHSALE_TEST_REDIS_CLUSTER_ADDRS"
 
 // ClusterAddrs returns the shared test cluster's seed addresses, checking
 // that it answers with every slot served; without one the test is skipped on
-// a laptop and fails under CI=true.
+// a laptop and fails under CI=true. Under -short it is skipped (SkipShort).
 func ClusterAddrs(t testing.TB) []string {
 	t.Helper()
+	SkipShort(t, "needs the Redis Cluster")
 	v := os.Getenv(ClusterAddrsEnv)
 	if v == "" {
 		unavailable(t, "%s is not set (.ci/run starts a cluster and sets it)", ClusterAddrsEnv)
@@ -75,8 +76,10 @@ func (c *Cluster) Addrs() []string {
 // each for one test (a fault test that kills nodes must not disturb the
 // shared one) and stops it at cleanup. It needs redis-server and redis-cli:
 // without them the test is skipped on a laptop and fails under CI=true.
+// Under -short it is skipped (SkipShort).
 func PrivateCluster(t testing.TB, masters, replicas int) *Cluster {
 	t.Helper()
+	SkipShort(t, "starts a Redis Cluster of its own")
 	for _, bin := range []string{"redis-server", "redis-cli"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			unavailable(t, "%s is not installed (apt-get install redis-server)", bin)

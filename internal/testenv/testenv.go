@@ -57,6 +57,17 @@ func Soak() int {
 // InCI reports whether missing services must fail tests instead of skipping.
 func InCI() bool { v := os.Getenv("CI"); return v == "true" || v == "1" }
 
+// SkipShort skips t under go test -short, the inner loop (README, "Test"),
+// saying what it leaves out. The helpers that hand out what the slow tests
+// need (a Redis Cluster, a browser, a RocketMQ broker double) call it, so
+// those tests need no check of their own; .ci/run never passes -short.
+func SkipShort(t testing.TB, what string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("-short: %s", what)
+	}
+}
+
 // unavailable skips the test on a laptop and fails it in CI.
 func unavailable(t testing.TB, format string, args ...any) {
 	t.Helper()

@@ -65,6 +65,7 @@ func testOptions(nameServer string) rocketmq.Options {
 
 func mustNew(t *testing.T, opts rocketmq.Options) *rocketmq.Queue {
 	t.Helper()
+	testenv.SkipShort(t, "runs the RocketMQ client library against the broker double")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	q, err := rocketmq.New(ctx, opts)
