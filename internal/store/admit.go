@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"math"
@@ -14,9 +13,6 @@ import (
 
 	"github.com/flashsale/flashsale/model"
 )
-
-//go:embed admit.lua
-var admitSource string
 
 // idemField is a shopper's field in the idem hash, "" when there is no key.
 // A user id may hold '|' (Auth0's "auth0|…"), a key never does (the
@@ -165,35 +161,30 @@ func parseExisting(a model.AdmitRequest, value any) (model.AdmitReply, error) {
 	return model.AdmitReply{Code: model.AdmitExisting, RequestID: rid, Result: r}, nil
 }
 
-// Withdraw takes back the admitted requests whose publish failed, in one
-// pipelined round trip: their queued results, their count and their
-// Idempotency-Keys go, so a retry is a new request. A result a worker already
-// decided stands. It returns the errors of the requests it could not withdraw.
-func (s *Store) Withdraw(ctx context.Context, batch []model.AdmitRequest) error {
-	if len(batch) == 0 {
-		return nil
+// IdempotentRequest answers a's Idempotency-Key as Admit would, without
+// admitting anything: ok is false when the key names no request; otherwise
+// the reply is AdmitExisting with the earlier request's result as it
+// stands, or AdmitKeyReused when a's body differs from that request's.
+// A key that names a request costs a second round trip, one that names
+// nothing one.
+func (s *Store) IdempotentRequest(ctx context.Context, a model.AdmitRequest) (model.AdmitReply, bool, error) {
+	v, err := s.rdb.HGet(ctx, campaignKeys(a.KeyTag()).idem, idemField(a.UserID, a.IdempotencyKey)).Result()
+	if errors.Is(err, redis.Nil) {
+		return model.AdmitReply{}, false, nil
 	}
-	// EVAL, not EVALSHA: a pipeline cannot fall back on NOSCRIPT, and this is
-	// the rare failure path where sending the source costs nothing that
-	// matters.
-	cmds, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, a := range batch {
-			k := campaignKeys(a.KeyTag())
-			s.withdraw.Eval(ctx, p, []string{k.results, k.idem, k.counters}, a.RequestID, idemField(a.UserID, a.IdempotencyKey))
-		}
-		return nil
-	})
-	if err == nil {
-		return nil
+	if err != nil {
+		return model.AdmitReply{}, false, fmt.Errorf("idempotency key of %s in %s: %w: %v", a.UserID, a.CampaignID, model.ErrUnavailable, err)
 	}
-	var errs []error
-	for i, c := range cmds {
-		if c.Err() != nil {
-			errs = append(errs, fmt.Errorf("withdraw %s: %w", batch[i].RequestID, c.Err()))
-		}
+	rid, fp, hasFP := parseIdemValue(v)
+	r, err := s.Result(ctx, rid)
+	if errors.Is(err, model.ErrNotFound) {
+		return model.AdmitReply{}, false, nil // names nothing, as admit.lua treats it
 	}
-	if len(errs) == 0 {
-		errs = append(errs, fmt.Errorf("withdraw %d requests: %w", len(batch), err))
+	if err != nil {
+		return model.AdmitReply{}, false, fmt.Errorf("idempotency key of %s in %s: %w", a.UserID, a.CampaignID, err)
 	}
-	return errors.Join(errs...)
+	if hasFP && fp != fingerprint(a) {
+		return model.AdmitReply{Code: model.AdmitKeyReused}, true, nil
+	}
+	return model.AdmitReply{Code: model.AdmitExisting, RequestID: rid, Result: r}, true, nil
 }

@@ -1,5 +1,5 @@
 -- take.lua: the first step of a stock transfer between two buckets of one
--- campaign (buckets.go): take units from the donor bucket and record the
+-- campaign (transfer.go): take units from the donor bucket and record the
 -- transfer as pending there, both in this one script. Idempotent on the
 -- transfer id: a second call with it takes nothing and answers what the
 -- first took.
