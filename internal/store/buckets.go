@@ -28,84 +28,126 @@ import (
 // other under a burst settle within a few rounds).
 const maxShortRounds = 32
 
-// deductShort decides the short requests of a bucket's batch (see above).
+// deductShort decides the short requests of a bucket's batch (see above),
+// a round at a time: scan the buckets, plan from what the scan saw, move
+// stock here (or put the campaign's sold-out flag up), decide the batch
+// again and confirm the campaign's sold-out flag.
 func (s *Store) deductShort(ctx context.Context, tag string, batch []model.Deduction, out model.DeductReply, st shortState) (model.DeductReply, error) {
 	campaignID, bucket, _ := model.SplitTag(tag)
 	n := st.buckets
 	for range maxShortRounds {
-		// One read is enough to pick donors (take.lua checks what each
-		// holds); only a conclusion that the others are empty needs a
-		// steady scan.
-		snap, err := s.readBuckets(ctx, campaignID, n)
+		sc, err := s.scanShort(ctx, campaignID, bucket, n)
 		if err != nil {
 			return model.DeductReply{}, err
 		}
-		others := otherUnits(snap, bucket)
-		var returns string
-		if others == 0 || hasPending(snap) {
-			// Read before the scan: the flag may go up only if no unit
-			// came back since (soldout.lua).
-			if returns, err = s.returnsSeen(ctx, campaignID); err != nil {
-				return model.DeductReply{}, err
-			}
-			if snap, err = s.scan(ctx, campaignID, n); err != nil {
-				return model.DeductReply{}, err
-			}
-			others = otherUnits(snap, bucket)
+		p := planShort(sc, bucket, shortUnits(batch, out))
+		if ok, err := s.moveShort(ctx, campaignID, bucket, sc, p); err != nil {
+			return model.DeductReply{}, err
+		} else if !ok {
+			continue // a unit came back since the scan: look again
 		}
-		if others == 0 {
-			// Every other bucket was empty as scanned: what this one holds
-			// is all there is, unless a transfer moved some of it since
-			// (its moves counter, checked by deduct.lua). Sold out is said
-			// only once the campaign's flag is up.
-			soldOut := snap[bucket].remaining == 0
-			if soldOut {
-				s.hook("scanned")
-				up, err := s.soldOutUnlessReturned(ctx, campaignID, returns)
-				if err != nil {
-					return model.DeductReply{}, err
-				}
-				if !up {
-					continue // a unit came back since the scan: look again
-				}
-				s.hook("flagged")
-			}
-			out, st, err = s.deductOnce(ctx, tag, batch, strconv.FormatInt(snap[bucket].moves, 10))
-			if err != nil {
-				return model.DeductReply{}, err
-			}
-			switch {
-			case soldOut:
-				// A release may have landed between the scan and the
-				// flag: look again, and take the flag down if so.
-				if out.SoldOutNow, err = s.confirmSoldOut(ctx, campaignID, n); err != nil {
-					return model.DeductReply{}, err
-				}
-			case st.buckets > 0 && st.shorts == 0:
-				// This call emptied the bucket: all may be empty now.
-				if out.SoldOutNow, err = s.markSoldOut(ctx, campaignID, n); err != nil {
-					return model.DeductReply{}, err
-				}
-			}
-		} else {
-			if err := s.refill(ctx, campaignID, bucket, snap, shortUnits(batch, out)); err != nil {
-				return model.DeductReply{}, err
-			}
-			out, st, err = s.deductOnce(ctx, tag, batch, "")
-			if err != nil {
-				return model.DeductReply{}, err
-			}
-			if st.buckets > 0 && st.shorts == 0 {
-				if out.SoldOutNow, err = s.markSoldOut(ctx, campaignID, n); err != nil {
-					return model.DeductReply{}, err
-				}
-			}
+		if out, st, err = s.deductOnce(ctx, tag, batch, p.final); err != nil {
+			return model.DeductReply{}, err
+		}
+		if out.SoldOutNow, err = s.confirmShort(ctx, campaignID, n, p, out, st); err != nil {
+			return model.DeductReply{}, err
 		}
 		if st.shorts == 0 {
 			return out, nil
 		}
 	}
 	return model.DeductReply{}, fmt.Errorf("deduct %s: still short after %d transfers: %w", tag, maxShortRounds, model.ErrUnavailable)
+}
+
+// shortScan is what a round of deductShort read of the buckets.
+type shortScan struct {
+	snap []bucketState
+	// returns is the campaign's returns counter read before a steady scan
+	// (returnsSeen); "" when one read was enough.
+	returns string
+}
+
+// scanShort reads the buckets for a round of deductShort. One read is
+// enough to pick donors (take.lua checks what each holds); only a
+// conclusion that the others are empty needs a steady scan, and the
+// returns counter read before it: the flag may go up only if no unit came
+// back since (soldout.lua).
+func (s *Store) scanShort(ctx context.Context, campaignID string, bucket, n int) (shortScan, error) {
+	snap, err := s.readBuckets(ctx, campaignID, n)
+	if err != nil {
+		return shortScan{}, err
+	}
+	if otherUnits(snap, bucket) > 0 && !hasPending(snap) {
+		return shortScan{snap: snap}, nil
+	}
+	returns, err := s.returnsSeen(ctx, campaignID)
+	if err != nil {
+		return shortScan{}, err
+	}
+	if snap, err = s.scan(ctx, campaignID, n); err != nil {
+		return shortScan{}, err
+	}
+	return shortScan{snap: snap, returns: returns}, nil
+}
+
+// shortPlan is what a round of deductShort does before it decides the
+// batch again.
+type shortPlan struct {
+	// refill is the units to move into the bucket from the others, which
+	// hold some; 0 when they were scanned empty.
+	refill int64
+	// final is deduct.lua's last argument: when every other bucket was
+	// scanned empty, the bucket's moves counter as scanned (a request it
+	// cannot serve is then decided, unless a transfer moved its units since).
+	final string
+	// soldOut: every bucket was scanned empty, the bucket itself too. Sold
+	// out is said only once the campaign's flag is up.
+	soldOut bool
+}
+
+// planShort decides a round of deductShort from its scan; need is the
+// units the short requests ask for.
+func planShort(sc shortScan, bucket int, need int64) shortPlan {
+	if otherUnits(sc.snap, bucket) > 0 {
+		return shortPlan{refill: need}
+	}
+	// What this bucket holds is all there is.
+	own := sc.snap[bucket]
+	return shortPlan{final: strconv.FormatInt(own.moves, 10), soldOut: own.remaining == 0}
+}
+
+// moveShort does what p plans before the batch is decided again: move
+// units into the bucket, or put the campaign's sold-out flag up. It
+// reports false when the flag was refused because a unit came back since
+// the scan.
+func (s *Store) moveShort(ctx context.Context, campaignID string, bucket int, sc shortScan, p shortPlan) (bool, error) {
+	switch {
+	case p.refill > 0:
+		return true, s.refill(ctx, campaignID, bucket, sc.snap, p.refill)
+	case p.soldOut:
+		s.hook("scanned")
+		up, err := s.soldOutUnlessReturned(ctx, campaignID, sc.returns)
+		if err != nil || !up {
+			return false, err
+		}
+		s.hook("flagged")
+	}
+	return true, nil
+}
+
+// confirmShort settles the campaign's sold-out flag once the batch was
+// decided again under p, and reports whether it is up.
+func (s *Store) confirmShort(ctx context.Context, campaignID string, n int, p shortPlan, out model.DeductReply, st shortState) (bool, error) {
+	switch {
+	case p.soldOut:
+		// A release may have landed between the scan and the flag: look
+		// again, and take the flag down if so.
+		return s.confirmSoldOut(ctx, campaignID, n)
+	case st.buckets > 0 && st.shorts == 0:
+		// This call emptied the bucket: all may be empty now.
+		return s.markSoldOut(ctx, campaignID, n)
+	}
+	return out.SoldOutNow, nil
 }
 
 func (s *Store) hook(point string) {
