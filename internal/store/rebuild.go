@@ -67,8 +67,8 @@ func (s *Store) Rebuild(ctx context.Context, c model.Campaign, orders []model.Or
 			b = model.BucketOf(o.UserID, n)
 		}
 		p := &parts[b]
-		p.results = append(p.results, o.RequestID, encodeStored(model.Result{Status: model.StatusSuccess,
-			Quantity: o.Quantity, OrderID: o.ID, UserID: o.UserID}))
+		p.results = append(p.results, o.RequestID, storedResult{Status: model.StatusSuccess,
+			Quantity: o.Quantity, OrderID: o.ID, UserID: o.UserID}.String())
 		// An order in no final state holds its units, whatever it is.
 		if o.Status.Final() {
 			p.released = append(p.released, o.ID, o.Quantity)

@@ -16,7 +16,7 @@ func (s *Store) Reject(ctx context.Context, d model.Deduction, campaignID, reaso
 	if tag, ok := model.TagOfRequest(d.RequestID); ok {
 		k = campaignKeys(tag)
 	}
-	v := encodeStored(model.Result{Status: model.StatusRejected, Quantity: d.Quantity, Reason: reason, UserID: d.UserID})
+	v := storedResult{Status: model.StatusRejected, Quantity: d.Quantity, Reason: reason, UserID: d.UserID}.String()
 	stored, err := s.reject.Run(ctx, s.rdb, []string{k.results, k.counters, k.meta}, d.RequestID, v).Text()
 	if err != nil {
 		return model.Result{}, fmt.Errorf("reject %s: %w", d.RequestID, err)

@@ -12,40 +12,81 @@ import (
 	"github.com/flashsale/flashsale/model"
 )
 
-// encodeStored is the compact form kept in the results hash; the Lua scripts
-// read and write the same "status|qty|order_id|reason|user" layout. The user id
+// storedResult is a request's value in its tag's results hash, the one
+// codec of "status|qty|order|reason|user" in Go; the prelude's
+// stored_result, stored_queued and parse_stored (prelude.lua) are the same
+// in Lua, and TestStoredFormat pins both to the same strings. The user id
 // goes last, read as the rest after the fourth '|', because it is the only
 // field that may hold '|' (any JWT subject, model.CheckUserID) or grow.
-func encodeStored(r model.Result) string {
-	return string(r.Status) + "|" + strconv.FormatInt(r.Quantity, 10) + "|" + r.OrderID + "|" + r.Reason + "|" + r.UserID
+type storedResult struct {
+	Status   model.Status
+	Quantity int64
+	OrderID  string
+	// Reason is a final result's reason.
+	Reason string
+	// Seq is a queued marker's admission sequence number (admit.lua), kept
+	// in the reason field, which a marker has no other use for; 0 in a
+	// marker written before there was one (an empty field).
+	Seq    int64
+	UserID string
 }
 
-func decodeStored(requestID, campaignID, v string) (model.Result, error) {
-	f := strings.SplitN(v, "|", 5)
+// String is the stored form of v.
+func (v storedResult) String() string {
+	reason := v.Reason
+	if v.Status == model.StatusQueued {
+		reason = ""
+		if v.Seq > 0 {
+			reason = strconv.FormatInt(v.Seq, 10)
+		}
+	}
+	return string(v.Status) + "|" + strconv.FormatInt(v.Quantity, 10) + "|" + v.OrderID + "|" + reason + "|" + v.UserID
+}
+
+// parseStored reads a stored result; its status must be one model knows.
+func parseStored(s string) (storedResult, error) {
+	f := strings.SplitN(s, "|", 5)
 	if len(f) != 5 {
-		return model.Result{}, fmt.Errorf("stored result %q malformed", v)
+		return storedResult{}, fmt.Errorf("stored result %q malformed", s)
 	}
 	qty, err := strconv.ParseInt(f[1], 10, 64)
 	if err != nil {
-		return model.Result{}, fmt.Errorf("stored result %q: quantity: %w", v, err)
+		return storedResult{}, fmt.Errorf("stored result %q: quantity: %w", s, err)
 	}
-	st := model.Status(f[0])
-	if !st.Valid() {
-		return model.Result{}, fmt.Errorf("stored result %q: unknown status", v)
+	v := storedResult{Status: model.Status(f[0]), Quantity: qty, OrderID: f[2], Reason: f[3], UserID: f[4]}
+	if !v.Status.Valid() {
+		return storedResult{}, fmt.Errorf("stored result %q: unknown status", s)
 	}
-	r := model.Result{RequestID: requestID, CampaignID: campaignID, Status: st, Quantity: qty,
-		OrderID: f[2], Reason: f[3], UserID: f[4]}
-	if st == model.StatusQueued {
-		// A queued marker's reason field holds its admission sequence number
-		// (admit.lua); empty in markers written before there was one.
-		r.Reason = ""
+	if v.Status == model.StatusQueued {
+		v.Reason = ""
 		if f[3] != "" {
-			if r.Seq, err = strconv.ParseInt(f[3], 10, 64); err != nil || r.Seq < 1 {
-				return model.Result{}, fmt.Errorf("stored result %q: sequence number", v)
+			if v.Seq, err = strconv.ParseInt(f[3], 10, 64); err != nil || v.Seq < 1 {
+				return storedResult{}, fmt.Errorf("stored result %q: sequence number", s)
 			}
 		}
 	}
-	return r, nil
+	return v, nil
+}
+
+// storedOf is what the results hash keeps of r.
+func storedOf(r model.Result) storedResult {
+	return storedResult{Status: r.Status, Quantity: r.Quantity, OrderID: r.OrderID, Reason: r.Reason, Seq: r.Seq, UserID: r.UserID}
+}
+
+// result is v as the result of requestID of campaignID.
+func (v storedResult) result(requestID, campaignID string) model.Result {
+	return model.Result{RequestID: requestID, CampaignID: campaignID, Status: v.Status, Quantity: v.Quantity,
+		OrderID: v.OrderID, Reason: v.Reason, Seq: v.Seq, UserID: v.UserID}
+}
+
+// decodeStored reads a stored result as the result of requestID of
+// campaignID.
+func decodeStored(requestID, campaignID, s string) (model.Result, error) {
+	v, err := parseStored(s)
+	if err != nil {
+		return model.Result{}, err
+	}
+	return v.result(requestID, campaignID), nil
 }
 
 // Result returns the stored result of a request, or model.ErrNotFound.
