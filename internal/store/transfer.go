@@ -200,22 +200,40 @@ func (s *Store) recoverPending(ctx context.Context, campaignID string, n int, sn
 		for i, v := range vals {
 			xid := bs.pending[i]
 			str, _ := v.(string)
-			f := strings.Split(str, "|")
-			if len(f) != 4 {
+			rec, ok := parseTransferRecord(str, n)
+			if !ok {
 				return fmt.Errorf("pending transfer %s of %s: record %q malformed", xid, campaignID, str)
 			}
-			units, err1 := strconv.ParseInt(f[1], 10, 64)
-			to, err2 := strconv.Atoi(f[2])
-			epoch, err3 := strconv.ParseInt(f[3], 10, 64)
-			if err1 != nil || err2 != nil || err3 != nil || to < 0 || to >= n {
-				return fmt.Errorf("pending transfer %s of %s: record %q malformed", xid, campaignID, str)
-			}
-			if err := s.completeTransfer(ctx, campaignID, n, from, to, epoch, xid, units); err != nil {
+			if err := s.completeTransfer(ctx, campaignID, n, from, rec.to, rec.epoch, xid, rec.units); err != nil {
 				s.observeTransfer("failed", 0)
 				return err
 			}
-			s.observeTransfer("recovered", units)
+			s.observeTransfer("recovered", rec.units)
 		}
 	}
 	return nil
+}
+
+// transferRecord is a transfer in its donor's xfer hash,
+// "state|units|to|epoch": take.lua writes it pending, settle.lua sets its
+// state (done or void).
+type transferRecord struct {
+	state        string
+	units, epoch int64
+	to           int // the recipient bucket, of n
+}
+
+// parseTransferRecord reads a transfer record of a campaign of n buckets.
+func parseTransferRecord(s string, n int) (transferRecord, bool) {
+	f := strings.Split(s, "|")
+	if len(f) != 4 {
+		return transferRecord{}, false
+	}
+	units, err1 := strconv.ParseInt(f[1], 10, 64)
+	to, err2 := strconv.Atoi(f[2])
+	epoch, err3 := strconv.ParseInt(f[3], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || to < 0 || to >= n {
+		return transferRecord{}, false
+	}
+	return transferRecord{state: f[0], units: units, epoch: epoch, to: to}, true
 }
