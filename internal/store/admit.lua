@@ -350,6 +350,6 @@ if #new_idem > 0 then written[#written + 1] = KEYS[2] end
 if #user_tats > 0 then written[#written + 1] = KEYS[6] end
 if #moved_ips > 0 then written[#written + 1] = KEYS[7] end
 if #written > 0 then
-  expire_with_campaign(redis.call('HGET', KEYS[8], 'expire_at'), written)
+  expire_with_campaign(redis.call('HGET', KEYS[8], 'expire_at'), unpack(written))
 end
 return reply

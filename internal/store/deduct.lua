@@ -137,7 +137,7 @@ for i = 1, n do
   if earlier then
     status, order, reason = earlier[1], earlier[2], earlier[3]
   elseif stored[i] then
-    local s, _, o, r, _, q = parse_stored(stored[i])
+    local s, _, o, r, q = parse_stored(stored[i])
     if s and s ~= 'queued' then
       status, order, reason = s, o, r
     elseif s then
@@ -234,13 +234,13 @@ if top > 0 then
 end
 -- The keys written may be new (and SET dropped the flag's expiry).
 if sold > 0 then
-  expire_with_campaign(meta[4], { KEYS[2] })
+  expire_with_campaign(meta[4], KEYS[2])
   if remaining == 0 and not bucketed then
-    expire_with_campaign(meta[4], { KEYS[4] })
+    expire_with_campaign(meta[4], KEYS[4])
   end
 end
 if #results > 0 then
-  expire_with_campaign(meta[4], { KEYS[3] })
+  expire_with_campaign(meta[4], KEYS[3])
 end
 -- A bucket of several that this call emptied asks the caller to look at
 -- the others: when they are empty too the campaign is sold out.

@@ -1,7 +1,9 @@
--- prelude.lua: what the store's scripts share. scripts.go puts it before
--- every script (and admit.go's ARGV offsets, for admit.lua, after it), so
--- these are locals of each script's chunk: a script must not declare a
--- local of the same name (TestPreludeNames). Not a script of its own.
+-- prelude.lua: what the store's scripts share, a helper per paragraph.
+-- scripts.go puts before every script the helpers it calls (each is a
+-- closure made at every call of the script, so it gets no other), then
+-- admit.go's ARGV positions for admit.lua: they are locals of the script's
+-- chunk, and a script must not declare a local of the same name
+-- (TestPreludeNames). Not a script of its own.
 
 -- The stored result, a request's value in a results hash:
 -- "status|qty|order_id|reason|user", the user id last since it may hold
@@ -16,15 +18,21 @@ local function stored_queued(qty, seq, user)
   return 'queued|' .. qty .. '||' .. seq .. '|' .. user
 end
 
--- parse_stored splits a stored result: status, qty, order id, reason, user
--- id and, for a queued marker, its sequence number (nil when it has none;
--- its reason is then ''). All nil when v is malformed.
+-- parse_stored splits a stored result: status, qty, order id, reason and,
+-- for a queued marker, its sequence number (nil when it has none; its
+-- reason is then ''). All nil when v is malformed. The user id is
+-- stored_user's: most callers have it already, and a string read is a
+-- string made.
 local function parse_stored(v)
-  local status, qty, order, reason, user = string.match(v, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
+  local status, qty, order, reason = string.match(v, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|')
   if status == 'queued' then
-    return status, qty, order, '', user, tonumber(reason)
+    return status, qty, order, '', tonumber(reason)
   end
-  return status, qty, order, reason, user, nil
+  return status, qty, order, reason, nil
+end
+
+local function stored_user(v)
+  return string.match(v, '^[^|]*|[^|]*|[^|]*|[^|]*|(.*)$')
 end
 
 -- is_queued says whether a stored result is a queued marker: not final yet.
@@ -57,13 +65,13 @@ local function loaded_epoch(meta)
   return nil
 end
 
--- expire_with_campaign gives keys a script wrote, which may be new, the
--- lifetime of the campaign's other keys: at, its meta's expire_at
+-- expire_with_campaign gives the keys a script wrote, which may be new,
+-- the lifetime of the campaign's other keys: at, its meta's expire_at
 -- (rebuild.lua), false or nil when it has none.
-local function expire_with_campaign(at, keys)
+local function expire_with_campaign(at, ...)
   if at then
-    for _, key in ipairs(keys) do
-      redis.call('EXPIREAT', key, at)
+    for i = 1, select('#', ...) do
+      redis.call('EXPIREAT', (select(i, ...)), at)
     end
   end
 end

@@ -23,5 +23,5 @@ end
 redis.call('HINCRBY', KEYS[2], 'fin:rejected', 1)
 -- The results hash may be new (counters, like meta, exists from the load
 -- on).
-expire_with_campaign(redis.call('HGET', KEYS[3], 'expire_at'), { KEYS[1] })
+expire_with_campaign(redis.call('HGET', KEYS[3], 'expire_at'), KEYS[1])
 return ARGV[2]

@@ -3,6 +3,7 @@ package store
 import (
 	"embed"
 	"io/fs"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -23,15 +24,47 @@ const preludeFile = "prelude.lua"
 var layouts = map[string]luaLayout{"admit": admitLayout}
 
 // script returns the script of file name.lua as the store sends it: the
-// prelude, the ARGV positions it shares with its caller (layouts), then
-// the file. Its SHA1, the name EVALSHA calls it by, is of all of that.
+// prelude's helpers it calls, the ARGV positions it shares with its caller
+// (layouts), then the file. Its SHA1, the name EVALSHA calls it by, is of
+// all of that.
 func script(name string) *redis.Script {
 	prelude, err1 := scriptFiles.ReadFile(preludeFile)
 	src, err2 := scriptFiles.ReadFile(name + ".lua")
 	if err1 != nil || err2 != nil || name+".lua" == preludeFile {
 		panic("store: no script " + name) // embedded: a typo, caught by every test
 	}
-	return redis.NewScript(string(prelude) + layouts[name].lua() + string(src))
+	return redis.NewScript(helpersFor(string(prelude), string(src)) + layouts[name].lua() + string(src))
+}
+
+var (
+	helperName = regexp.MustCompile(`(?m)^local function ([A-Za-z_]\w*)`)
+	luaComment = regexp.MustCompile(`--.*`)
+)
+
+// helpersFor returns the paragraphs of prelude that define a helper src
+// calls, or one of those calls, in the prelude's order: every helper is a
+// closure each call of the script makes, so a script gets only its own.
+func helpersFor(prelude, src string) string {
+	parts := strings.Split(prelude, "\n\n")
+	used := make([]bool, len(parts))
+	code := luaComment.ReplaceAllString(src, "")
+	for added := true; added; {
+		added = false
+		for i, part := range parts {
+			m := helperName.FindStringSubmatch(part)
+			if !used[i] && m != nil && regexp.MustCompile(`\b`+m[1]+`\b`).MatchString(code) {
+				used[i], added = true, true
+				code += luaComment.ReplaceAllString(part, "")
+			}
+		}
+	}
+	var b strings.Builder
+	for i, part := range parts {
+		if used[i] {
+			b.WriteString(strings.TrimSpace(part) + "\n\n")
+		}
+	}
+	return b.String()
 }
 
 // scriptList names every script of the package.

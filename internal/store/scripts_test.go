@@ -121,8 +121,8 @@ if ARGV[1] == 'queued' then
 else
   built = stored_result(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[6])
 end
-local status, qty, order, reason, user, seq = parse_stored(ARGV[7])
-return { built, status, qty, order, reason, tostring(seq or ''), user, is_queued(ARGV[7]) and 1 or 0 }
+local status, qty, order, reason, seq = parse_stored(ARGV[7])
+return { built, status, qty, order, reason, tostring(seq or ''), stored_user(ARGV[7]), is_queued(ARGV[7]) and 1 or 0 }
 `
 
 // TestStoredFormat pins the stored result's format on both sides of the

@@ -14,8 +14,9 @@ import (
 
 // storedResult is a request's value in its tag's results hash, the one
 // codec of "status|qty|order|reason|user" in Go; the prelude's
-// stored_result, stored_queued and parse_stored (prelude.lua) are the same
-// in Lua, and TestStoredFormat pins both to the same strings. The user id
+// stored_result, stored_queued, parse_stored and stored_user (prelude.lua)
+// are the same in Lua, and TestStoredFormat pins both to the same strings.
+// The user id
 // goes last, read as the rest after the fourth '|', because it is the only
 // field that may hold '|' (any JWT subject, model.CheckUserID) or grow.
 type storedResult struct {

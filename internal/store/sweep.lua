@@ -80,7 +80,8 @@ for _, member in ipairs(members) do
     -- finish. A final one stays.
     local v = stored[i]
     if v and is_queued(v) then
-      local _, qty, _, _, user, seq = parse_stored(v)
+      local _, qty, _, _, seq = parse_stored(v)
+      local user = stored_user(v)
       if ended or (seq or 0) < decided then
         local value = stored_result('rejected', qty, '', ARGV[3], user)
         results[#results + 1] = rid

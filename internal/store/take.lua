@@ -37,5 +37,5 @@ redis.call('DECRBY', KEYS[1], units)
 redis.call('HSET', KEYS[3], ARGV[1], 'pending|' .. units .. '|' .. ARGV[4] .. '|' .. ARGV[3])
 redis.call('SADD', KEYS[4], ARGV[1])
 redis.call('HINCRBY', KEYS[2], 'moves', 1)
-expire_with_campaign(meta[2], { KEYS[3], KEYS[4] })
+expire_with_campaign(meta[2], KEYS[3], KEYS[4])
 return { 1, units }
