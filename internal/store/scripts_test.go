@@ -71,7 +71,9 @@ func localsOf(src string, top bool) []string {
 }
 
 // TestPreludeNames: no script declares a local of a name the prelude or
-// its layout defines, which would hide the shared one from the rest of it.
+// its layout defines, which would hide the shared one from the rest of it,
+// and each paragraph of the prelude defines one helper, as helpersFor
+// takes them.
 func TestPreludeNames(t *testing.T) {
 	prelude, err := scriptFiles.ReadFile(preludeFile)
 	if err != nil {
@@ -80,6 +82,12 @@ func TestPreludeNames(t *testing.T) {
 	shared := localsOf(string(prelude), true)
 	if len(shared) < 5 {
 		t.Fatalf("prelude defines %v: the pattern reads no locals", shared)
+	}
+	// A script gets the paragraphs whose helper it calls (helpersFor).
+	for part := range strings.SplitSeq(string(prelude), "\n\n") {
+		if defs := localsOf(part, true); len(defs) > 1 {
+			t.Errorf("a prelude paragraph defines %v: one helper each", defs)
+		}
 	}
 	for _, name := range scriptList() {
 		src, err := scriptFiles.ReadFile(name + ".lua")
