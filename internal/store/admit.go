@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"math"
@@ -14,9 +13,6 @@ import (
 
 	"github.com/flashsale/flashsale/model"
 )
-
-//go:embed admit.lua
-var admitSource string
 
 // idemField is a shopper's field in the idem hash, "" when there is no key.
 // A user id may hold '|' (Auth0's "auth0|…"), a key never does (the
@@ -38,7 +34,8 @@ func fingerprint(a model.AdmitRequest) string {
 }
 
 // parseIdemValue reads an idem hash value, "<request id>|<fingerprint>" as
-// admit.lua writes it; one without a fingerprint matches any (hasFP false).
+// admit.lua writes it (the prelude's idem_value); one without a
+// fingerprint matches any (hasFP false).
 func parseIdemValue(v string) (requestID, fp string, hasFP bool) {
 	return strings.Cut(v, "|")
 }
@@ -58,26 +55,13 @@ func (s *Store) Admit(ctx context.Context, campaignID string, batch []model.Admi
 	}
 	k := campaignKeys(campaignID)
 	keys := []string{k.results, k.idem, k.counters, k.stock, k.campaignLimit, k.userLimits, k.ipLimits, k.meta, k.admissions}
-	args := make([]any, 0, 8+6*len(batch))
-	args = append(args, len(batch), limits.UserRate, limits.UserBurst, limits.CampaignRate, limits.CampaignBurst,
-		limits.IPRate, limits.IPBurst)
-	gated := 0
-	for _, a := range batch {
-		if a.KeyTag() != campaignID {
-			return nil, fmt.Errorf("admit %s: request %s belongs to %s", campaignID, a.RequestID, a.KeyTag())
-		}
-		// admit.lua appends the sequence number and the user id.
-		queued := string(model.StatusQueued) + "|" + strconv.FormatInt(a.Quantity, 10) + "||"
-		args = append(args, a.RequestID, queued, idemField(a.UserID, a.IdempotencyKey), a.UserID, a.ClientIP, fingerprint(a))
-		if a.Challenge.ID != "" {
-			gated++
-		}
+	args, err := admitArgs(campaignID, batch, limits)
+	if err != nil {
+		return nil, err
 	}
-	args = append(args, gated)
-	for i, a := range batch {
+	for _, a := range batch {
 		if a.Challenge.ID != "" {
 			keys = append(keys, challengeKey(campaignID, a.Challenge.ID))
-			args = append(args, i+1, challengeExpiry(a.Challenge.ExpiresAt), challengeHolder(a.IdempotencyKey))
 		}
 	}
 	reply, err := s.admit.Run(ctx, s.rdb, keys, args...).Slice()
@@ -92,6 +76,81 @@ func (s *Store) Admit(ctx context.Context, campaignID string, batch []model.Admi
 		return nil, fmt.Errorf("admit %s: %w", campaignID, err)
 	}
 	return out, nil
+}
+
+// admit.lua's ARGV, by position (1-based, as Lua counts): the head, then
+// admitRequestFields values per request, then the gated requests' count and
+// admitChallengeFields values per challenge, each value at its offset from
+// the first of its request or challenge. admitArgs lays them out by these
+// names, and admit.lua reads them by the same names (admitLayout, put
+// before the script): TestAdmitLayout fails if either side counts a
+// position of its own.
+const (
+	admitN             = 1
+	admitUserRate      = 2
+	admitUserBurst     = 3
+	admitCampaignRate  = 4
+	admitCampaignBurst = 5
+	admitIPRate        = 6
+	admitIPBurst       = 7
+	admitHead          = 7
+
+	admitRequestID     = 0
+	admitQuantity      = 1
+	admitIdemField     = 2
+	admitUserID        = 3
+	admitClientIP      = 4
+	admitFingerprint   = 5
+	admitRequestFields = 6
+
+	admitChallengeRequest = 0 // the gated request's index in the batch, from 1
+	admitChallengeExpiry  = 1
+	admitChallengeHolder  = 2
+	admitChallengeFields  = 3
+)
+
+// admitLayout declares admit.lua's positions for the script.
+var admitLayout = luaLayout{
+	{"ADMIT_N", admitN}, {"ADMIT_USER_RATE", admitUserRate}, {"ADMIT_USER_BURST", admitUserBurst},
+	{"ADMIT_CAMPAIGN_RATE", admitCampaignRate}, {"ADMIT_CAMPAIGN_BURST", admitCampaignBurst},
+	{"ADMIT_IP_RATE", admitIPRate}, {"ADMIT_IP_BURST", admitIPBurst}, {"ADMIT_HEAD", admitHead},
+	{"ADMIT_REQUEST_ID", admitRequestID}, {"ADMIT_QUANTITY", admitQuantity}, {"ADMIT_IDEM_FIELD", admitIdemField},
+	{"ADMIT_USER_ID", admitUserID}, {"ADMIT_CLIENT_IP", admitClientIP}, {"ADMIT_FINGERPRINT", admitFingerprint},
+	{"ADMIT_REQUEST_FIELDS", admitRequestFields},
+	{"ADMIT_CHALLENGE_REQUEST", admitChallengeRequest}, {"ADMIT_CHALLENGE_EXPIRY", admitChallengeExpiry},
+	{"ADMIT_CHALLENGE_HOLDER", admitChallengeHolder}, {"ADMIT_CHALLENGE_FIELDS", admitChallengeFields},
+}
+
+// admitArgs lays out admit.lua's ARGV for a batch of campaignID; the
+// challenges go in batch order, as their keys do.
+func admitArgs(campaignID string, batch []model.AdmitRequest, limits model.RateLimits) ([]any, error) {
+	args := make([]any, admitHead, admitHead+admitRequestFields*len(batch)+1)
+	args[admitN-1], args[admitUserRate-1], args[admitUserBurst-1] = len(batch), limits.UserRate, limits.UserBurst
+	args[admitCampaignRate-1], args[admitCampaignBurst-1] = limits.CampaignRate, limits.CampaignBurst
+	args[admitIPRate-1], args[admitIPBurst-1] = limits.IPRate, limits.IPBurst
+	gated := 0
+	for _, a := range batch {
+		if a.KeyTag() != campaignID {
+			return nil, fmt.Errorf("admit %s: request %s belongs to %s", campaignID, a.RequestID, a.KeyTag())
+		}
+		var f [admitRequestFields]any
+		f[admitRequestID], f[admitQuantity], f[admitIdemField] = a.RequestID, a.Quantity, idemField(a.UserID, a.IdempotencyKey)
+		f[admitUserID], f[admitClientIP], f[admitFingerprint] = a.UserID, a.ClientIP, fingerprint(a)
+		args = append(args, f[:]...)
+		if a.Challenge.ID != "" {
+			gated++
+		}
+	}
+	args = append(args, gated)
+	for i, a := range batch {
+		if a.Challenge.ID != "" {
+			var f [admitChallengeFields]any
+			f[admitChallengeRequest] = i + 1
+			f[admitChallengeExpiry], f[admitChallengeHolder] = challengeExpiry(a.Challenge.ExpiresAt), challengeHolder(a.IdempotencyKey)
+			args = append(args, f[:]...)
+		}
+	}
+	return args, nil
 }
 
 // parseAdmitReply is the one place that reads admit.lua's reply.
@@ -165,35 +224,30 @@ func parseExisting(a model.AdmitRequest, value any) (model.AdmitReply, error) {
 	return model.AdmitReply{Code: model.AdmitExisting, RequestID: rid, Result: r}, nil
 }
 
-// Withdraw takes back the admitted requests whose publish failed, in one
-// pipelined round trip: their queued results, their count and their
-// Idempotency-Keys go, so a retry is a new request. A result a worker already
-// decided stands. It returns the errors of the requests it could not withdraw.
-func (s *Store) Withdraw(ctx context.Context, batch []model.AdmitRequest) error {
-	if len(batch) == 0 {
-		return nil
+// IdempotentRequest answers a's Idempotency-Key as Admit would, without
+// admitting anything: ok is false when the key names no request; otherwise
+// the reply is AdmitExisting with the earlier request's result as it
+// stands, or AdmitKeyReused when a's body differs from that request's.
+// A key that names a request costs a second round trip, one that names
+// nothing one.
+func (s *Store) IdempotentRequest(ctx context.Context, a model.AdmitRequest) (model.AdmitReply, bool, error) {
+	v, err := s.rdb.HGet(ctx, campaignKeys(a.KeyTag()).idem, idemField(a.UserID, a.IdempotencyKey)).Result()
+	if errors.Is(err, redis.Nil) {
+		return model.AdmitReply{}, false, nil
 	}
-	// EVAL, not EVALSHA: a pipeline cannot fall back on NOSCRIPT, and this is
-	// the rare failure path where sending the source costs nothing that
-	// matters.
-	cmds, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, a := range batch {
-			k := campaignKeys(a.KeyTag())
-			s.withdraw.Eval(ctx, p, []string{k.results, k.idem, k.counters}, a.RequestID, idemField(a.UserID, a.IdempotencyKey))
-		}
-		return nil
-	})
-	if err == nil {
-		return nil
+	if err != nil {
+		return model.AdmitReply{}, false, fmt.Errorf("idempotency key of %s in %s: %w: %v", a.UserID, a.CampaignID, model.ErrUnavailable, err)
 	}
-	var errs []error
-	for i, c := range cmds {
-		if c.Err() != nil {
-			errs = append(errs, fmt.Errorf("withdraw %s: %w", batch[i].RequestID, c.Err()))
-		}
+	rid, fp, hasFP := parseIdemValue(v)
+	r, err := s.Result(ctx, rid)
+	if errors.Is(err, model.ErrNotFound) {
+		return model.AdmitReply{}, false, nil // names nothing, as admit.lua treats it
 	}
-	if len(errs) == 0 {
-		errs = append(errs, fmt.Errorf("withdraw %d requests: %w", len(batch), err))
+	if err != nil {
+		return model.AdmitReply{}, false, fmt.Errorf("idempotency key of %s in %s: %w", a.UserID, a.CampaignID, err)
 	}
-	return errors.Join(errs...)
+	if hasFP && fp != fingerprint(a) {
+		return model.AdmitReply{Code: model.AdmitKeyReused}, true, nil
+	}
+	return model.AdmitReply{Code: model.AdmitExisting, RequestID: rid, Result: r}, true, nil
 }

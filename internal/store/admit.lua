@@ -41,18 +41,22 @@
 --                   member per call keeps it one write per batch.
 -- KEYS[9+j] challenge j: string, the holder ("k<idempotency key>") of the
 --         request it admitted, expiring with the challenge (EXAT)
--- ARGV[1] n
--- ARGV[2] user rate per second (0 = off), ARGV[3] user burst
--- ARGV[4] campaign rate per second (0 = off), ARGV[5] campaign burst
--- ARGV[6] client IP rate per second (0 = off), ARGV[7] client IP burst
--- ARGV[8+6(i-1) .. 13+6(i-1)] request i: request id, queued result value up
---                            to its reason ("queued|<qty>||": the script
---                            appends "<seq>|<user id>"),
---                            idempotency field ("" when the shopper sent no key), user id,
---                            client IP ("" when unknown: not limited), fingerprint
--- ARGV[8+6n] m, the gated requests; then for challenge j = 1..m, at
---   ARGV[9+6n+3(j-1) ..]: the request's index i, the challenge's expiry
---   (Unix seconds), the request's holder ("k" .. its Idempotency-Key)
+-- ARGV, at the positions admit.go names (admitLayout, declared before this
+-- file as locals ADMIT_*):
+--   the head, ADMIT_HEAD values: ADMIT_N n; ADMIT_USER_RATE user rate per
+--     second (0 = off), ADMIT_USER_BURST; ADMIT_CAMPAIGN_RATE (0 = off),
+--     ADMIT_CAMPAIGN_BURST; ADMIT_IP_RATE client IP rate (0 = off),
+--     ADMIT_IP_BURST
+--   then request i = 1..n, ADMIT_REQUEST_FIELDS values at these offsets
+--     from its first: ADMIT_REQUEST_ID; ADMIT_QUANTITY (its queued marker
+--     is stored_queued(quantity, seq, user id)); ADMIT_IDEM_FIELD ("" when
+--     the shopper sent no key); ADMIT_USER_ID; ADMIT_CLIENT_IP ("" when
+--     unknown: not limited); ADMIT_FINGERPRINT
+--   then m, the gated requests; then challenge j = 1..m,
+--     ADMIT_CHALLENGE_FIELDS values at these offsets from its first:
+--     ADMIT_CHALLENGE_REQUEST the request's index i; ADMIT_CHALLENGE_EXPIRY
+--     (Unix seconds); ADMIT_CHALLENGE_HOLDER the request's holder ("k" ..
+--     its Idempotency-Key)
 --
 -- Reply: { code_1, value_1, ..., code_n, value_n }
 --    0, request id    admitted as new (or this request id again: a retry counts once)
@@ -82,10 +86,10 @@
 -- replication. A no-op on later versions.
 redis.replicate_commands()
 
-local n = tonumber(ARGV[1])
-local user_rate, user_burst = tonumber(ARGV[2]), tonumber(ARGV[3])
-local campaign_rate, campaign_burst = tonumber(ARGV[4]), tonumber(ARGV[5])
-local ip_rate, ip_burst = tonumber(ARGV[6]), tonumber(ARGV[7])
+local n = tonumber(ARGV[ADMIT_N])
+local user_rate, user_burst = tonumber(ARGV[ADMIT_USER_RATE]), tonumber(ARGV[ADMIT_USER_BURST])
+local campaign_rate, campaign_burst = tonumber(ARGV[ADMIT_CAMPAIGN_RATE]), tonumber(ARGV[ADMIT_CAMPAIGN_BURST])
+local ip_rate, ip_burst = tonumber(ARGV[ADMIT_IP_RATE]), tonumber(ARGV[ADMIT_IP_BURST])
 
 -- The batch shares one clock reading; relative to 2017 as in redis_rate, to
 -- keep the float's precision.
@@ -95,10 +99,11 @@ local now = (tonumber(t[1]) - 1483228800) + tonumber(t[2]) / 1000000
 -- The per-request loops read ARGV through a local and count their appends
 -- themselves: a global or a # is a lookup each time (docs/BENCHMARKS.md).
 local argv = ARGV
-local rids, idems, users, ips, fps, idem_fields = {}, {}, {}, {}, {}, {}
+local rids, qtys, idems, users, ips, fps, idem_fields = {}, {}, {}, {}, {}, {}, {}
 for i = 1, n do
-  local base = 8 + 6 * (i - 1)
-  rids[i], idems[i], users[i], ips[i], fps[i] = argv[base], argv[base + 2], argv[base + 3], argv[base + 4], argv[base + 5]
+  local base = ADMIT_HEAD + 1 + ADMIT_REQUEST_FIELDS * (i - 1)
+  rids[i], qtys[i], idems[i] = argv[base + ADMIT_REQUEST_ID], argv[base + ADMIT_QUANTITY], argv[base + ADMIT_IDEM_FIELD]
+  users[i], ips[i], fps[i] = argv[base + ADMIT_USER_ID], argv[base + ADMIT_CLIENT_IP], argv[base + ADMIT_FINGERPRINT]
   if idems[i] ~= '' then
     idem_fields[#idem_fields + 1] = idems[i]
   end
@@ -106,14 +111,16 @@ end
 
 -- The challenges: gate[i] of a gated request i; spent[key], the holder
 -- that spent it or false, read in one MGET and moved as the batch spends.
-local m = tonumber(argv[8 + 6 * n])
+local gated_at = ADMIT_HEAD + ADMIT_REQUEST_FIELDS * n + 1
+local m = tonumber(argv[gated_at])
 local gate, spent, spends = {}, {}, {}
 if m > 0 then
   local ckeys = {}
   for j = 1, m do
-    local base = 9 + 6 * n + 3 * (j - 1)
+    local base = gated_at + 1 + ADMIT_CHALLENGE_FIELDS * (j - 1)
     ckeys[j] = KEYS[9 + j]
-    gate[tonumber(argv[base])] = { key = ckeys[j], exat = argv[base + 1], holder = argv[base + 2] }
+    gate[tonumber(argv[base + ADMIT_CHALLENGE_REQUEST])] = { key = ckeys[j],
+      exat = argv[base + ADMIT_CHALLENGE_EXPIRY], holder = argv[base + ADMIT_CHALLENGE_HOLDER] }
   end
   local held = redis.call('MGET', unpack(ckeys))
   for j = 1, m do
@@ -198,11 +205,8 @@ if loaded then
       local v = earlier[j]
       idem_of[field] = false
       if v then
-        local sep = string.find(v, '|', 1, true)
-        local e = { rid = v, fp = false }
-        if sep then
-          e.rid, e.fp = string.sub(v, 1, sep - 1), string.sub(v, sep + 1)
-        end
+        local rid, fp = parse_idem(v)
+        local e = { rid = rid, fp = fp }
         idem_of[field] = e
         named[#named + 1] = e.rid
       end
@@ -269,9 +273,9 @@ for i = 1, n do
         if idem ~= '' and not earlier then
           idem_of[idem] = { rid = rid, fp = fps[i] }
           -- A new marker waits for its sequence number (below).
-          result_of[rid] = result_of[rid] or (stored[rid] and argv[9 + 6 * (i - 1)] .. '|' .. users[i]) or i
+          result_of[rid] = result_of[rid] or (stored[rid] and stored_queued(qtys[i], '', users[i])) or i
           new_idem[#new_idem + 1] = idem
-          new_idem[#new_idem + 1] = rid .. '|' .. fps[i]
+          new_idem[#new_idem + 1] = idem_value(rid, fps[i])
         end
         -- A client retry of this same request id must not count it twice.
         if not stored[rid] then
@@ -298,7 +302,7 @@ if admitted > 0 then
   for j = 2, n_results, 2 do
     local i = new_results[j]
     seq = seq + 1
-    marker[i] = argv[9 + 6 * (i - 1)] .. seq .. '|' .. users[i]
+    marker[i] = stored_queued(qtys[i], seq, users[i])
     new_results[j] = marker[i]
   end
   for i = 1, pending_named and n or 0 do
@@ -309,20 +313,15 @@ if admitted > 0 then
   end
 end
 
--- Writes, chunked to stay clear of Lua's unpack limit.
-for j = 1, #new_idem, 4000 do
-  redis.call('HSET', KEYS[2], unpack(new_idem, j, math.min(j + 3999, #new_idem)))
-end
-for j = 1, #new_results, 4000 do
-  redis.call('HSET', KEYS[1], unpack(new_results, j, math.min(j + 3999, #new_results)))
-end
+hset_chunks(KEYS[2], new_idem)
+hset_chunks(KEYS[1], new_results)
 if admitted > 0 then
   redis.call('HINCRBY', KEYS[3], 'admitted', admitted)
   local ids = {}
   for j = 1, n_results, 2 do
     ids[#ids + 1] = new_results[j]
   end
-  redis.call('ZADD', KEYS[9], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), table.concat(ids, ' '))
+  redis.call('ZADD', KEYS[9], unix_ms(t), table.concat(ids, ' '))
 end
 -- A challenge key lives no longer than its challenge could be used: nothing
 -- needs to remove it.
@@ -339,17 +338,13 @@ for subject in pairs(moved) do
     user_tats[#user_tats + 1] = tats[subject]
   end
 end
-for j = 1, #user_tats, 4000 do
-  redis.call('HSET', KEYS[6], unpack(user_tats, j, math.min(j + 3999, #user_tats)))
-end
+hset_chunks(KEYS[6], user_tats)
 local moved_ips = {}
 for ip in pairs(ip_moved) do
   moved_ips[#moved_ips + 1] = ip
   moved_ips[#moved_ips + 1] = ip_tats[ip]
 end
-for j = 1, #moved_ips, 4000 do
-  redis.call('HSET', KEYS[7], unpack(moved_ips, j, math.min(j + 3999, #moved_ips)))
-end
+hset_chunks(KEYS[7], moved_ips)
 -- The keys written may be new: they expire with the campaign's other keys.
 local written = {}
 if #new_results > 0 then written[#written + 1] = KEYS[1]; written[#written + 1] = KEYS[9] end
@@ -357,9 +352,6 @@ if #new_idem > 0 then written[#written + 1] = KEYS[2] end
 if #user_tats > 0 then written[#written + 1] = KEYS[6] end
 if #moved_ips > 0 then written[#written + 1] = KEYS[7] end
 if #written > 0 then
-  local expire_at = redis.call('HGET', KEYS[8], 'expire_at')
-  for _, key in ipairs(expire_at and written or {}) do
-    redis.call('EXPIREAT', key, expire_at)
-  end
+  expire_with_campaign(redis.call('HGET', KEYS[8], 'expire_at'), unpack(written))
 end
 return reply

@@ -2,13 +2,10 @@ package store
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/redis/go-redis/v9"
 
@@ -24,99 +21,133 @@ import (
 // decided as sold out, and the campaign's own sold-out flag (the one the
 // gateways read) is set first, unless a unit came back to any bucket since
 // the scan began (soldout.lua): then the request is decided again.
-//
-// A transfer is two scripts on two slots, keyed by a transfer id: take.lua
-// takes units from the donor and records them pending there; give.lua adds
-// them to the recipient unless it already received that id; settle.lua then
-// marks it done on the donor. A crash between the steps leaves the pending
-// record, which the next scan of the campaign completes (recoverPending):
-// the units are never lost, and never given twice. Each step is fenced by
-// the campaign's epoch: a rebuild writes every bucket from the ledger and
-// voids older transfers.
+// Transfers: transfer.go; the sold-out decision: soldout.go.
 
 // maxShortRounds bounds the transfers one Deduct call makes for a batch;
 // past it the batch errs and comes back (two buckets taking from each
 // other under a burst settle within a few rounds).
 const maxShortRounds = 32
 
-// deductShort decides the short requests of a bucket's batch (see above).
+// deductShort decides the short requests of a bucket's batch (see above),
+// a round at a time: scan the buckets, plan from what the scan saw, move
+// stock here (or put the campaign's sold-out flag up), decide the batch
+// again and confirm the campaign's sold-out flag.
 func (s *Store) deductShort(ctx context.Context, tag string, batch []model.Deduction, out model.DeductReply, st shortState) (model.DeductReply, error) {
 	campaignID, bucket, _ := model.SplitTag(tag)
 	n := st.buckets
 	for range maxShortRounds {
-		// One read is enough to pick donors (take.lua checks what each
-		// holds); only a conclusion that the others are empty needs a
-		// steady scan.
-		snap, err := s.readBuckets(ctx, campaignID, n)
+		sc, err := s.scanShort(ctx, campaignID, bucket, n)
 		if err != nil {
 			return model.DeductReply{}, err
 		}
-		others := otherUnits(snap, bucket)
-		var returns string
-		if others == 0 || hasPending(snap) {
-			// Read before the scan: the flag may go up only if no unit
-			// came back since (soldout.lua).
-			if returns, err = s.returnsSeen(ctx, campaignID); err != nil {
-				return model.DeductReply{}, err
-			}
-			if snap, err = s.scan(ctx, campaignID, n); err != nil {
-				return model.DeductReply{}, err
-			}
-			others = otherUnits(snap, bucket)
+		p := planShort(sc, bucket, shortUnits(batch, out))
+		if ok, err := s.moveShort(ctx, campaignID, bucket, sc, p); err != nil {
+			return model.DeductReply{}, err
+		} else if !ok {
+			continue // a unit came back since the scan: look again
 		}
-		if others == 0 {
-			// Every other bucket was empty as scanned: what this one holds
-			// is all there is, unless a transfer moved some of it since
-			// (its moves counter, checked by deduct.lua). Sold out is said
-			// only once the campaign's flag is up.
-			soldOut := snap[bucket].remaining == 0
-			if soldOut {
-				s.hook("scanned")
-				up, err := s.soldOutUnlessReturned(ctx, campaignID, returns)
-				if err != nil {
-					return model.DeductReply{}, err
-				}
-				if !up {
-					continue // a unit came back since the scan: look again
-				}
-				s.hook("flagged")
-			}
-			out, st, err = s.deductOnce(ctx, tag, batch, strconv.FormatInt(snap[bucket].moves, 10))
-			if err != nil {
-				return model.DeductReply{}, err
-			}
-			switch {
-			case soldOut:
-				// A release may have landed between the scan and the
-				// flag: look again, and take the flag down if so.
-				if out.SoldOutNow, err = s.confirmSoldOut(ctx, campaignID, n); err != nil {
-					return model.DeductReply{}, err
-				}
-			case st.buckets > 0 && st.shorts == 0:
-				// This call emptied the bucket: all may be empty now.
-				if out.SoldOutNow, err = s.markSoldOut(ctx, campaignID, n); err != nil {
-					return model.DeductReply{}, err
-				}
-			}
-		} else {
-			if err := s.refill(ctx, campaignID, bucket, snap, shortUnits(batch, out)); err != nil {
-				return model.DeductReply{}, err
-			}
-			out, st, err = s.deductOnce(ctx, tag, batch, "")
-			if err != nil {
-				return model.DeductReply{}, err
-			}
-			if st.buckets > 0 && st.shorts == 0 {
-				if out.SoldOutNow, err = s.markSoldOut(ctx, campaignID, n); err != nil {
-					return model.DeductReply{}, err
-				}
-			}
+		if out, st, err = s.deductOnce(ctx, tag, batch, p.final); err != nil {
+			return model.DeductReply{}, err
+		}
+		if out.SoldOutNow, err = s.confirmShort(ctx, campaignID, n, p, out, st); err != nil {
+			return model.DeductReply{}, err
 		}
 		if st.shorts == 0 {
 			return out, nil
 		}
 	}
 	return model.DeductReply{}, fmt.Errorf("deduct %s: still short after %d transfers: %w", tag, maxShortRounds, model.ErrUnavailable)
+}
+
+// shortScan is what a round of deductShort read of the buckets.
+type shortScan struct {
+	snap []bucketState
+	// returns is the campaign's returns counter read before a steady scan
+	// (returnsSeen); "" when one read was enough.
+	returns string
+}
+
+// scanShort reads the buckets for a round of deductShort. One read is
+// enough to pick donors (take.lua checks what each holds); only a
+// conclusion that the others are empty needs a steady scan, and the
+// returns counter read before it: the flag may go up only if no unit came
+// back since (soldout.lua).
+func (s *Store) scanShort(ctx context.Context, campaignID string, bucket, n int) (shortScan, error) {
+	snap, err := s.readBuckets(ctx, campaignID, n)
+	if err != nil {
+		return shortScan{}, err
+	}
+	if otherUnits(snap, bucket) > 0 && !hasPending(snap) {
+		return shortScan{snap: snap}, nil
+	}
+	returns, err := s.returnsSeen(ctx, campaignID)
+	if err != nil {
+		return shortScan{}, err
+	}
+	if snap, err = s.scan(ctx, campaignID, n); err != nil {
+		return shortScan{}, err
+	}
+	return shortScan{snap: snap, returns: returns}, nil
+}
+
+// shortPlan is what a round of deductShort does before it decides the
+// batch again.
+type shortPlan struct {
+	// refill is the units to move into the bucket from the others, which
+	// hold some; 0 when they were scanned empty.
+	refill int64
+	// final is deduct.lua's last argument: when every other bucket was
+	// scanned empty, the bucket's moves counter as scanned (a request it
+	// cannot serve is then decided, unless a transfer moved its units since).
+	final string
+	// soldOut: every bucket was scanned empty, the bucket itself too. Sold
+	// out is said only once the campaign's flag is up.
+	soldOut bool
+}
+
+// planShort decides a round of deductShort from its scan; need is the
+// units the short requests ask for.
+func planShort(sc shortScan, bucket int, need int64) shortPlan {
+	if otherUnits(sc.snap, bucket) > 0 {
+		return shortPlan{refill: need}
+	}
+	// What this bucket holds is all there is.
+	own := sc.snap[bucket]
+	return shortPlan{final: strconv.FormatInt(own.moves, 10), soldOut: own.remaining == 0}
+}
+
+// moveShort does what p plans before the batch is decided again: move
+// units into the bucket, or put the campaign's sold-out flag up. It
+// reports false when the flag was refused because a unit came back since
+// the scan.
+func (s *Store) moveShort(ctx context.Context, campaignID string, bucket int, sc shortScan, p shortPlan) (bool, error) {
+	switch {
+	case p.refill > 0:
+		return true, s.refill(ctx, campaignID, bucket, sc.snap, p.refill)
+	case p.soldOut:
+		s.hook("scanned")
+		up, err := s.soldOutUnlessReturned(ctx, campaignID, sc.returns)
+		if err != nil || !up {
+			return false, err
+		}
+		s.hook("flagged")
+	}
+	return true, nil
+}
+
+// confirmShort settles the campaign's sold-out flag once the batch was
+// decided again under p, and reports whether it is up.
+func (s *Store) confirmShort(ctx context.Context, campaignID string, n int, p shortPlan, out model.DeductReply, st shortState) (bool, error) {
+	switch {
+	case p.soldOut:
+		// A release may have landed between the scan and the flag: look
+		// again, and take the flag down if so.
+		return s.confirmSoldOut(ctx, campaignID, n)
+	case st.buckets > 0 && st.shorts == 0:
+		// This call emptied the bucket: all may be empty now.
+		return s.markSoldOut(ctx, campaignID, n)
+	}
+	return out.SoldOutNow, nil
 }
 
 func (s *Store) hook(point string) {
@@ -140,10 +171,6 @@ func hasPending(snap []bucketState) bool {
 	return slices.ContainsFunc(snap, func(b bucketState) bool { return len(b.pending) > 0 })
 }
 
-func hasUnits(snap []bucketState) bool {
-	return slices.ContainsFunc(snap, func(b bucketState) bool { return b.remaining > 0 })
-}
-
 // shortUnits is the units the short requests of a batch ask for, at least 1.
 func shortUnits(batch []model.Deduction, out model.DeductReply) int64 {
 	var n int64
@@ -153,96 +180,6 @@ func shortUnits(batch []model.Deduction, out model.DeductReply) int64 {
 		}
 	}
 	return max(n, 1)
-}
-
-// markSoldOut sets the campaign's sold-out flag when a steady scan finds
-// every bucket empty, and takes it down otherwise; it reports whether the
-// flag is up. Setting it is followed by a second scan: a release that
-// landed meanwhile takes it down again (a release clears the flag after it
-// adds its units, so one of the two sees the other).
-func (s *Store) markSoldOut(ctx context.Context, campaignID string, n int) (bool, error) {
-	// A bucket seen holding units in one read is enough to say no (the
-	// usual answer while transfers even the buckets out).
-	if snap, err := s.readBuckets(ctx, campaignID, n); err != nil {
-		return false, err
-	} else if hasUnits(snap) {
-		return false, s.clearSoldOut(ctx, campaignID)
-	}
-	returns, err := s.returnsSeen(ctx, campaignID)
-	if err != nil {
-		return false, err
-	}
-	for pass := range 2 {
-		snap, err := s.scan(ctx, campaignID, n)
-		if err != nil {
-			return false, err
-		}
-		if hasUnits(snap) {
-			return false, s.clearSoldOut(ctx, campaignID)
-		}
-		if pass == 0 {
-			if up, err := s.soldOutUnlessReturned(ctx, campaignID, returns); err != nil || !up {
-				return false, err // refused: a unit came back since the first scan
-			}
-		}
-	}
-	return true, nil
-}
-
-// confirmSoldOut takes the campaign's sold-out flag, just put up, down
-// again unless a steady scan still finds every bucket empty; it reports
-// whether the flag stays.
-func (s *Store) confirmSoldOut(ctx context.Context, campaignID string, n int) (bool, error) {
-	snap, err := s.scan(ctx, campaignID, n)
-	if err != nil {
-		return false, err
-	}
-	if hasUnits(snap) {
-		return false, s.clearSoldOut(ctx, campaignID)
-	}
-	return true, nil
-}
-
-// clearSoldOut takes a campaign's own sold-out flag down.
-func (s *Store) clearSoldOut(ctx context.Context, campaignID string) error {
-	if err := s.rdb.Del(ctx, campaignKeys(campaignID).soldout).Err(); err != nil {
-		return fmt.Errorf("sold-out flag %s: %w", campaignID, unavailable(err))
-	}
-	return nil
-}
-
-// returnsSeen reads a campaign's returns counter (soldout.lua), "" before
-// the first return.
-func (s *Store) returnsSeen(ctx context.Context, campaignID string) (string, error) {
-	v, err := s.rdb.HGet(ctx, campaignKeys(campaignID).meta, "returns").Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return "", fmt.Errorf("returns of %s: %w", campaignID, unavailable(err))
-	}
-	return v, nil
-}
-
-// soldOutUnlessReturned puts a campaign's own sold-out flag up (expiring
-// with its other keys) unless its returns counter moved from returns, read
-// before the scan that found every bucket empty; it reports whether the
-// flag is up.
-func (s *Store) soldOutUnlessReturned(ctx context.Context, campaignID, returns string) (bool, error) {
-	k := campaignKeys(campaignID)
-	up, err := s.soldOut.Run(ctx, s.rdb, []string{k.soldout, k.meta}, "up", returns).Int()
-	if err != nil {
-		return false, fmt.Errorf("sold-out flag %s: %w", campaignID, unavailable(err))
-	}
-	return up == 1, nil
-}
-
-// unitsReturned takes a campaign's own sold-out flag down after a release
-// put units back into one of its buckets, and counts the return, so that a
-// worker whose scan missed those units cannot put the flag up afterwards.
-func (s *Store) unitsReturned(ctx context.Context, campaignID string) error {
-	k := campaignKeys(campaignID)
-	if err := s.runAcked(ctx, s.soldOut, []string{k.soldout, k.meta}, "down").Err(); err != nil {
-		return fmt.Errorf("sold-out flag %s: %w", campaignID, unavailable(err))
-	}
-	return nil
 }
 
 // bucketState is one bucket as a scan read it.
@@ -328,200 +265,4 @@ func (s *Store) readBuckets(ctx context.Context, campaignID string, n int) ([]bu
 		out[b].pending = r.pend.Val()
 	}
 	return out, nil
-}
-
-// refill moves at least need units into bucket to, if the others hold
-// them, taking from the fullest first: half of a donor's units or need,
-// whichever is more, so a bucket that keeps running short under a skewed
-// crowd needs fewer transfers.
-func (s *Store) refill(ctx context.Context, campaignID string, to int, snap []bucketState, need int64) error {
-	donors := make([]int, 0, len(snap)-1)
-	for b := range snap {
-		if b != to && snap[b].remaining > 0 {
-			donors = append(donors, b)
-		}
-	}
-	slices.SortFunc(donors, func(a, b int) int { return int(snap[b].remaining - snap[a].remaining) })
-	for _, d := range donors {
-		if need <= 0 {
-			break
-		}
-		want := max(need, (snap[d].remaining+1)/2)
-		got, err := s.transfer(ctx, campaignID, len(snap), d, to, snap[to].epoch, want)
-		if err != nil {
-			return err
-		}
-		need -= got
-	}
-	return nil
-}
-
-// transfer moves up to want units from bucket from to bucket to under a
-// fresh transfer id, and reports how many moved (0: the donor had none
-// left, or the epoch moved on).
-func (s *Store) transfer(ctx context.Context, campaignID string, n, from, to int, epoch, want int64) (int64, error) {
-	// Indexed first, so RecoverTransfers finds a transfer this process
-	// dies in the middle of even if no scan of the campaign comes again.
-	if err := s.rdb.SAdd(ctx, transfersIndex, campaignID).Err(); err != nil {
-		return 0, fmt.Errorf("transfer in %s: index: %w", campaignID, unavailable(err))
-	}
-	var id [12]byte
-	_, _ = rand.Read(id[:])
-	xid := strconv.FormatInt(epoch, 10) + "-" + hex.EncodeToString(id[:])
-	units, err := s.takeUnits(ctx, campaignID, n, from, to, epoch, xid, want)
-	if err != nil || units == 0 {
-		s.observeTransfer(outcomeOf(err, "empty"), 0)
-		return 0, err
-	}
-	err = s.completeTransfer(ctx, campaignID, n, from, to, epoch, xid, units)
-	s.observeTransfer(outcomeOf(err, "moved"), units)
-	return units, err
-}
-
-// Transfer outcomes, as TransferObserver is told them: moved (taken and
-// given), empty (the donor had nothing left, or its epoch moved on),
-// recovered (a pending transfer completed by RecoverTransfers or a scan),
-// failed (a step failed: it stays pending until recovered).
-func outcomeOf(err error, ok string) string {
-	if err != nil {
-		return "failed"
-	}
-	return ok
-}
-
-// WithTransferObserver has Store tell observe each stock transfer between
-// a campaign's buckets: its outcome and the units it moved.
-func WithTransferObserver(observe func(outcome string, units int64)) Option {
-	return func(s *Store) { s.transferObserver = observe }
-}
-
-func (s *Store) observeTransfer(outcome string, units int64) {
-	if s.transferObserver != nil {
-		s.transferObserver(outcome, units)
-	}
-}
-
-// takeUnits is a transfer's first step (take.lua); 0 units when the donor
-// had none or is at another epoch.
-func (s *Store) takeUnits(ctx context.Context, campaignID string, n, from, to int, epoch int64, xid string, want int64) (int64, error) {
-	k := campaignKeys(model.BucketTag(campaignID, from, n))
-	reply, err := s.runAcked(ctx, s.take, []string{k.stock, k.meta, k.xfer, k.xpend}, xid, want, epoch, to).Int64Slice()
-	if err != nil {
-		return 0, fmt.Errorf("transfer %s from bucket %d of %s: %w", xid, from, campaignID, err)
-	}
-	switch {
-	case len(reply) == 2 && (reply[0] == 1 || reply[0] == 0) && reply[1] > 0:
-		return reply[1], nil
-	case len(reply) == 1 && (reply[0] == -1 || reply[0] == -2):
-		return 0, nil
-	}
-	return 0, fmt.Errorf("transfer %s from bucket %d of %s: unexpected reply %v", xid, from, campaignID, reply)
-}
-
-// completeTransfer runs a taken transfer's last two steps: give.lua on the
-// recipient, settle.lua on the donor. Safe to run again.
-func (s *Store) completeTransfer(ctx context.Context, campaignID string, n, from, to int, epoch int64, xid string, units int64) error {
-	kt := campaignKeys(model.BucketTag(campaignID, to, n))
-	code, err := s.runAcked(ctx, s.give, []string{kt.stock, kt.meta, kt.got}, xid, units, epoch).Int()
-	if err != nil {
-		return fmt.Errorf("transfer %s to bucket %d of %s: %w", xid, to, campaignID, err)
-	}
-	state := "done"
-	switch code {
-	case 1, 0:
-	case -1:
-		state = "void" // a rebuild wrote the recipient: the ledger decides its units
-	default:
-		return fmt.Errorf("transfer %s to bucket %d of %s: unexpected reply %d", xid, to, campaignID, code)
-	}
-	kf := campaignKeys(model.BucketTag(campaignID, from, n))
-	if err := s.runAcked(ctx, s.settle, []string{kf.xfer, kf.xpend, kf.meta}, xid, state).Err(); err != nil {
-		return fmt.Errorf("settle transfer %s of %s: %w", xid, campaignID, err)
-	}
-	return nil
-}
-
-// transfersIndex is the set of campaigns that made transfers some of which
-// may still be pending. It has no hash tag: one key, on one node.
-const transfersIndex = "fs:transfers"
-
-// RecoverTransfers completes the transfers left pending in every campaign
-// that made any (a worker that died between a transfer's steps): one read
-// of its buckets each. A campaign leaves the index when Redis no longer
-// holds it (its keys expired, or it was removed): before that, a transfer
-// may start at any moment, and an index entry taken off between its
-// indexing and its first step would hide it if it died there. Every worker
-// process runs it periodically (the sweeper's "transfer recovery"); a scan
-// of the campaign does the same sooner, when one of its buckets runs short.
-func (s *Store) RecoverTransfers(ctx context.Context) error {
-	campaigns, err := s.rdb.SMembers(ctx, transfersIndex).Result()
-	if err != nil {
-		return fmt.Errorf("recover transfers: %w", unavailable(err))
-	}
-	var errs []error
-	for _, c := range campaigns {
-		if err := s.recoverCampaign(ctx, c); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func (s *Store) recoverCampaign(ctx context.Context, campaignID string) error {
-	n, err := s.rdb.HGet(ctx, campaignKeys(campaignID).meta, "buckets").Int()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("recover transfers of %s: %w", campaignID, unavailable(err))
-	}
-	if n > 1 {
-		snap, err := s.readBuckets(ctx, campaignID, n)
-		switch {
-		case errors.Is(err, model.ErrNotLoaded):
-			return nil // a rebuild writes it again, voiding what was pending
-		case err != nil:
-			return err
-		case hasPending(snap):
-			return s.recoverPending(ctx, campaignID, n, snap)
-		}
-		return nil
-	}
-	if err := s.rdb.SRem(ctx, transfersIndex, campaignID).Err(); err != nil {
-		return fmt.Errorf("recover transfers of %s: index: %w", campaignID, unavailable(err))
-	}
-	return nil
-}
-
-// recoverPending completes the transfers a scan found pending: taken from
-// their donor, perhaps given, not settled (a crash, or another worker
-// between its steps: completing it twice changes nothing).
-func (s *Store) recoverPending(ctx context.Context, campaignID string, n int, snap []bucketState) error {
-	for from, bs := range snap {
-		if len(bs.pending) == 0 {
-			continue
-		}
-		k := campaignKeys(model.BucketTag(campaignID, from, n))
-		vals, err := s.rdb.HMGet(ctx, k.xfer, bs.pending...).Result()
-		if err != nil {
-			return fmt.Errorf("pending transfers of %s: %w", campaignID, unavailable(err))
-		}
-		for i, v := range vals {
-			xid := bs.pending[i]
-			str, _ := v.(string)
-			f := strings.Split(str, "|")
-			if len(f) != 4 {
-				return fmt.Errorf("pending transfer %s of %s: record %q malformed", xid, campaignID, str)
-			}
-			units, err1 := strconv.ParseInt(f[1], 10, 64)
-			to, err2 := strconv.Atoi(f[2])
-			epoch, err3 := strconv.ParseInt(f[3], 10, 64)
-			if err1 != nil || err2 != nil || err3 != nil || to < 0 || to >= n {
-				return fmt.Errorf("pending transfer %s of %s: record %q malformed", xid, campaignID, str)
-			}
-			if err := s.completeTransfer(ctx, campaignID, n, from, to, epoch, xid, units); err != nil {
-				s.observeTransfer("failed", 0)
-				return err
-			}
-			s.observeTransfer("recovered", units)
-		}
-	}
-	return nil
 }

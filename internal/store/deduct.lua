@@ -137,11 +137,11 @@ for i = 1, n do
   if earlier then
     status, order, reason = earlier[1], earlier[2], earlier[3]
   elseif stored[i] then
-    local s, _, o, r = string.match(stored[i], '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|')
+    local s, _, o, r, q = parse_stored(stored[i])
     if s and s ~= 'queued' then
       status, order, reason = s, o, r
     elseif s then
-      seq = tonumber(r)
+      seq = q
     end
   end
 
@@ -181,7 +181,7 @@ for i = 1, n do
       end
     else
       results[#results + 1] = rid
-      results[#results + 1] = status .. '|' .. (qty or 0) .. '|' .. order .. '|' .. reason .. '|' .. user
+      results[#results + 1] = stored_result(status, qty or 0, order, reason, user)
       fin[status] = (fin[status] or 0) + 1
       decided[rid] = { status, order, reason }
     end
@@ -191,13 +191,6 @@ for i = 1, n do
   reply[#reply + 1] = reason
 end
 
--- Large batches are written in chunks to stay clear of Lua's unpack limit.
-local function hset_all(key, pairs_list)
-  for j = 1, #pairs_list, 4000 do
-    redis.call('HSET', key, unpack(pairs_list, j, math.min(j + 3999, #pairs_list)))
-  end
-end
-
 if sold > 0 then
   redis.call('DECRBY', KEYS[1], sold)
   local units = {}
@@ -205,13 +198,13 @@ if sold > 0 then
     units[#units + 1] = user
     units[#units + 1] = bought[user]
   end
-  hset_all(KEYS[2], units)
+  hset_chunks(KEYS[2], units)
   if remaining == 0 and not bucketed then
     redis.call('SET', KEYS[4], '1')
     reply[1] = 1
   end
 end
-hset_all(KEYS[3], results)
+hset_chunks(KEYS[3], results)
 -- Statistics only (the queued count and the sold total): one write per
 -- status rather than one per request.
 if sold > 0 then
@@ -228,8 +221,7 @@ if top > 0 then
   local p = redis.call('HMGET', KEYS[5], 'decided', 'win_ms', 'win_w')
   local was = tonumber(p[1] or '0')
   if top > was then
-    local t = redis.call('TIME')
-    local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local now_ms = unix_ms(redis.call('TIME'))
     local win_ms = tonumber(p[2] or '0')
     if win_ms == 0 then
       redis.call('HSET', KEYS[5], 'decided', top, 'win_ms', now_ms, 'win_w', was)
@@ -240,18 +232,15 @@ if top > 0 then
     end
   end
 end
--- The keys written may be new (and SET dropped the flag's expiry): they
--- expire with the campaign's other keys.
-if meta[4] then
-  if sold > 0 then
-    redis.call('EXPIREAT', KEYS[2], meta[4])
-    if remaining == 0 and not bucketed then
-      redis.call('EXPIREAT', KEYS[4], meta[4])
-    end
+-- The keys written may be new (and SET dropped the flag's expiry).
+if sold > 0 then
+  expire_with_campaign(meta[4], KEYS[2])
+  if remaining == 0 and not bucketed then
+    expire_with_campaign(meta[4], KEYS[4])
   end
-  if #results > 0 then
-    redis.call('EXPIREAT', KEYS[3], meta[4])
-  end
+end
+if #results > 0 then
+  expire_with_campaign(meta[4], KEYS[3])
 end
 -- A bucket of several that this call emptied asks the caller to look at
 -- the others: when they are empty too the campaign is sold out.

@@ -10,7 +10,7 @@
 --        loaded, or loaded by another load, which read the flag itself)
 
 local current = redis.call('HMGET', KEYS[1], 'stock', 'epoch')
-if not current[1] or tonumber(current[2] or '0') ~= tonumber(ARGV[1]) then
+if loaded_epoch(current) ~= tonumber(ARGV[1]) then
   return 0
 end
 redis.call('HSET', KEYS[1], 'ended_early', '1', 'end_ms', ARGV[2])

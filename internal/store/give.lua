@@ -19,7 +19,5 @@ if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 0 then
 end
 redis.call('INCRBY', KEYS[1], ARGV[2])
 redis.call('HINCRBY', KEYS[2], 'moves', 1)
-if meta[2] then
-  redis.call('EXPIREAT', KEYS[3], meta[2])
-end
+expire_with_campaign(meta[2], KEYS[3])
 return 1

@@ -80,10 +80,11 @@ for _, member in ipairs(members) do
     -- No result at all: withdrawn, or a rebuild dropped it; nothing to
     -- finish. A final one stays.
     local v = stored[i]
-    if v and string.sub(v, 1, 7) == 'queued|' then
-      local qty, seq, user = string.match(v, '^queued|([^|]*)|[^|]*|([^|]*)|(.*)$')
-      if ended or (tonumber(seq) or 0) < decided then
-        local value = 'rejected|' .. qty .. '||' .. ARGV[3] .. '|' .. user
+    if v and is_queued(v) then
+      local _, qty, _, _, seq = parse_stored(v)
+      local user = stored_user(v)
+      if ended or (seq or 0) < decided then
+        local value = stored_result('rejected', qty, '', ARGV[3], user)
         results[#results + 1] = rid
         results[#results + 1] = value
         reply[#reply + 1] = rid

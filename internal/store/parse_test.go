@@ -209,7 +209,7 @@ func TestEncodeStoredRoundTrip(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			want := tt.r
 			want.RequestID, want.CampaignID = "c.1", "c"
-			got, err := decodeStored("c.1", "c", encodeStored(tt.r))
+			got, err := decodeStored("c.1", "c", storedOf(tt.r).String())
 			if err != nil || got != want {
 				t.Errorf("got (%+v, %v), want (%+v, nil)", got, err, want)
 			}
@@ -264,7 +264,7 @@ func TestResultsBatch(t *testing.T) {
 		stored := func(t *testing.T, campaignID string, r model.Result) string {
 			t.Helper()
 			id := newRequestID(campaignID)
-			if err := s.rdb.HSet(t.Context(), campaignKeys(campaignID).results, id, encodeStored(r)).Err(); err != nil {
+			if err := s.rdb.HSet(t.Context(), campaignKeys(campaignID).results, id, storedOf(r).String()).Err(); err != nil {
 				t.Fatalf("HSET: %v", err)
 			}
 			return id

@@ -15,12 +15,11 @@
 redis.replicate_commands()
 
 local current = redis.call('HMGET', KEYS[1], 'stock', 'epoch', 'paused')
-if not current[1] or tonumber(current[2] or '0') ~= tonumber(ARGV[1]) then
+if loaded_epoch(current) ~= tonumber(ARGV[1]) then
   return 0
 end
 if ARGV[2] == '0' and current[3] == '1' then
-  local t = redis.call('TIME')
-  redis.call('HSET', KEYS[1], 'paused', '0', 'resumed_ms', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  redis.call('HSET', KEYS[1], 'paused', '0', 'resumed_ms', unix_ms(redis.call('TIME')))
   return 1
 end
 redis.call('HSET', KEYS[1], 'paused', ARGV[2])

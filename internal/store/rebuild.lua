@@ -41,14 +41,9 @@
 -- once it is long over, and a load gives it a new lifetime.
 
 local current = redis.call('HMGET', KEYS[1], 'stock', 'epoch', 'returns')
-if current[1] and tonumber(current[2] or '0') >= tonumber(ARGV[1]) then
+local held = loaded_epoch(current)
+if held and held >= tonumber(ARGV[1]) then
   return 0
-end
-
-local function hset_pairs(key, from, to)
-  for j = from, to, 4000 do
-    redis.call('HSET', key, unpack(ARGV, j, math.min(j + 3999, to)))
-  end
 end
 
 redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[11], KEYS[12], KEYS[13], KEYS[14])
@@ -65,12 +60,12 @@ end
 
 local at = 12
 local users = tonumber(ARGV[at])
-hset_pairs(KEYS[5], at + 1, at + 2 * users)
+hset_chunks(KEYS[5], ARGV, at + 1, at + 2 * users)
 at = at + 2 * users + 1
 local results = tonumber(ARGV[at])
-hset_pairs(KEYS[6], at + 1, at + 2 * results)
+hset_chunks(KEYS[6], ARGV, at + 1, at + 2 * results)
 at = at + 2 * results + 1
-hset_pairs(KEYS[8], at, #ARGV)
+hset_chunks(KEYS[8], ARGV, at, #ARGV)
 
 -- Every restored result counts as admitted and decided, so none is queued.
 redis.call('HSET', KEYS[4], 'sold', ARGV[8], 'admitted', results, 'fin:success', results)

@@ -11,7 +11,7 @@
 -- Reply: the stored value after the call (the earlier final one, or ARGV[2])
 
 local stored = redis.call('HGET', KEYS[1], ARGV[1])
-if stored and string.sub(stored, 1, 7) ~= 'queued|' then
+if stored and not is_queued(stored) then
   return stored
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
@@ -21,10 +21,7 @@ if not stored then
   redis.call('HINCRBY', KEYS[2], 'admitted', 1)
 end
 redis.call('HINCRBY', KEYS[2], 'fin:rejected', 1)
--- The results hash may be new: it expires with the campaign's other keys
--- (counters, like meta, exists from the load on).
-local expire_at = redis.call('HGET', KEYS[3], 'expire_at')
-if expire_at then
-  redis.call('EXPIREAT', KEYS[1], expire_at)
-end
+-- The results hash may be new (counters, like meta, exists from the load
+-- on).
+expire_with_campaign(redis.call('HGET', KEYS[3], 'expire_at'), KEYS[1])
 return ARGV[2]

@@ -31,10 +31,8 @@ end
 if redis.call('HSETNX', KEYS[6], ARGV[1], ARGV[3]) == 0 then
   return 0
 end
--- The released hash may be new: it expires with the campaign's other keys.
-if meta[2] then
-  redis.call('EXPIREAT', KEYS[6], meta[2])
-end
+-- The released hash may be new.
+expire_with_campaign(meta[2], KEYS[6])
 local units = tonumber(ARGV[3])
 local back = math.min(units, tonumber(stock) - tonumber(remaining))
 if back > 0 then

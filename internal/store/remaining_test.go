@@ -27,17 +27,3 @@ func TestRemaining(t *testing.T) {
 		}
 	})
 }
-
-// TestScriptNames names every script by the hash go-redis calls it by.
-func TestScriptNames(t *testing.T) {
-	s := New(nil)
-	names := ScriptNames()
-	for want, script := range map[string]interface{ Hash() string }{
-		"deduct": s.deduct, "admit": s.admit, "withdraw": s.withdraw, "rebuild": s.rebuild,
-		"paused": s.paused, "reject": s.reject, "release": s.release, "notenqueued": s.notEnqueued,
-	} {
-		if got := names[script.Hash()]; got != want {
-			t.Errorf("script %s: got name %q", want, got)
-		}
-	}
-}

@@ -30,9 +30,6 @@ if returns ~= ARGV[2] then
 end
 if redis.call('SET', KEYS[1], '1', 'NX') then
   -- New: it expires with the campaign's other keys.
-  local at = redis.call('HGET', KEYS[2], 'expire_at')
-  if at then
-    redis.call('EXPIREAT', KEYS[1], at)
-  end
+  expire_with_campaign(redis.call('HGET', KEYS[2], 'expire_at'), KEYS[1])
 end
 return 1

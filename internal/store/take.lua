@@ -1,5 +1,5 @@
 -- take.lua: the first step of a stock transfer between two buckets of one
--- campaign (buckets.go): take units from the donor bucket and record the
+-- campaign (transfer.go): take units from the donor bucket and record the
 -- transfer as pending there, both in this one script. Idempotent on the
 -- transfer id: a second call with it takes nothing and answers what the
 -- first took.
@@ -37,8 +37,5 @@ redis.call('DECRBY', KEYS[1], units)
 redis.call('HSET', KEYS[3], ARGV[1], 'pending|' .. units .. '|' .. ARGV[4] .. '|' .. ARGV[3])
 redis.call('SADD', KEYS[4], ARGV[1])
 redis.call('HINCRBY', KEYS[2], 'moves', 1)
-if meta[2] then
-  redis.call('EXPIREAT', KEYS[3], meta[2])
-  redis.call('EXPIREAT', KEYS[4], meta[2])
-end
+expire_with_campaign(meta[2], KEYS[3], KEYS[4])
 return { 1, units }

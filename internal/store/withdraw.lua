@@ -11,17 +11,16 @@
 
 local removed = 0
 local stored = redis.call('HGET', KEYS[1], ARGV[1])
-if stored and string.sub(stored, 1, 7) == 'queued|' then
+if stored and is_queued(stored) then
   redis.call('HDEL', KEYS[1], ARGV[1])
   redis.call('HINCRBY', KEYS[3], 'admitted', -1)
   removed = 1
 end
 -- A decided request keeps its key, so the shopper's retry finds its result
--- instead of buying again. The key's value is "<request id>|<fingerprint>"
--- (a bare request id before fingerprints).
+-- instead of buying again.
 if ARGV[2] ~= '' and (removed == 1 or not stored) then
   local named = redis.call('HGET', KEYS[2], ARGV[2])
-  if named == ARGV[1] or (named and string.sub(named, 1, #ARGV[1] + 1) == ARGV[1] .. '|') then
+  if named and parse_idem(named) == ARGV[1] then
     redis.call('HDEL', KEYS[2], ARGV[2])
   end
 end

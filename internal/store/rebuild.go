@@ -67,8 +67,8 @@ func (s *Store) Rebuild(ctx context.Context, c model.Campaign, orders []model.Or
 			b = model.BucketOf(o.UserID, n)
 		}
 		p := &parts[b]
-		p.results = append(p.results, o.RequestID, encodeStored(model.Result{Status: model.StatusSuccess,
-			Quantity: o.Quantity, OrderID: o.ID, UserID: o.UserID}))
+		p.results = append(p.results, o.RequestID, storedResult{Status: model.StatusSuccess,
+			Quantity: o.Quantity, OrderID: o.ID, UserID: o.UserID}.String())
 		// An order in no final state holds its units, whatever it is.
 		if o.Status.Final() {
 			p.released = append(p.released, o.ID, o.Quantity)
@@ -89,7 +89,7 @@ func (s *Store) Rebuild(ctx context.Context, c model.Campaign, orders []model.Or
 		return s.rebuildTag(ctx, c.ID, c, n, parts[0])
 	}
 	// Each bucket starts with an even share of what remains; transfers
-	// (buckets.go) even out whatever the shoppers do not. The campaign's
+	// (transfer.go) even out whatever the shoppers do not. The campaign's
 	// own tag is written last: its meta is the Projection a preload
 	// compares, so it says loaded only once every bucket is.
 	rem := c.Stock - sold
@@ -164,58 +164,4 @@ func (s *Store) expireAt(c model.Campaign, now time.Time) int64 {
 		sec++
 	}
 	return sec
-}
-
-// SetPaused writes c.Paused into Redis, if Redis holds c.Epoch: a load
-// under another epoch read the flag from MySQL itself. written says whether
-// it did.
-func (s *Store) SetPaused(ctx context.Context, c model.Campaign) (written bool, err error) {
-	paused := "0"
-	if c.Paused {
-		paused = "1"
-	}
-	// Buckets first, the campaign's own tag (its Projection) last.
-	var code int
-	for _, tag := range tagsOf(c) {
-		if code, err = s.paused.Run(ctx, s.rdb, []string{campaignKeys(tag).meta}, int64(c.Epoch), paused).Int(); err != nil {
-			return false, fmt.Errorf("set paused %s: %w", tag, err)
-		}
-	}
-	return code == 1, nil
-}
-
-// EndEarly writes c's end and ended-early flag into Redis, if Redis holds
-// c.Epoch (a load under another epoch read them from MySQL itself):
-// from then on deduct.lua rejects every request not decided yet
-// (model.ReasonEndedEarly). written says whether it did.
-func (s *Store) EndEarly(ctx context.Context, c model.Campaign) (written bool, err error) {
-	var code int
-	for _, tag := range tagsOf(c) {
-		if code, err = s.endEarly.Run(ctx, s.rdb, []string{campaignKeys(tag).meta}, int64(c.Epoch), c.EndAt.UnixMilli()).Int(); err != nil {
-			return false, fmt.Errorf("end %s early: %w", tag, err)
-		}
-	}
-	return code == 1, nil
-}
-
-// tagsOf returns the tags Redis holds campaign c under: its buckets' (when
-// it has several), then its own.
-func tagsOf(c model.Campaign) []string {
-	return bucketTags(c.ID, c.Buckets, true)
-}
-
-// bucketTags returns the tags of a campaign's n buckets, followed by the
-// campaign's own when withOwn (a campaign of one bucket has only its own).
-func bucketTags(campaignID string, n int, withOwn bool) []string {
-	if n <= 1 {
-		return []string{campaignID}
-	}
-	tags := make([]string, 0, n+1)
-	for b := range n {
-		tags = append(tags, model.BucketTag(campaignID, b, n))
-	}
-	if withOwn {
-		tags = append(tags, campaignID)
-	}
-	return tags
 }
