@@ -115,13 +115,10 @@ func TestLeaseLost(t *testing.T) {
 				}
 			})
 
-			deadline := time.Now().Add(10 * time.Second)
-			for !strings.HasPrefix(rdb.Get(ctx, lk).Val(), "victim-") {
-				if time.Now().After(deadline) {
-					t.Fatalf("consumer did not take the lease within 10s")
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			testenv.Eventually(t, 10*time.Second, "the consumer to take the lease", func() (bool, string) {
+				holder := rdb.Get(ctx, lk).Val()
+				return strings.HasPrefix(holder, "victim-"), "held by " + holder
+			})
 
 			// Another tenure takes the lease (no TTL: it lasts until the
 			// test frees it) and a message arrives at once.
@@ -139,18 +136,12 @@ func TestLeaseLost(t *testing.T) {
 				t.Fatalf("DEL %s: %v", lk, err)
 			}
 
-			deadline = time.Now().Add(10 * time.Second)
-			for {
-				if _, calls := c.snapshot(); len(calls) > 0 {
-					if calls[0].Before(freed) {
-						t.Errorf("got a delivery %v before the other tenure let go of the lease, want none", freed.Sub(calls[0]))
-					}
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("got no delivery within 10s of the lease being free, want one")
-				}
-				time.Sleep(10 * time.Millisecond)
+			testenv.Eventually(t, 10*time.Second, "a delivery once the lease is free", func() (bool, string) {
+				_, calls := c.snapshot()
+				return len(calls) > 0, "none"
+			})
+			if _, calls := c.snapshot(); calls[0].Before(freed) {
+				t.Errorf("got a delivery %v before the other tenure let go of the lease, want none", freed.Sub(calls[0]))
 			}
 			if msgs, _ := c.snapshot(); msgs[0].ID != "m1" || msgs[0].Attempt != 1 {
 				t.Errorf("got message %s attempt %d, want m1 attempt 1 (never delivered while fenced out)", msgs[0].ID, msgs[0].Attempt)

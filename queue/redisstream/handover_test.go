@@ -2,6 +2,7 @@ package redisstream
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -90,17 +91,10 @@ func TestHandoverOnStop(t *testing.T) {
 				t.Helper()
 				// Generous for a loaded machine, and still far below the
 				// TTL-bound steps (75 s, 100 s, 5 min).
-				deadline := time.Now().Add(30 * time.Second)
-				for {
+				testenv.Eventually(t, 30*time.Second, what, func() (bool, string) {
 					h := owners(t, rdb, topic, opts.Partitions)
-					if cond(h) {
-						return
-					}
-					if time.Now().After(deadline) {
-						t.Fatalf("timed out waiting for %s: got holders %v", what, h)
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
+					return cond(h), fmt.Sprintf("holders %v", h)
+				})
 			}
 
 			all, half := opts.Partitions, opts.Partitions/2

@@ -226,17 +226,10 @@ func TestBalance(t *testing.T) {
 			}
 			waitFor := func(what string, cond func(map[string]int) bool) {
 				t.Helper()
-				deadline := time.Now().Add(10 * time.Second)
-				for {
+				testenv.Eventually(t, 10*time.Second, what, func() (bool, string) {
 					h := holders()
-					if cond(h) {
-						return
-					}
-					if time.Now().After(deadline) {
-						t.Fatalf("timed out waiting for %s: got holders %v", what, h)
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
+					return cond(h), fmt.Sprintf("holders %v", h)
+				})
 			}
 			start := func(name string) (stop func()) {
 				ctx, cancel := context.WithCancel(context.Background())

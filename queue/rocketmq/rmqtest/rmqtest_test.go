@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/queue/rocketmq/internal/remoting"
 	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
 )
@@ -178,13 +179,7 @@ func subscribe(t *testing.T, c *client, clientID, group string, topics ...string
 // waitFor polls cond for up to 5s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, 5*time.Second, what, func() (bool, string) { return cond(), "not yet" })
 }
 
 func TestRoute(t *testing.T) {
