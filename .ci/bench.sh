@@ -213,7 +213,7 @@ export FLASHSALE_DATABASE_DSN="root@tcp(127.0.0.1:3306)/$DB"
 export FLASHSALE_AUTH_JWT_SECRET=bench-jwt-secret-0123456789abcdef0123456789
 export FLASHSALE_AUTH_ADMIN_TOKEN=bench-admin-token
 export FLASHSALE_PAYMENT_WEBHOOK_SECRET=bench-webhook-secret-0123456789abcdef0123
-export FLASHSALE_QUEUE_TOPIC=$TOPIC
+export FLASHSALE_QUEUE_TOPIC=$TOPIC FLASHSALE_QUEUE_EXPIRY_TOPIC=$TOPIC-expiry
 export FLASHSALE_LOG_LEVEL=warn
 # configs/production.yaml picks RocketMQ (docker compose); the baseline is
 # measured on the Redis-Streams queue of the real Redis.
