@@ -15,7 +15,7 @@ import (
 )
 
 // Sales on the rocketmq driver across what a real broker does to its
-// clients (docs/ROCKETMQ.md, "The broker double"): a crash that takes
+// clients (queue/rocketmq/README.md, "The broker double"): a crash that takes
 // committed offsets back, a restart that forgets locks and consumer groups
 // while two workers run, a send-back it refuses.
 

@@ -13,7 +13,7 @@ import (
 // processes against a RocketMQ broker double in this process.
 //
 // Why child processes: rocketmq-client-go v2.1.2 has data races of its own
-// (docs/ROCKETMQ.md), and this package's tests run under -race, which would
+// (queue/rocketmq/README.md), and this package's tests run under -race, which would
 // fail on them. The children are built without -race; the test process —
 // the shoppers, the checks and the broker double, which is race-clean —
 // stays under it, and the gateway, worker and notifier code the children run

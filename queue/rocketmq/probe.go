@@ -127,7 +127,7 @@ var errNoTopic = errors.New("topic does not exist")
 
 // route asks the name servers, in turn, for topic's route. It asks for
 // standard JSON, but name servers before 4.9.4 answer in fastjson's dialect
-// anyway, so the answer is parsed in either (docs/ROCKETMQ.md, "Route
+// anyway, so the answer is parsed in either (queue/rocketmq/README.md, "Route
 // bodies").
 func (p *prober) route(ctx context.Context, topic string) (route, error) {
 	var errs []error

@@ -1,6 +1,6 @@
 // Package rocketmq is the queue driver on Apache RocketMQ, through
 // github.com/apache/rocketmq-client-go/v2 (pinned at v2.1.2, the newest the
-// module proxy serves; docs/ROCKETMQ.md lists its defects and how this
+// module proxy serves; queue/rocketmq/README.md lists its defects and how this
 // package works around them).
 //
 // Publishing: a message goes to queue FNV-1a(Key) mod n of its topic, the

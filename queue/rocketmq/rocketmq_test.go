@@ -1,6 +1,6 @@
 // The tests of this package use rocketmq-client-go, which has data races of
 // its own (processQueue.takeMessages vs putMessage, SubscriptionData.Clone vs
-// messageQueueChanged; see docs/ROCKETMQ.md): they run without -race
+// messageQueueChanged; see queue/rocketmq/README.md): they run without -race
 // (.ci/run says so too). The broker double they run against is race-clean and
 // has its own tests under -race in rmqtest. No goroutine-leak checks here
 // either: the library leaves goroutines behind after Shutdown.

@@ -9,7 +9,7 @@ import (
 )
 
 // Delayed messages, as a 4.9.4 broker keeps them (CommitLog.asyncPutMessage
-// and ScheduleMessageService; docs/ROCKETMQ.md, "Delay levels"): stored at
+// and ScheduleMessageService; queue/rocketmq/README.md, "Delay levels"): stored at
 // once in the schedule topic, one queue per level, and moved to their real
 // topic and queue as new messages when due.
 

@@ -3,7 +3,7 @@
 // RocketMQ's remoting protocol (JSON headers) to the unmodified
 // rocketmq-client-go v2.1.2, so the driver is tested through the real
 // library and the real wire format. No RocketMQ broker can be installed on
-// the machines that run the tests (see docs/ROCKETMQ.md).
+// the machines that run the tests (see queue/rocketmq/README.md).
 //
 // It serves what the library uses: route info, heartbeats, send and batch
 // send, long-poll pull (a pull with nothing to return is held open until a
