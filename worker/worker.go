@@ -156,37 +156,27 @@ func (w *Worker) held(err error) error {
 		return err
 	}
 	w.m.HeldBatches.Inc()
-	if errors.Is(err, queue.ErrHeld) {
-		return err
-	}
 	return fmt.Errorf("%w: %w", queue.ErrHeld, err)
 }
-
-// mysqlHold marks an error of MySQL's as a hold: the decisions are made and
-// stored in Redis, and a MySQL that cannot take them now holds the batch for
-// as long as it takes (never given up: the units are sold in Redis).
-type mysqlHold struct{ err error }
-
-func (e mysqlHold) Error() string        { return e.err.Error() }
-func (e mysqlHold) Unwrap() error        { return e.err }
-func (e mysqlHold) Is(target error) bool { return target == model.ErrHeld }
 
 // finish stores the successes of decided results, fenced by the epochs
 // they were decided under, publishes them all and schedules the new orders'
 // expiry.
 func (w *Worker) finish(ctx context.Context, results []model.Result, epochs model.Epochs) error {
 	orders, now := ordersOf(results), time.Now()
-	// Both read or write MySQL, and any failure of theirs holds the batch
-	// (mysqlHold). A ledger that moved on (model.ErrLedgerMoved) is a hold
-	// of its own: the batch is decided again once Redis is rebuilt, which
-	// may wait for an operator's preload.
+	// Both read or write MySQL, and any failure of theirs holds the batch:
+	// the decisions are made and stored in Redis, so a MySQL that cannot
+	// take them now holds it for as long as it takes (never given up: the
+	// units are sold in Redis). A ledger that moved on (model.ErrLedgerMoved)
+	// is decided again once Redis is rebuilt, which may wait for an
+	// operator's preload.
 	if err := w.applyTerms(ctx, orders, now); err != nil {
-		return mysqlHold{err}
+		return fmt.Errorf("%w: %w", model.ErrHeld, err)
 	}
 	// Successes must be in MySQL before the batch is acknowledged: the
 	// shopper may already have seen them through the poll endpoint.
 	if err := w.persist(ctx, orders, epochs); err != nil {
-		return mysqlHold{err}
+		return fmt.Errorf("%w: %w", model.ErrHeld, err)
 	}
 	w.count(results)
 	if err := w.stock.PublishResults(ctx, results); err != nil {

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -14,15 +12,7 @@ import (
 // flashsale families a running system (every role) and `flashsale
 // reconcile --metrics-file` export.
 func TestDocsMetrics(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join(moduleRoot(t), "docs/OPERATIONS.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(b), "\n## Metrics\n")
-	if !ok {
-		t.Fatal(`docs/OPERATIONS.md has no "## Metrics" section`)
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
+	section := docSection(t, "docs/OPERATIONS.md", "Metrics")
 	documented := map[string]bool{}
 	for _, m := range metricRow.FindAllStringSubmatch(section, -1) {
 		documented[m[1]] = true

@@ -13,20 +13,11 @@ import (
 )
 
 // TestDocsScripts holds docs/ARCHITECTURE.md's list of Lua scripts equal
-// to the scripts in the tree (the frozen copies benchmarks compare against,
-// under testdata/, aside): a script added, renamed or removed must be
-// written down there too.
+// to the scripts in the tree (testdata/ aside): a script added, renamed or
+// removed must be written down there too.
 func TestDocsScripts(t *testing.T) {
 	root := moduleRoot(t)
-	b, err := os.ReadFile(filepath.Join(root, "docs/ARCHITECTURE.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(b), "\n## Lua scripts\n")
-	if !ok {
-		t.Fatal(`docs/ARCHITECTURE.md has no "## Lua scripts" section`)
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
+	section := docSection(t, "docs/ARCHITECTURE.md", "Lua scripts")
 	var listed []string
 	for _, m := range scriptRow.FindAllStringSubmatch(section, -1) {
 		listed = append(listed, m[1])
@@ -99,6 +90,22 @@ var (
 	docParam = regexp.MustCompile(`\{[^}]*\}`)
 	ginParam = regexp.MustCompile(`:[^/]+`)
 )
+
+// docSection returns the text of doc's "## heading" section, up to the
+// next "## " heading.
+func docSection(t *testing.T, doc, heading string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(moduleRoot(t), doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n## "+heading+"\n")
+	if !ok {
+		t.Fatalf("%s has no %q section", doc, "## "+heading)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	return section
+}
 
 // luaFiles returns the Lua scripts under root, relative to it, testdata
 // and hidden folders aside.
