@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -90,6 +91,11 @@ func (s *Service) enqueue(ctx context.Context, p Purchase, pass model.ChallengeP
 func (s *Service) submit(p *pendingPurchase) {
 	ad := &s.admitter
 	ad.mu.Lock()
+	if ad.flushing > 0 && s.opts.RedisDown() {
+		ad.mu.Unlock()
+		p.done <- admitAnswer{err: s.redisOut(p.req)}
+		return
+	}
 	ad.pending = append(ad.pending, p)
 	start := ad.loops < s.opts.AdmitConcurrency
 	if start {
@@ -99,6 +105,12 @@ func (s *Service) submit(p *pendingPurchase) {
 	if start {
 		go s.flushLoop()
 	}
+}
+
+// redisOut is the refusal of a purchase not sent to Redis because Redis is
+// out and a batch in flight already probes it.
+func (s *Service) redisOut(a model.AdmitRequest) error {
+	return s.refuse("unavailable", fmt.Errorf("admit %s: %w: redis is out", a.RequestID, model.ErrUnavailable))
 }
 
 // flushLoop flushes pending purchases until there are none.
@@ -112,6 +124,18 @@ func (s *Service) flushLoop() {
 			ad.loops--
 			ad.mu.Unlock()
 			return
+		}
+		if ad.flushing > 0 && s.opts.RedisDown() {
+			// What queued up while a batch found Redis out need not wait
+			// for the next: the one in flight probes it.
+			refused := slices.Clone(ad.pending)
+			clear(ad.pending)
+			ad.pending = ad.pending[:0]
+			ad.mu.Unlock()
+			for _, p := range refused {
+				p.done <- admitAnswer{err: s.redisOut(p.req)}
+			}
+			continue
 		}
 		if n < s.opts.AdmitBatch && ad.flushing > 0 && s.opts.AdmitLinger > 0 && !lingered {
 			// More purchases arrive while the other batch is in flight;

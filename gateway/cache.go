@@ -52,8 +52,10 @@ func (s *Service) campaign(ctx context.Context, id string) (*cachedCampaign, mod
 		return nil, model.Campaign{}, fmt.Errorf("load campaign %s: %w: %v", id, model.ErrUnavailable, err)
 	default:
 		next.campaign = c
-		if flag, ferr := s.stock.SoldOut(ctx, id); ferr == nil {
-			cc.soldOut.Store(flag)
+		if !s.opts.RedisDown() { // else the flag stays as last known
+			if flag, ferr := s.stock.SoldOut(ctx, id); ferr == nil {
+				cc.soldOut.Store(flag)
+			}
 		}
 	}
 	cc.snap.Store(next)

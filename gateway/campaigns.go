@@ -217,7 +217,7 @@ func (s *Service) Stats(ctx context.Context, id string) (CampaignStats, error) {
 
 // PublicCampaign is what anyone may know about a campaign. Remaining is
 // approximate (read at most once per campaign cache TTL), and -1 when
-// Redis does not hold the campaign (not preloaded).
+// Redis does not hold the campaign (not preloaded) or did not answer.
 type PublicCampaign struct {
 	Campaign  model.Campaign
 	State     model.CampaignState
@@ -274,7 +274,15 @@ func (s *Service) OpenCampaigns(ctx context.Context) ([]PublicCampaign, error) {
 	}
 	left, err := s.stock.Remaining(ctx, ids)
 	if err != nil {
-		return nil, fmt.Errorf("open campaigns: %w: %v", model.ErrUnavailable, err)
+		// The list is MySQL's; only the remaining units are Redis's. With
+		// Redis out the last list is served, or this one without them,
+		// for a cache TTL: callers wait on this lock, so none should wait
+		// on Redis after the first.
+		if l.items != nil {
+			l.loadedAt = now
+			return l.items, nil
+		}
+		left = nil
 	}
 	items := make([]PublicCampaign, len(cs))
 	for i, c := range cs {
@@ -293,7 +301,7 @@ func (s *Service) OpenCampaigns(ctx context.Context) ([]PublicCampaign, error) {
 // the value it replaces).
 func (s *Service) remaining(ctx context.Context, cc *cachedCampaign) int64 {
 	now := s.opts.Now()
-	if now.UnixNano()-cc.remainingAt.Load() < int64(s.opts.CampaignCacheTTL) || !cc.remainingMu.TryLock() {
+	if now.UnixNano()-cc.remainingAt.Load() < int64(s.opts.CampaignCacheTTL) || s.opts.RedisDown() || !cc.remainingMu.TryLock() {
 		return cc.remaining.Load()
 	}
 	defer cc.remainingMu.Unlock()

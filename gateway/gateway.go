@@ -90,6 +90,13 @@ type Options struct {
 	// publish probes the queue, and a success closes the breaker again.
 	BreakerFailures int           // default 3
 	BreakerOpenFor  time.Duration // default 2s
+	// RedisDown, when set, reports whether this process sees Redis out
+	// (store.Guard.Down). While it does, a purchase that would wait behind
+	// an admission batch already in flight (the probe that finds Redis
+	// back) is refused 503 at once, and the public campaign reads answer
+	// from the cache without asking Redis, so nobody waits on a frozen
+	// Redis more than once.
+	RedisDown func() bool
 	// Gate checks purchases of campaigns with ChallengeBits above 0
 	// (challenge.go); nil refuses them all.
 	Gate Gate
@@ -97,6 +104,9 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
+	if o.RedisDown == nil {
+		o.RedisDown = func() bool { return false }
+	}
 	if o.CampaignCacheTTL <= 0 {
 		o.CampaignCacheTTL = 2 * time.Second
 	}

@@ -169,6 +169,7 @@ type system struct {
 	// roles stop.
 	closers     []func() error
 	store       *store.Store
+	redisGuard  *store.Guard // bounds every Redis call (openRedis)
 	db          *sqlstore.DB // nil unless a gateway or worker runs
 	pub         queue.Publisher
 	newConsumer func(name string) queue.Consumer
@@ -438,7 +439,9 @@ func webSocketBudget(c config.Notifier, fileLimit int) int {
 
 // mountGateway builds the gateway and registers its admin and shopper routes.
 func (s *system) mountGateway(jwt *auth.JWT) {
-	s.gateway = gateway.New(s.log.With("role", "gateway"), s.store, s.db, s.pub, s.Metrics, gatewayOptions(s.cfg))
+	opts := gatewayOptions(s.cfg)
+	opts.RedisDown = s.redisGuard.Down
+	s.gateway = gateway.New(s.log.With("role", "gateway"), s.store, s.db, s.pub, s.Metrics, opts)
 	s.watchStock()
 	log := s.log.With("role", "gateway")
 	admin := httpapi.Admin(s.log, s.cfg.Auth.AdminToken, s.cfg.Auth.AdminFailuresPerMinute)
@@ -677,11 +680,25 @@ func registerDocument(e, admin *gin.Engine) {
 }
 
 func openRedis(ctx context.Context, c config.Redis, sys *system) (redis.UniversalClient, error) {
+	// Every call is bounded by c.Timeout (the guard sets its deadline);
+	// the sockets' read timeout is longer only for what waits by design:
+	// a pipelined WAIT for replicas is read under it.
+	readTimeout := c.Timeout
+	if c.MinReplicasAck > 0 {
+		readTimeout += c.ReplicaAckTimeout
+	}
+	guard := &store.Guard{Timeout: c.Timeout, Log: sys.log}
+	if sys.Metrics != nil {
+		guard.Observe = sys.Metrics.ObserveRedis
+	}
+	sys.redisGuard = guard
 	if c.Mode == "cluster" {
 		// Every key carries its campaign's (or queue partition's) hash
 		// tag, so the same scripts run on the cluster unchanged.
 		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs, Password: c.Password, PoolSize: c.PoolSize,
-			ClusterStateReloadInterval: c.ClusterReloadInterval})
+			ClusterStateReloadInterval: c.ClusterReloadInterval, ContextTimeoutEnabled: true,
+			DialTimeout: c.Timeout, ReadTimeout: readTimeout, WriteTimeout: c.Timeout, PoolTimeout: c.Timeout})
+		rdb.AddHook(guard)
 		sys.closers = append(sys.closers, rdb.Close)
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
@@ -705,7 +722,9 @@ func openRedis(ctx context.Context, c config.Redis, sys *system) (redis.Universa
 		sys.closers = append(sys.closers, func() error { mr.Close(); return nil })
 		addr = mr.Addr()
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr, Password: c.Password, DB: c.DB, PoolSize: c.PoolSize})
+	rdb := redis.NewClient(&redis.Options{Addr: addr, Password: c.Password, DB: c.DB, PoolSize: c.PoolSize,
+		ContextTimeoutEnabled: true, DialTimeout: c.Timeout, ReadTimeout: readTimeout, WriteTimeout: c.Timeout, PoolTimeout: c.Timeout})
+	rdb.AddHook(guard)
 	sys.closers = append(sys.closers, rdb.Close)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

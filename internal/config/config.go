@@ -158,6 +158,13 @@ type Redis struct {
 	// decided again, and keeps the purchase as of unknown publish outcome.
 	MinReplicasAck    int           `yaml:"min_replicas_ack" env:"MIN_REPLICAS_ACK"`
 	ReplicaAckTimeout time.Duration `yaml:"replica_ack_timeout" env:"REPLICA_ACK_TIMEOUT"`
+	// Timeout bounds every Redis call but those that wait by design (a
+	// replica WAIT, a blocking queue read): past it the call fails, and a
+	// request that needed it is answered 503 unavailable with Retry-After.
+	// It is what a frozen Redis costs a shopper, so it is short; a call
+	// that timed out may still run when Redis wakes up, which every
+	// request path allows for (docs/RELIABILITY.md).
+	Timeout time.Duration `yaml:"timeout" env:"TIMEOUT"`
 }
 
 // Database selects the order store.
@@ -298,7 +305,7 @@ func Default() Config {
 		Auth: Auth{JWTSecret: DevJWTSecret, JWTLeeway: 30 * time.Second, AdminToken: DevAdminToken, AdminFailuresPerMinute: 10, Dev: true,
 			Provider: Provider{JWKSRefresh: time.Hour, JWKSUnknownKID: time.Minute}},
 		Redis: Redis{Mode: "embedded", PoolSize: 64, ClusterReloadInterval: 2 * time.Second, KeyRetention: 7 * 24 * time.Hour,
-			ReplicaAckTimeout: time.Second},
+			ReplicaAckTimeout: time.Second, Timeout: time.Second},
 		Database: Database{Driver: "sqlite", DSN: ":memory:"},
 		Queue: Queue{Driver: "redisstream", Topic: "flashsale-purchases", ExpiryTopic: "flashsale-expiry", Partitions: 8, BatchSize: 128, Group: "workers", LeaseTTL: 10 * time.Second,
 			RocketMQ: RocketMQ{NameServers: []string{"127.0.0.1:9876"}, ProducerGroup: "flashsale-gateway",
@@ -395,6 +402,8 @@ func (c Config) Validate() error {
 		return bad("redis.min_replicas_ack", "needs a Redis with replicas, not redis.mode embedded")
 	case c.Redis.ReplicaAckTimeout <= 0 || c.Redis.ReplicaAckTimeout > time.Minute:
 		return bad("redis.replica_ack_timeout", "must be between 1ms and 1m")
+	case c.Redis.Timeout < 10*time.Millisecond || c.Redis.Timeout > time.Minute:
+		return bad("redis.timeout", "must be between 10ms and 1m")
 	case c.Database.Driver != "sqlite" && c.Database.Driver != "mysql":
 		return bad("database.driver", `must be "sqlite" or "mysql"`)
 	case c.Database.DSN == "":

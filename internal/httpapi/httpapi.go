@@ -163,7 +163,14 @@ func Abort(c *gin.Context, log *slog.Logger, err error) {
 	if s.status == http.StatusTooManyRequests && errors.As(err, &rl) && rl.RetryAfterSeconds > 0 {
 		c.Header("Retry-After", strconv.Itoa(rl.RetryAfterSeconds))
 	}
-	if s.status >= 500 {
+	switch {
+	case s.status == http.StatusServiceUnavailable:
+		// Expected while a dependency is out: the shopper is told when to
+		// retry, and the outage is logged once where it is seen
+		// (store.Guard, the publish breaker), not once per request.
+		c.Header("Retry-After", "1")
+		log.Debug("request refused: unavailable", "route", c.FullPath(), "err", err)
+	case s.status >= 500:
 		log.Error("request failed", "route", c.FullPath(), "status", s.status, "err", err)
 	}
 	// The same bytes gin's JSON renderer would write, without marshalling

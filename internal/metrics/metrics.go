@@ -36,6 +36,8 @@ type Metrics struct {
 	buildInfo       *prometheus.GaugeVec // version, role
 	Requests        *CounterVec          // route, code
 	RequestDuration *prometheus.HistogramVec
+	RedisUp         prometheus.Gauge   // 0 during an outage (store.Guard)
+	RedisOutages    prometheus.Counter // outages begun
 	// Gateway.
 	Refusals         *CounterVec          // reason
 	PublishLatency   prometheus.Histogram // seconds
@@ -171,13 +173,20 @@ func New(roles ...Role) *Metrics {
 		ResultsChannels: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "flashsale_results_channels", Help: "Campaigns whose sharded results channel the notifier subscribes to: those its shoppers wait on, and for 30 s after.",
 		}),
+		RedisUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "flashsale_redis_up", Help: "1 while Redis answers this process's calls, 0 from a call that got no answer within redis.timeout to the next answer.",
+		}),
+		RedisOutages: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flashsale_redis_outages_total", Help: "Redis outages this process saw begin: a call got no answer within redis.timeout after the last one that did.",
+		}),
 		CachedCampaigns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "flashsale_gateway_cached_campaigns",
 			Help: "Campaign ids in the gateway's cache: known campaigns, and unknown ids (bounded, short-lived).",
 		}, []string{"kind"}),
 	}
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.buildInfo, m.Requests, m.RequestDuration)
+		m.buildInfo, m.Requests, m.RequestDuration, m.RedisUp, m.RedisOutages)
+	m.RedisUp.Set(1)
 	has := func(r Role) bool { return slices.Contains(roles, r) }
 	if has(Gateway) {
 		m.Registry.MustRegister(m.Refusals, m.PublishLatency, m.PublishUnknown, m.MaybeNotEnqueued, m.LatePayments, m.CachedCampaigns)
@@ -202,6 +211,17 @@ func New(roles ...Role) *Metrics {
 		m.ResultsDelivered.WithLabelValues("poll")
 	}
 	return m
+}
+
+// ObserveRedis records a Redis outage's start (up false) or end
+// (store.Guard.Observe).
+func (m *Metrics) ObserveRedis(up bool) {
+	if up {
+		m.RedisUp.Set(1)
+		return
+	}
+	m.RedisUp.Set(0)
+	m.RedisOutages.Inc()
 }
 
 // ObserveReplicaAck records one deduction's wait for replicas

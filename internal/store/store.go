@@ -172,8 +172,10 @@ func maybeNotEnqueued(err error) bool {
 // transientReply reports whether a Redis error reply says the server
 // cannot serve the command for now.
 func transientReply(msg string) bool {
-	for _, prefix := range []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY"} {
-		if strings.HasPrefix(msg, prefix) {
+	// The first word is the error's code: BUSYGROUP is not BUSY.
+	code, _, _ := strings.Cut(msg, " ")
+	for _, transient := range []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY"} {
+		if code == transient {
 			return true
 		}
 	}
