@@ -326,7 +326,7 @@ func TestAdmitPublishUnknown(t *testing.T) {
 				}
 			}
 			passQueue(t, st, c.ID)
-			swept, err := st.SweepNotEnqueued(t.Context(), []string{c.ID}, 0)
+			swept, err := st.SweepNotEnqueued(t.Context(), []string{c.ID}, 0, 0)
 			if err != nil {
 				t.Fatal(err)
 			}

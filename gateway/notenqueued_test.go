@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -40,6 +41,11 @@ func (f *faultyStock) Withdraw(ctx context.Context, batch []model.AdmitRequest) 
 // moved past everything admitted before.
 func passQueue(t *testing.T, st *store.Store, campaignID string) {
 	t.Helper()
+	// A sweep first, as the sweeper's runs between admissions: it marks
+	// the line the closing request's decision passes (grace never over).
+	if swept, err := st.SweepNotEnqueued(t.Context(), []string{campaignID}, time.Hour, 0); err != nil || len(swept) != 0 {
+		t.Fatalf("marking sweep: got %+v, %v; want none", swept, err)
+	}
 	a := model.AdmitRequest{RequestID: model.FormatRequestID(campaignID, "c105e"), CampaignID: campaignID, UserID: "closing", Quantity: 1}
 	if got, err := st.Admit(t.Context(), campaignID, []model.AdmitRequest{a}, model.RateLimits{}); err != nil || got[0].Code != model.Admitted {
 		t.Fatalf("admit the closing request: got %+v, %v", got, err)
@@ -76,11 +82,11 @@ func TestMaybeNotEnqueued(t *testing.T) {
 			if err != nil || !ok || stored.Result.Status != model.StatusQueued {
 				t.Fatalf("the admission left behind: got %+v, %v, %v; want a queued request", stored, ok, err)
 			}
-			if swept, err := st.SweepNotEnqueued(t.Context(), []string{c.ID}, 0); err != nil || len(swept) != 0 {
+			if swept, err := st.SweepNotEnqueued(t.Context(), []string{c.ID}, 0, 0); err != nil || len(swept) != 0 {
 				t.Fatalf("swept before the queue moved past it: got %+v, %v; want none", swept, err)
 			}
 			passQueue(t, st, c.ID)
-			swept, err := st.SweepNotEnqueued(t.Context(), []string{c.ID}, 0)
+			swept, err := st.SweepNotEnqueued(t.Context(), []string{c.ID}, 0, 0)
 			if err != nil || len(swept) != 1 || swept[0].RequestID != stored.RequestID || swept[0].Status != model.StatusRejected || swept[0].Reason != model.ReasonNotEnqueued {
 				t.Fatalf("swept %+v, %v; want %s rejected (%s)", swept, err, stored.RequestID, model.ReasonNotEnqueued)
 			}

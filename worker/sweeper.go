@@ -13,11 +13,12 @@ import (
 // A worker process's sweeper runs its periodic tasks, each on its own
 // timer and named in its log lines (task=...):
 //
-//   - the not-enqueued sweep: an admitted request still queued longer than
-//     the longest possible queue delay after its admission, that the queue
-//     has moved past, was never stored (its gateway died between admitting
-//     and publishing, or the publish's outcome was unknown and the message
-//     was lost): store.SweepNotEnqueued gives it a final rejected result
+//   - the not-enqueued sweep: an admitted request still queued once the
+//     queue has moved past it (a request admitted worker.not_enqueued_grace
+//     after it decided, or its sale ended worker.max_queue_delay ago) was
+//     never stored (its gateway died between admitting and publishing, or
+//     the publish's outcome was unknown and the message was lost):
+//     store.SweepNotEnqueued gives it a final rejected result
 //     (not_enqueued), so it does not stay queued for good;
 //   - transfer recovery: the stock transfers between a campaign's buckets
 //     that a dead worker left half done (store.RecoverTransfers);
@@ -74,14 +75,25 @@ func (t Task) loop(ctx context.Context, log *slog.Logger) {
 
 // Tasks returns the worker's periodic tasks: the not-enqueued sweep of the
 // campaigns whose sale ended less than the key retention ago (the ones
-// Redis may hold), and transfer recovery. Both run every tenth of maxDelay
-// (at least 100 ms), the first time a whole maxDelay after the start:
-// workers that start after an outage drain the backlog first.
-func (w *Worker) Tasks(maxDelay time.Duration) []Task {
+// Redis may hold), and transfer recovery. The sweep runs every quarter of
+// grace, from 100 ms to 1 s, from the start: an orphan ends about grace
+// after the queue moved past it, and each run marks how far admissions
+// have come, which later runs need (notenqueued.lua). Only its rule for
+// the end of a sale waits a whole maxDelay after the start: workers that
+// start after an outage drain the backlog first (the queue moving past a
+// request needs no such wait). Transfer recovery runs every tenth of
+// maxDelay (at least 100 ms), the first time maxDelay after the start.
+func (w *Worker) Tasks(grace, maxDelay time.Duration) []Task {
+	start := time.Now()
+	sweep := min(max(grace/4, 100*time.Millisecond), time.Second)
 	every := max(maxDelay/10, 100*time.Millisecond)
 	return []Task{
-		{Name: "not-enqueued sweep", First: maxDelay, Every: every, Run: func(ctx context.Context, log *slog.Logger) error {
-			return w.sweepNotEnqueued(ctx, log, maxDelay)
+		{Name: "not-enqueued sweep", Every: sweep, Run: func(ctx context.Context, log *slog.Logger) error {
+			ended := maxDelay
+			if time.Since(start) < maxDelay {
+				ended = 0 // off
+			}
+			return w.sweepNotEnqueued(ctx, log, grace, ended)
 		}},
 		{Name: "transfer recovery", First: maxDelay, Every: every, Run: func(ctx context.Context, _ *slog.Logger) error {
 			return w.stock.RecoverTransfers(ctx)
@@ -94,7 +106,7 @@ const loggedRequests = 5
 
 // sweepNotEnqueued runs the not-enqueued sweep once, and publishes the
 // results it stores like any other final result.
-func (w *Worker) sweepNotEnqueued(ctx context.Context, log *slog.Logger, maxDelay time.Duration) error {
+func (w *Worker) sweepNotEnqueued(ctx context.Context, log *slog.Logger, grace, maxDelay time.Duration) error {
 	campaigns, err := w.orders.CampaignsEndingAfter(ctx, time.Now().Add(-w.opts.KeyRetention))
 	if err != nil {
 		return fmt.Errorf("list campaigns: %w", err)
@@ -105,7 +117,7 @@ func (w *Worker) sweepNotEnqueued(ctx context.Context, log *slog.Logger, maxDela
 			tags = append(tags, model.BucketTag(c.ID, b, c.Buckets))
 		}
 	}
-	results, err := w.stock.SweepNotEnqueued(ctx, tags, maxDelay)
+	results, err := w.stock.SweepNotEnqueued(ctx, tags, grace, maxDelay)
 	if len(results) == 0 {
 		return err
 	}
@@ -115,7 +127,7 @@ func (w *Worker) sweepNotEnqueued(ctx context.Context, log *slog.Logger, maxDela
 		ids = append(ids, r.RequestID)
 	}
 	log.Warn("requests rejected as not enqueued: still queued, and the queue has moved past them",
-		"count", len(results), "request_ids", ids, "max_queue_delay", maxDelay)
+		"count", len(results), "request_ids", ids, "not_enqueued_grace", grace)
 	if perr := w.stock.PublishResults(ctx, results); perr != nil {
 		// Results are stored in Redis; notifiers re-read what they wait on.
 		log.Warn("publish results", "count", len(results), "err", perr)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
 	"github.com/flashsale/flashsale/queue"
 )
@@ -21,17 +23,19 @@ import (
 // TestSweepNotEnqueued: of three admitted requests, the two a worker decided
 // keep their results and orders; the one between them, which no worker saw
 // (its message never stored), is rejected as not enqueued by the sweeper's
-// not-enqueued sweep, which finds the campaign in MySQL, and its result is
-// published like any other final result, and logged in one line with its
-// count. Its message arriving late afterwards changes nothing: no order, no
-// unit.
+// not-enqueued sweep, which finds the campaign in MySQL, once requests
+// admitted the grace after it are decided (the two admitted with it prove
+// nothing: their messages may have overtaken its), long before the
+// queue delay. Its result is published like any other final result, and
+// logged in one line with its count. Its message arriving late afterwards
+// changes nothing: no order, no unit.
 func TestSweepNotEnqueued(t *testing.T) {
 	f := newFixture(t, 5, 1)
 	msgs := f.admit(t, 3, 3)
 	m := metrics.New()
 	w := New(discard(), f.st, f.db, m, Options{})
 	var logged bytes.Buffer
-	sweeper := Sweeper{Log: slog.New(slog.NewTextHandler(&logged, nil)), Tasks: w.Tasks(time.Second)}
+	sweeper := Sweeper{Log: slog.New(slog.NewTextHandler(&logged, nil)), Tasks: w.Tasks(200*time.Millisecond, time.Hour)}
 	for _, i := range []int{0, 2} {
 		if err := queue.Serial(w.Decide)(t.Context(), msgs[i:i+1]); err != nil {
 			t.Fatalf("decide a stored one: %v", err)
@@ -40,7 +44,7 @@ func TestSweepNotEnqueued(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	published := make(chan model.Result, 16)
+	published := make(chan model.Result, 1024)
 	ready := make(chan struct{})
 	go func() {
 		_ = f.st.SubscribeResults(ctx, f.campaign.ID, sync.OnceFunc(func() { close(ready) }), func(r model.Result) {
@@ -53,14 +57,30 @@ func TestSweepNotEnqueued(t *testing.T) {
 
 	want := model.Result{RequestID: msgs[1].ID, CampaignID: f.campaign.ID, UserID: "user1", Status: model.StatusRejected,
 		Reason: model.ReasonNotEnqueued, Quantity: 1}
-	select {
-	case got := <-published:
-		if got != want {
-			t.Fatalf("published: got %+v, want %+v", got, want)
+	// Later shoppers' requests (user0 again: refused by the limit, so the
+	// stock stays) are decided while the sweeper runs.
+	later := 0
+	testenv.Eventually(t, 30*time.Second, "the orphan's result published", func() (bool, string) {
+		for {
+			select {
+			case got := <-published:
+				if got.RequestID != want.RequestID {
+					continue
+				}
+				if got != want {
+					t.Fatalf("published: got %+v, want %+v", got, want)
+				}
+				return true, ""
+			default:
+			}
+			break
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("no result published within 30 s of a 1 s queue delay")
-	}
+		later++
+		if err := queue.Serial(w.Decide)(t.Context(), f.admit(t, 1, 1)); err != nil {
+			t.Fatalf("decide a later one: %v", err)
+		}
+		return false, fmt.Sprintf("%d later requests decided", later)
+	})
 	cancel()
 	if err := <-swept; err != nil {
 		t.Fatalf("sweeper: %v", err)
@@ -110,10 +130,7 @@ func TestSweepNotEnqueuedRace(t *testing.T) {
 		workers  = 4
 	)
 	f := newFixture(t, stock, 1)
-	// The last request is delivered once after all the others: the queue
-	// has moved past every one of them when the last sweep runs.
-	all := f.admit(t, requests+1, requests+1)
-	msgs, closing := all[:requests], all[requests]
+	msgs := f.admit(t, requests, requests)
 	w := New(discard(), f.st, f.db, metrics.New(), Options{})
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -158,20 +175,27 @@ func TestSweepNotEnqueuedRace(t *testing.T) {
 	}
 	wg.Go(func() {
 		for range sweep {
-			if err := w.sweepNotEnqueued(t.Context(), discard(), 0); err != nil {
+			if err := w.sweepNotEnqueued(t.Context(), discard(), 0, 0); err != nil {
 				t.Errorf("sweep: %v", err)
 			}
 		}
 	})
 	wg.Wait()
+	// A request admitted after a sweep marked the line is delivered once
+	// after all the others: the queue has moved past every one of them
+	// when the last sweep runs.
+	if err := w.sweepNotEnqueued(t.Context(), discard(), time.Hour, 0); err != nil {
+		t.Fatalf("marking sweep: %v", err)
+	}
+	closing := f.admit(t, 1, 1)[0]
 	if err := handle(t.Context(), []queue.Message{closing}); err != nil {
 		t.Fatalf("deliver %s: %v", closing.ID, err)
 	}
-	if err := w.sweepNotEnqueued(t.Context(), discard(), 0); err != nil {
+	if err := w.sweepNotEnqueued(t.Context(), discard(), 0, 0); err != nil {
 		t.Fatalf("last sweep: %v", err)
 	}
 
-	s := f.snapshot(t, all)
+	s := f.snapshot(t, append(msgs, closing))
 	var successes, swept int64
 	for _, m := range msgs {
 		r := s.results[m.ID]

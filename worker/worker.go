@@ -35,7 +35,7 @@ type Stock interface {
 	PublishEvent(ctx context.Context, e model.Event) error
 	// SweepNotEnqueued rejects the admitted requests whose message never
 	// came: the not-enqueued sweep (sweeper.go).
-	SweepNotEnqueued(ctx context.Context, tags []string, maxDelay time.Duration) ([]model.Result, error)
+	SweepNotEnqueued(ctx context.Context, tags []string, grace, maxDelay time.Duration) ([]model.Result, error)
 	// RecoverTransfers completes stock transfers between a campaign's
 	// buckets that a worker left half done.
 	RecoverTransfers(ctx context.Context) error

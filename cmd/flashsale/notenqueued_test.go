@@ -201,6 +201,37 @@ func (c *client) mustRetrySame(campaign, user, key, rid string) {
 	}
 }
 
+// movePast waits for rid's result pushed over WebSocket to user while other
+// shoppers keep buying in campaign, a purchase every quarter second: the
+// not-enqueued sweep rejects an orphan once a request admitted
+// worker.not_enqueued_grace after it is decided. It returns the result and
+// how many purchases it made (each answered 202).
+func (c *client) movePast(campaign, user, rid string) (resultBody, int, error) {
+	c.t.Helper()
+	type pushed struct {
+		r   resultBody
+		err error
+	}
+	done := make(chan pushed, 1)
+	go func() {
+		r, err := c.wsResult(user, rid, 60*time.Second)
+		done <- pushed{r, err}
+	}()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for n := 0; ; {
+		select {
+		case p := <-done:
+			return p.r, n, p.err
+		case <-tick.C:
+		}
+		n++
+		if code, _ := c.buyWithKey(campaign, fmt.Sprintf("mover%d", n), "m"); code != http.StatusAccepted {
+			c.t.Fatalf("purchase %d while the queue moves: got %d, want 202", n, code)
+		}
+	}
+}
+
 // TestPublishUnknownRedisStream: the gateway publishes through the
 // redisstream driver on a connection to Redis that a proxy faults. An XADD
 // Redis stored but whose answer was lost is answered 202, and the worker
@@ -210,8 +241,8 @@ func (c *client) mustRetrySame(campaign, user, key, rid string) {
 // Idempotency-Key names the same request in both cases.
 func TestPublishUnknownRedisStream(t *testing.T) {
 	cfg := realConfig(t, "redisstream")
-	cfg.Worker.MaxQueueDelay = 5 * time.Second
 	cfg.Gateway.PublishTimeout = 500 * time.Millisecond
+	cfg.Worker.NotEnqueuedGrace = 2 * time.Second
 	proxy := newFaultProxy(t, cfg.Redis.Addr)
 	c := startSystemWith(t, cfg, func(queue.Publisher) queue.Publisher {
 		// One connection, no retries (a retried XADD would be stored twice),
@@ -221,7 +252,7 @@ func TestPublishUnknownRedisStream(t *testing.T) {
 		return redisstream.New(rdb, redisstream.Options{Partitions: cfg.Queue.Partitions, Group: cfg.Queue.Group})
 	})
 	campaign := testenv.Name(t, "unknown-")
-	c.openCampaign(campaign, 10, 1)
+	c.openCampaign(campaign, 1000, 1)
 	if code, _ := c.buyWithKey(campaign, "warm", "w"); code != http.StatusAccepted {
 		t.Fatalf("purchase before the faults: got %d, want 202", code)
 	}
@@ -251,18 +282,15 @@ func TestPublishUnknownRedisStream(t *testing.T) {
 	if code, r := c.poll("ben", ben.RequestID); code != http.StatusOK || r.Status != "queued" {
 		t.Fatalf("never stored, before the not-enqueued sweep: got %d %+v, want queued", code, r)
 	}
-	if code, _ := c.buyWithKey(campaign, "cat", "c"); code != http.StatusAccepted {
-		t.Fatalf("purchase after the faults: got %d, want 202", code)
-	}
-	r, err := c.wsResult("ben", ben.RequestID, 60*time.Second)
+	r, n, err := c.movePast(campaign, "ben", ben.RequestID)
 	if err != nil || r.Status != "rejected" || r.Reason != "not_enqueued" {
 		t.Fatalf("never stored: pushed %+v, %v; want rejected/not_enqueued", r, err)
 	}
 	c.mustRetrySame(campaign, "ben", "b", ben.RequestID)
 
 	st := c.settle(campaign, 10*time.Second)
-	if st.Admitted != 4 || st.Sold != 3 || st.FinishedByStatus["rejected"] != 1 || st.OrdersInDB != 3 {
-		t.Fatalf("stats: got %+v, want 4 admitted, 3 sold and in MySQL, 1 rejected", st)
+	if st.Admitted != int64(3+n) || st.Sold != int64(2+n) || st.FinishedByStatus["rejected"] != 1 || st.OrdersInDB != int64(2+n) {
+		t.Fatalf("stats: got %+v, want %d admitted, %d sold and in MySQL, 1 rejected", st, 3+n, 2+n)
 	}
 	orders := c.ordersInDB(campaign)
 	if _, ok := orders[ben.RequestID]; ok {
@@ -333,24 +361,27 @@ func TestPublishUnknownRocketMQ(t *testing.T) {
 // admit.lua stored a purchase and before its publish reached the queue (a
 // proxy holds its XADD): the shopper has no answer, and no message will
 // ever come. Their retry with the same Idempotency-Key at another gateway
-// names the stored request; once the queue has moved past it (a later
-// purchase decided) and worker.max_queue_delay has passed, the workers'
-// not-enqueued sweep rejects it, pushed over WebSocket, so it ends
-// instead of staying queued for good. Nothing is sold for it.
+// names the stored request; once the queue has moved past it (purchases
+// admitted worker.not_enqueued_grace later decided; worker.max_queue_delay
+// is far off), the workers' not-enqueued sweep rejects it, pushed over
+// WebSocket, so it ends instead of staying queued for good. Nothing is
+// sold for it.
 func TestGatewayKilledBeforePublish(t *testing.T) {
 	testenv.SkipShort(t, "a fault test: kills the gateway before its publish")
 	cfg := realConfig(t, "redisstream")
-	cfg.Worker.MaxQueueDelay = 3 * time.Second
 	proxy := newFaultProxy(t, cfg.Redis.Addr)
 	bin := buildBinary(t)
 	c := startFrontEnd(t, cfg)
 	startRole(t, bin, "worker", processEnv(cfg))
 	doomedCfg := cfg
 	doomedCfg.Redis.Addr = proxy.addr()
-	doomed := startRole(t, bin, "gateway", append(processEnv(doomedCfg), "FLASHSALE_GATEWAY_PUBLISH_TIMEOUT=1m"))
+	// Its publish waits on the held XADD until it is killed; the worker
+	// settings it must validate with that follow.
+	doomed := startRole(t, bin, "gateway", append(processEnv(doomedCfg), "FLASHSALE_GATEWAY_PUBLISH_TIMEOUT=1m",
+		"FLASHSALE_WORKER_NOT_ENQUEUED_GRACE=3m", "FLASHSALE_WORKER_MAX_QUEUE_DELAY=5m"))
 
 	campaign := testenv.Name(t, "gwkill-")
-	c.openCampaign(campaign, 10, 1)
+	c.openCampaign(campaign, 1000, 1)
 	if code, _ := c.buyWithKey(campaign, "warm", "w"); code != http.StatusAccepted {
 		t.Fatalf("purchase before the fault: got %d, want 202", code)
 	}
@@ -389,16 +420,13 @@ func TestGatewayKilledBeforePublish(t *testing.T) {
 	if code, r := c.poll("ann", ann.RequestID); code != http.StatusOK || r.Status != "queued" {
 		t.Fatalf("not enqueued, before the sweep: got %d %+v, want queued", code, r)
 	}
-	if code, _ := c.buyWithKey(campaign, "cat", "c"); code != http.StatusAccepted {
-		t.Fatalf("purchase after the fault: got %d, want 202", code)
-	}
-	r, err := c.wsResult("ann", ann.RequestID, 60*time.Second)
+	r, n, err := c.movePast(campaign, "ann", ann.RequestID)
 	if err != nil || r.Status != "rejected" || r.Reason != "not_enqueued" {
 		t.Fatalf("not enqueued: pushed %+v, %v; want rejected/not_enqueued", r, err)
 	}
 	st := c.settle(campaign, 30*time.Second)
-	if st.Admitted != 3 || st.Sold != 2 || st.FinishedByStatus["rejected"] != 1 || st.OrdersInDB != 2 {
-		t.Fatalf("stats: got %+v, want 3 admitted, 2 sold and in MySQL, 1 rejected", st)
+	if st.Admitted != int64(2+n) || st.Sold != int64(1+n) || st.FinishedByStatus["rejected"] != 1 || st.OrdersInDB != int64(1+n) {
+		t.Fatalf("stats: got %+v, want %d admitted, %d sold and in MySQL, 1 rejected", st, 2+n, 1+n)
 	}
 	if _, ok := c.ordersInDB(campaign)[ann.RequestID]; ok {
 		t.Fatalf("the request rejected as not enqueued has an order")

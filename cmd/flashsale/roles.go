@@ -391,7 +391,7 @@ func (s *system) mountWorker() {
 		MaxAttempts: s.cfg.Worker.MaxAttempts})
 	s.expiryConsumer = s.newExpiryConsumer(consumerName())
 	s.sweeper = worker.Sweeper{Log: log,
-		Tasks: append(s.worker.Tasks(s.cfg.Worker.MaxQueueDelay), s.expiry.SweepTask(s.cfg.Payment.SweepInterval))}
+		Tasks: append(s.worker.Tasks(s.cfg.Worker.NotEnqueuedGrace, s.cfg.Worker.MaxQueueDelay), s.expiry.SweepTask(s.cfg.Payment.SweepInterval))}
 	s.watchBacklog()
 }
 

@@ -228,19 +228,30 @@ type Worker struct {
 	MaxAttempts int `yaml:"max_attempts" env:"MAX_ATTEMPTS"`
 	// MaxQueueDelay is the longest a stored message can take to reach a
 	// worker while workers run. An admitted request still queued this
-	// long after its admission, that the queue has moved past, was not
+	// long after its sale ended (and after its last resume) was not
 	// enqueued (a publish of unknown outcome whose message was lost, a
 	// gateway that died before publishing): the workers' not-enqueued
-	// sweep rejects it (not_enqueued). Too short, and a message that was
-	// only slow is rejected (when it arrives it finds the final result and
-	// takes nothing); too long, and its shopper waits that long for the
-	// answer. The default, 5m, covers several times over
+	// sweep rejects it (not_enqueued). Only the last requests of a sale
+	// wait for it; the others end sooner, by NotEnqueuedGrace. Too short,
+	// and a message that was only slow is rejected (when it arrives it
+	// finds the final result and takes nothing); too long, and its shopper
+	// waits that long for the answer. The default, 5m, covers several times over
 	// the slowest hand-overs measured or documented: a dead RocketMQ
 	// consumer's queue lock (60 s) plus a rebalance (20 s), a broker
 	// restart's resubscription (30 s), a redisstream lease (queue.lease_ttl)
 	// and a sale's backlog at the workers' throughput. Paused campaigns do
 	// not count against it (their requests are held, not rejected).
 	MaxQueueDelay time.Duration `yaml:"max_queue_delay" env:"MAX_QUEUE_DELAY"`
+	// NotEnqueuedGrace is the longest from an admission to its message
+	// stored in the queue: admit.lua's call and the publish are each
+	// bounded by gateway.publish_timeout, so it must exceed twice that.
+	// Once a worker decided a request admitted this long after a queued
+	// one, the queued one's message, had it been stored, came before and
+	// was decided: the not-enqueued sweep rejects it (not_enqueued) within
+	// seconds instead of max_queue_delay. Too short, and a message
+	// overtaken by a later one is rejected (it then takes nothing). The
+	// sweep runs every quarter of it, at most every second.
+	NotEnqueuedGrace time.Duration `yaml:"not_enqueued_grace" env:"NOT_ENQUEUED_GRACE"`
 }
 
 // Payment configures what follows a success: the payment provider, the
@@ -313,7 +324,7 @@ func Default() Config {
 		Gateway: Gateway{RateLimits: model.RateLimits{UserRate: 5, UserBurst: 10}, PublishTimeout: 2 * time.Second,
 			CampaignCacheTTL: 2 * time.Second, CachedCampaigns: 10_000, CachedUnknownIDs: 1024, SoldOutRecheck: time.Second, AdmitBatch: 256, AdmitConcurrency: 2, AdmitLinger: 500 * time.Microsecond,
 			BreakerFailures: 3, BreakerOpenFor: 2 * time.Second},
-		Worker:   Worker{MaxAttempts: 10, MaxQueueDelay: 5 * time.Minute},
+		Worker:   Worker{MaxAttempts: 10, MaxQueueDelay: 5 * time.Minute, NotEnqueuedGrace: 5 * time.Second},
 		Payment:  Payment{Provider: "fake", WebhookSecret: DevWebhookSecret, WebhookTolerance: 5 * time.Minute, Grace: 30 * time.Second, SweepInterval: 5 * time.Second},
 		Notifier: Notifier{MaxSubscriptionsPerConn: 256, PingInterval: 20 * time.Second, RecheckInterval: time.Second, MaxConnsPerUser: 8, MaxConnsPerIP: 256, FDReserve: 256, PollRate: 5, PollBurst: 20, SubscribeRate: 20, SubscribeBurst: 256},
 		Log:      Log{Level: "info", Format: "text"},
@@ -451,6 +462,8 @@ func (c Config) Validate() error {
 		return bad("worker.max_attempts", "must be at least 1")
 	case c.Worker.MaxQueueDelay < time.Second || c.Worker.MaxQueueDelay > 24*time.Hour:
 		return bad("worker.max_queue_delay", "must be between 1s and 24h")
+	case c.Worker.NotEnqueuedGrace <= 2*c.Gateway.PublishTimeout || c.Worker.NotEnqueuedGrace > c.Worker.MaxQueueDelay:
+		return bad("worker.not_enqueued_grace", "must exceed twice gateway.publish_timeout, and be at most worker.max_queue_delay")
 	case c.Payment.Provider != "fake":
 		return bad("payment.provider", `must be "fake"`)
 	case len(c.Payment.WebhookSecret) < 32:

@@ -213,6 +213,8 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 		{name: "grace zero", yaml: "payment:\n  grace: 0s\n", wantKey: "payment.grace"},
 		{name: "sweep interval too short", yaml: "payment:\n  sweep_interval: 1ms\n", wantKey: "payment.sweep_interval"},
 		{name: "queue delay too short", yaml: "worker:\n  max_queue_delay: 100ms\n", wantKey: "worker.max_queue_delay"},
+		{name: "grace within two publishes", yaml: "gateway:\n  publish_timeout: 3s\n", wantKey: "worker.not_enqueued_grace"},
+		{name: "grace beyond the queue delay", yaml: "worker:\n  max_queue_delay: 2s\n", wantKey: "worker.not_enqueued_grace"},
 		{name: "expiry topic is the purchase topic", yaml: "queue:\n  expiry_topic: flashsale-purchases\n", wantKey: "queue.expiry_topic"},
 		{name: "rocketmq bad expiry topic", yaml: "queue:\n  driver: rocketmq\n  expiry_topic: a.b\n", wantKey: "queue.expiry_topic"},
 		{name: "rocketmq group too long for its expiry group", yaml: "queue:\n  driver: rocketmq\n  group: " + strings.Repeat("g", 125) + "\n", wantKey: "queue.group"},

@@ -80,7 +80,7 @@ func TestCampaignsOnEveryMaster(t *testing.T) {
 		passQueue(t, s, c, "closing")
 	}
 	// Never published: the "notenqueued" request and the challenge's holder.
-	swept := mustSweepNotEnqueued(t, s, 0, ids...)
+	swept := mustSweepNotEnqueued(t, s, 0, 0, ids...)
 	if len(swept) != 2*len(campaigns) {
 		t.Fatalf("SweepNotEnqueued: got %d results, want %d (two per campaign)", len(swept), 2*len(campaigns))
 	}

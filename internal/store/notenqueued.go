@@ -27,16 +27,20 @@ const notEnqueuedBudget = 2000
 
 // SweepNotEnqueued, the not-enqueued sweep, gives a final rejected result
 // with reason model.ReasonNotEnqueued to every request of the given tags
-// (campaigns, or buckets of one: model.BucketTag) that is still queued, was
-// admitted more than maxDelay ago (on Redis's clock) and that the queue has
-// moved past, and returns those results, for the caller to publish. Paused campaigns
-// are left alone, and so is a campaign resumed less than maxDelay ago. The
-// results stored before an error are returned with it.
-func (s *Store) SweepNotEnqueued(ctx context.Context, tags []string, maxDelay time.Duration) ([]model.Result, error) {
+// (campaigns, or buckets of one: model.BucketTag) that is still queued and
+// that the queue has moved past, and returns those results, for the caller
+// to publish. The queue has moved past a request once a request admitted at
+// least grace after it was decided, or once its sale ended maxDelay ago (on
+// Redis's clock; a resume restarts that wait; maxDelay 0 leaves this rule
+// out). Each call also marks how far
+// admissions have come, which later calls need to tell the first rule: the
+// sweep must run often. Paused campaigns are left alone. The results stored
+// before an error are returned with it.
+func (s *Store) SweepNotEnqueued(ctx context.Context, tags []string, grace, maxDelay time.Duration) ([]model.Result, error) {
 	var out []model.Result
 	var errs []error
 	for _, tag := range tags {
-		results, err := s.sweepNotEnqueuedTag(ctx, tag, maxDelay)
+		results, err := s.sweepNotEnqueuedTag(ctx, tag, grace, maxDelay)
 		out = append(out, results...)
 		if err != nil {
 			errs = append(errs, err)
@@ -47,13 +51,13 @@ func (s *Store) SweepNotEnqueued(ctx context.Context, tags []string, maxDelay ti
 
 // sweepNotEnqueuedTag sweeps one tag, a script call at a time while there
 // is more.
-func (s *Store) sweepNotEnqueuedTag(ctx context.Context, tag string, maxDelay time.Duration) ([]model.Result, error) {
+func (s *Store) sweepNotEnqueuedTag(ctx context.Context, tag string, grace, maxDelay time.Duration) ([]model.Result, error) {
 	k := campaignKeys(tag)
 	keys := []string{k.admissions, k.results, k.counters, k.meta, k.stock}
 	owner, _, _ := model.SplitTag(tag)
 	var out []model.Result
 	for {
-		reply, err := s.notEnqueued.Run(ctx, s.rdb, keys, maxDelay.Milliseconds(), notEnqueuedBudget, model.ReasonNotEnqueued).Slice()
+		reply, err := s.notEnqueued.Run(ctx, s.rdb, keys, grace.Milliseconds(), maxDelay.Milliseconds(), notEnqueuedBudget, model.ReasonNotEnqueued).Slice()
 		if err != nil {
 			return out, fmt.Errorf("not-enqueued sweep of %s: %w", tag, unavailable(err))
 		}

@@ -10,29 +10,47 @@
 -- up after all finds the rejected result and deduct.lua decides nothing
 -- twice: exactly one final result, and no unit taken.
 --
--- A request is rejected when it is still queued, was admitted longer ago
--- than the longest possible queue delay, AND the queue has moved past it:
--- a worker decided a request of the same campaign (or bucket) admitted
--- after it (counters decided, the highest sequence number decided; a
--- partition is first in, first out), or the sale ended that delay ago
--- (nothing is admitted after the last request). A queue that stands still
--- (its broker down, its workers stuck) thus has nothing swept, however
--- long it stands; a member keeps its place until its requests are final.
+-- A request still queued is rejected once the queue has moved past it:
+--   passed  a worker decided a request of the same campaign (or bucket)
+--           admitted at least the grace after it. A message that is stored
+--           at all is stored within the grace of its admission (admit.lua's
+--           call and the publish are each bounded by
+--           gateway.publish_timeout), so it went into the partition before
+--           that request's, and a partition is decided first in, first out.
+--           A later request decided sooner proves nothing: its message may
+--           have overtaken this one's, which then waits behind it.
+--   ended   the sale ended the longest possible queue delay ago (nothing is
+--           admitted after the last request), and no resume is more recent
+--           (meta resumed_ms: a held backlog only drains then).
+-- A queue that stands still (its broker down, its workers stuck) thus has
+-- nothing swept by the first rule, however long it stands; a member keeps
+-- its place until its requests are final.
+--
+-- Admission times of decided requests are not stored, so each call marks
+-- the line: a mark (counters mark:<seq> = ms) says every request numbered
+-- above seq was admitted after ms. Once decided passes a mark, a request
+-- admitted after ms was decided: passed_ms takes ms, and every member
+-- scored at most passed_ms - grace is passed. A mark is refreshed while
+-- nothing is admitted, and at most MARKS are kept, spaced by a MARKS-th of
+-- the oldest one's age, so a backlog of any length is followed in steps of
+-- a fraction of it. Members scored after that line are not read at all:
+-- a call that finds nothing to do mid-sale reads a few fields.
 --
 -- Not swept: a paused campaign (its messages are held, not lost), nor one
--- whose resume (meta resumed_ms) is more recent than the delay, since the
--- held backlog only drains then; nor a campaign that is not loaded (a
--- rebuild drops the admissions set with the queued markers).
+-- that is not loaded (a rebuild drops the admissions set with the queued
+-- markers, and the counters with the marks).
 --
 -- KEYS[1] admissions sorted set: "<request id> <request id> ..." -> ms
 -- KEYS[2] results   hash request id -> "status|qty|order_id|reason|user";
 --                   a queued marker's reason is its sequence number
--- KEYS[3] counters  hash: decided, fin:<status>
+-- KEYS[3] counters  hash: decided, seq; the marks: mark:<seq> -> ms,
+--                   passed_ms (see above)
 -- KEYS[4] meta      hash: paused, resumed_ms, end_ms
 -- KEYS[5] stock     only checked for existence (campaign loaded)
--- ARGV[1] the longest possible queue delay, ms
--- ARGV[2] most requests to look at in this call (at least one member's)
--- ARGV[3] the reason of the rejected results
+-- ARGV[1] the grace, ms: longest from an admission to its message stored
+-- ARGV[2] the longest possible queue delay, ms (0: the ended rule is off)
+-- ARGV[3] most requests to look at in this call (at least one member's)
+-- ARGV[4] the reason of the rejected results
 --
 -- Reply: { left, more, rid_1, value_1, ..., rid_n, value_n }
 --   left     members left in the admissions set after this call
@@ -42,6 +60,8 @@
 
 redis.replicate_commands()
 
+local MARKS = 8
+
 if redis.call('ZCARD', KEYS[1]) == 0 then
   return { 0, 0 }
 end
@@ -49,16 +69,59 @@ local meta = redis.call('HMGET', KEYS[4], 'paused', 'resumed_ms', 'end_ms')
 if redis.call('EXISTS', KEYS[5]) == 0 or meta[1] == '1' then
   return { redis.call('ZCARD', KEYS[1]), 0 }
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local delay = tonumber(ARGV[1])
-local cutoff = now - delay
-if tonumber(meta[2] or '0') > cutoff then
-  return { redis.call('ZCARD', KEYS[1]), 0 }
+local now = unix_ms(redis.call('TIME'))
+local grace, delay = tonumber(ARGV[1]), tonumber(ARGV[2])
+
+-- The marks: confirm the ones decided has passed, then mark now.
+local decided, seq, passed = 0, 0, 0
+local marks = {} -- { seq, ms, field } not passed yet
+local gone = {}
+local counters = redis.call('HGETALL', KEYS[3])
+for i = 1, #counters, 2 do
+  local f, v = counters[i], tonumber(counters[i + 1])
+  local s = string.match(f, '^mark:(%d+)$')
+  if f == 'decided' then
+    decided = v
+  elseif f == 'seq' then
+    seq = v
+  elseif f == 'passed_ms' then
+    passed = v
+  elseif s then
+    marks[#marks + 1] = { tonumber(s), v, f }
+  end
 end
-local ended = tonumber(meta[3] or '0') + delay <= now
-local decided = tonumber(redis.call('HGET', KEYS[3], 'decided') or '0')
-local budget = tonumber(ARGV[2])
+local kept, newest, oldest = 0, nil, now
+for _, m in ipairs(marks) do
+  if m[1] < decided then
+    passed = math.max(passed, m[2])
+    gone[#gone + 1] = m[3]
+  else
+    kept = kept + 1
+    if not newest or m[1] > newest[1] then
+      newest = m
+    end
+    oldest = math.min(oldest, m[2])
+  end
+end
+if #gone > 0 then
+  redis.call('HDEL', KEYS[3], unpack(gone))
+  redis.call('HSET', KEYS[3], 'passed_ms', passed)
+end
+-- Without seq the counters are gone (expired): nothing to mark.
+if seq > 0 then
+  if newest and newest[1] == seq then
+    redis.call('HSET', KEYS[3], newest[3], now) -- nothing admitted since
+  elseif kept < MARKS and (not newest or (now - newest[2]) * MARKS >= now - oldest) then
+    redis.call('HSET', KEYS[3], 'mark:' .. seq, now)
+  end
+end
+
+local cutoff = passed - grace
+local ended = delay > 0 and tonumber(meta[3] or '0') + delay <= now and tonumber(meta[2] or '0') + delay <= now
+if ended then
+  cutoff = math.max(cutoff, now - delay)
+end
+local budget = tonumber(ARGV[3])
 
 local range = 64
 local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff, 'LIMIT', 0, range)
@@ -81,16 +144,18 @@ for _, member in ipairs(members) do
     -- finish. A final one stays.
     local v = stored[i]
     if v and is_queued(v) then
-      local _, qty, _, _, seq = parse_stored(v)
+      local _, qty, _, _, q = parse_stored(v)
       local user = stored_user(v)
-      if ended or (seq or 0) < decided then
-        local value = stored_result('rejected', qty, '', ARGV[3], user)
+      -- The number check holds by the marks unless Redis's clock stepped
+      -- back; then the member waits.
+      if ended or (q or 0) < decided then
+        local value = stored_result('rejected', qty, '', ARGV[4], user)
         results[#results + 1] = rid
         results[#results + 1] = value
         reply[#reply + 1] = rid
         reply[#reply + 1] = value
       else
-        done = false -- the queue has not passed it yet
+        done = false
       end
     end
   end

@@ -107,7 +107,7 @@ func TestProviderSubjects(t *testing.T) {
 			notEnqueued = append(notEnqueued, a)
 		}
 		passQueue(t, s, c, "closing")
-		swept, err := s.SweepNotEnqueued(t.Context(), []string{c.ID}, 0)
+		swept, err := s.SweepNotEnqueued(t.Context(), []string{c.ID}, 0, 0)
 		if err != nil || len(swept) != len(notEnqueued) {
 			t.Fatalf("SweepNotEnqueued: got %d results, %v; want %d", len(swept), err, len(notEnqueued))
 		}
