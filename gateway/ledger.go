@@ -14,7 +14,8 @@ import (
 )
 
 // The ledger's admin side: loading a campaign into Redis from its orders in
-// MySQL (preload, which rebuilds what Redis lost), and pausing a sale. The
+// MySQL (preload, which rebuilds what Redis lost, as the restore a purchase
+// starts does without an operator), and pausing a sale. The
 // orders are the ledger; Redis is its projection, loaded under an epoch
 // that fences each load's orders from the next (reconcile.Load).
 
