@@ -13,6 +13,7 @@ package gateway
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -100,7 +101,10 @@ type Options struct {
 	// Gate checks purchases of campaigns with ChallengeBits above 0
 	// (challenge.go); nil refuses them all.
 	Gate Gate
-	Now  func() time.Time
+	// Restorer rebuilds a campaign Redis lost from MySQL (ledger.go); nil
+	// leaves it to an operator's preload.
+	Restorer Restorer
+	Now      func() time.Time
 }
 
 func (o Options) withDefaults() Options {
@@ -153,6 +157,8 @@ type Service struct {
 	breaker   *gobreaker.CircuitBreaker[struct{}]
 	cache     *campaignCache
 	list      publicList
+	// restoring holds the campaigns a restore runs for (ledger.go).
+	restoring sync.Map
 }
 
 // New returns a Service.

@@ -14,7 +14,8 @@ import (
 )
 
 // The ledger's admin side: loading a campaign into Redis from its orders in
-// MySQL (preload, which rebuilds what Redis lost), and pausing a sale. The
+// MySQL (preload, which rebuilds what Redis lost, as the restore a purchase
+// starts does without an operator), and pausing a sale. The
 // orders are the ledger; Redis is its projection, loaded under an epoch
 // that fences each load's orders from the next (reconcile.Load).
 
@@ -135,14 +136,42 @@ func (s *Service) Pause(ctx context.Context, id string, paused bool) (model.Camp
 	return c, nil
 }
 
+// Restorer rebuilds a campaign Redis lost from MySQL
+// (reconcile.Restorer): rebuilt says whether this call did.
+type Restorer interface {
+	Restore(ctx context.Context, campaignID, trigger string) (rebuilt bool, err error)
+}
+
 // notLoaded is the refusal of an admitted purchase whose campaign has no
 // stock in Redis: never loaded (409 not_loaded), or loaded before, so Redis
-// lost it (503 unavailable: an operator's preload rebuilds it from MySQL).
+// lost it (503 unavailable, while a restore rebuilds it from MySQL).
 func (s *Service) notLoaded(a model.AdmitRequest) error {
 	if cc := s.cache.get(a.CampaignID); cc != nil {
 		if snap := cc.snap.Load(); snap != nil && snap.campaign.Epoch > 0 {
-			return s.refuse("lost", fmt.Errorf("admit %s: campaign state lost in Redis until a preload rebuilds it: %w", a.RequestID, model.ErrUnavailable))
+			s.restore(a.CampaignID)
+			return s.refuse("lost", fmt.Errorf("admit %s: campaign state lost in Redis, being restored from MySQL: %w", a.RequestID, model.ErrUnavailable))
 		}
 	}
 	return s.refuse("not_loaded", fmt.Errorf("admit %s: %w", a.RequestID, model.ErrNotLoaded))
+}
+
+// restore rebuilds campaign id from MySQL in the background, one restore
+// per campaign at a time in this gateway (the Restorer bounds the rest),
+// and drops the cached campaign once it is rebuilt: this gateway's events
+// subscription may not be back yet after Redis restarted.
+func (s *Service) restore(id string) {
+	if s.opts.Restorer == nil {
+		return
+	}
+	if _, running := s.restoring.LoadOrStore(id, struct{}{}); running {
+		return
+	}
+	go func() {
+		defer s.restoring.Delete(id)
+		// The Restorer logs a failure and bounds the attempt; the next
+		// purchase tries again.
+		if rebuilt, _ := s.opts.Restorer.Restore(context.Background(), id, "admit"); rebuilt {
+			s.applyEvent(model.Event{Type: model.EventReset, CampaignID: id})
+		}
+	}()
 }

@@ -3,11 +3,19 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/reconcile"
 	"github.com/flashsale/flashsale/internal/store"
+	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -136,5 +144,35 @@ func TestPauseResumeAtOnce(t *testing.T) {
 	}
 	if p, err := st.Projection(t.Context(), c.ID); err != nil || p.Paused {
 		t.Fatalf("Redis: got %+v, %v; want not paused, as MySQL", p, err)
+	}
+}
+
+// TestAdmitLostRestores: a purchase of a campaign Redis lost is refused
+// 503 and starts a restore from the ledger; a purchase moments later is
+// admitted, under the next epoch. One never loaded stays 409 not_loaded.
+func TestAdmitLostRestores(t *testing.T) {
+	pub := newGatePublisher(false)
+	svc, st, c := newAdmitService(t, pub, Options{})
+	campaigns := svc.campaigns.(*memCampaigns)
+	m := metrics.New()
+	svc.opts.Restorer = reconcile.NewRestorer(slog.New(slog.NewTextHandler(io.Discard, nil)), campaigns, st, m,
+		reconcile.RestorerOptions{Interval: time.Millisecond})
+	if err := testenv.Redis(t).Del(t.Context(), "fs:{"+c.ID+"}:stock", "fs:{"+c.ID+"}:meta").Err(); err != nil {
+		t.Fatalf("unload: %v", err)
+	}
+	if _, err := svc.Purchase(t.Context(), Purchase{UserID: "u0", CampaignID: c.ID, Quantity: 1}, nil); !errors.Is(err, model.ErrUnavailable) {
+		t.Fatalf("purchase while lost: got %v, want %v", err, model.ErrUnavailable)
+	}
+	user := 0
+	testenv.Eventually(t, 10*time.Second, "a purchase admitted after the restore", func() (bool, string) {
+		user++
+		_, err := svc.Purchase(t.Context(), Purchase{UserID: fmt.Sprintf("u%d", user), CampaignID: c.ID, Quantity: 1}, nil)
+		return err == nil, fmt.Sprint(err)
+	})
+	if got, _ := campaigns.Campaign(t.Context(), c.ID); got.Epoch != c.Epoch+1 {
+		t.Errorf("epoch after the restore: got %d, want %d", got.Epoch, c.Epoch+1)
+	}
+	if got := testutil.ToFloat64(m.Restores.WithLabelValues("admit")); got != 1 {
+		t.Errorf("restores: got %v, want 1", got)
 	}
 }

@@ -20,6 +20,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/flashsale/flashsale/internal/metrics"
@@ -75,6 +77,9 @@ type Options struct {
 	// (redis.key_retention): the not-enqueued sweep looks at the campaigns
 	// that ended less than this ago. Default 7 days.
 	KeyRetention time.Duration
+	// Restorer rebuilds a campaign Redis lost from MySQL (restore.go);
+	// nil leaves it to an operator's preload.
+	Restorer Restorer
 }
 
 func (o Options) withDefaults() Options {
@@ -140,12 +145,17 @@ func (w *Worker) Decide(ctx context.Context, msgs []queue.Message) (queue.Finish
 	for _, b := range batches {
 		rs, err := w.decide(ctx, b, epochs)
 		if err != nil {
+			w.restore(ctx, err, b.campaignID)
 			return nil, w.held(err)
 		}
 		results = append(results, rs...)
 	}
 	return func(ctx context.Context) error {
-		return w.held(w.finish(ctx, results, epochs))
+		err := w.finish(ctx, results, epochs)
+		if err != nil {
+			w.restore(ctx, err, slices.Collect(maps.Keys(epochs))...)
+		}
+		return w.held(err)
 	}, nil
 }
 
@@ -168,8 +178,8 @@ func (w *Worker) finish(ctx context.Context, results []model.Result, epochs mode
 	// the decisions are made and stored in Redis, so a MySQL that cannot
 	// take them now holds it for as long as it takes (never given up: the
 	// units are sold in Redis). A ledger that moved on (model.ErrLedgerMoved)
-	// is decided again once Redis is rebuilt, which may wait for an
-	// operator's preload.
+	// is decided again once Redis is rebuilt: by a load that runs, or by
+	// the restore this starts (restore.go).
 	if err := w.applyTerms(ctx, orders, now); err != nil {
 		return fmt.Errorf("%w: %w", model.ErrHeld, err)
 	}

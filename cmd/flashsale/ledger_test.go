@@ -102,7 +102,9 @@ func checkReconciled(t *testing.T, redisAddr string, db config.Database, campaig
 // TestPreloadAfterRedisLoss is the issue's reproduction: stock 3, 2 sold,
 // Redis flushed, preload, 3 more shoppers and a repeat buyer. Preload used
 // to answer "loaded" with the full stock again (5 units sold of 3) and the
-// per-user limit forgotten; it rebuilds now.
+// per-user limit forgotten; it rebuilds now. The preload comes before any
+// purchase: a purchase would have the gateway restore the campaign itself
+// (TestRedisRestartEmpty).
 func TestPreloadAfterRedisLoss(t *testing.T) {
 	rs := startRedisServer(t)
 	cfg := realConfig(t, "memqueue")
@@ -122,9 +124,6 @@ func TestPreloadAfterRedisLoss(t *testing.T) {
 	c.settle(campaign, 10*time.Second)
 
 	flushAll(t, rs.addr())
-	if code, _ := c.tryBuy(campaign, "u3"); code != http.StatusServiceUnavailable {
-		t.Errorf("purchase while Redis has lost the sale: got %d, want 503", code)
-	}
 	if got := c.preload(campaign); got != "rebuilt" {
 		t.Errorf("preload after the loss: got %q, want rebuilt", got)
 	}
@@ -160,8 +159,10 @@ func TestPreloadAfterRedisLoss(t *testing.T) {
 
 // TestRedisLostMidSale (issue test 5): a sale under load through real HTTP
 // loses all of Redis (FLUSHALL on the test's own redis-server) part way.
-// Meanwhile gateways answer 503 and workers hold; the operator preloads,
-// which rebuilds from MySQL, and the sale goes on to the end. No unit is
+// Meanwhile gateways answer 503 and workers hold until the first of them
+// restores the campaign from MySQL; the operator's preload that follows
+// finds it rebuilt (or rebuilds it, if it comes first), and the sale goes
+// on to the end. No unit is
 // oversold or undersold, nobody passes the limit, the results of orders
 // stored before the loss read the same after it, every admitted request
 // ends with a final result (or, decided without an order before the loss,
@@ -229,8 +230,8 @@ func TestRedisLostMidSale(t *testing.T) {
 	}
 
 	preloadAt := time.Now()
-	if got := c.preload(campaign); got != "rebuilt" {
-		t.Fatalf("preload after the loss: got %q, want rebuilt", got)
+	if got := c.preload(campaign); got != "rebuilt" && got != "unchanged" {
+		t.Fatalf("preload after the loss: got %q, want rebuilt or unchanged (restored)", got)
 	}
 	preloaded.Store(true)
 	rebuiltSold := c.stats(campaign).Sold

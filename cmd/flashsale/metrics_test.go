@@ -100,9 +100,9 @@ func describedFamilies(reg *prometheus.Registry) map[string]bool {
 // what an operator finds on its /metrics (docs/OPERATIONS.md, "Metrics").
 var roleFamilies = map[string][]string{
 	"gateway": {"flashsale_admit_refusals_total", "flashsale_queue_publish_seconds", "flashsale_late_payments_total",
-		"flashsale_redis_script_seconds", "flashsale_stock_remaining"},
+		"flashsale_redis_script_seconds", "flashsale_stock_remaining", "flashsale_restores_total"},
 	"worker": {"flashsale_worker_batch_size", "flashsale_deductions_total", "flashsale_order_persist_seconds",
-		"flashsale_worker_poison_messages_total", "flashsale_redis_script_seconds", "flashsale_queue_lease_events_total",
+		"flashsale_worker_poison_messages_total", "flashsale_redis_script_seconds", "flashsale_restores_total", "flashsale_queue_lease_events_total",
 		"flashsale_queue_partitions_owned", "flashsale_queue_lag_messages", "flashsale_queue_pending_messages",
 		"flashsale_queue_oldest_message_age_seconds"},
 	"notifier": {"flashsale_results_delivered_total", "flashsale_websocket_clients", "flashsale_websocket_subscriptions"},

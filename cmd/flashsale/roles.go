@@ -31,6 +31,7 @@ import (
 	"github.com/flashsale/flashsale/internal/lifecycle"
 	"github.com/flashsale/flashsale/internal/metrics"
 	"github.com/flashsale/flashsale/internal/openapi"
+	"github.com/flashsale/flashsale/internal/reconcile"
 	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/model"
@@ -189,8 +190,9 @@ type system struct {
 	gateway        *gateway.Service
 	worker         *worker.Worker
 	consumer       queue.Consumer
-	lifecycle      *lifecycle.Service // with a gateway or a worker
-	expiry         *worker.Expiry     // with a worker
+	lifecycle      *lifecycle.Service  // with a gateway or a worker
+	restorer       *reconcile.Restorer // with a gateway or a worker: one per process, so its bound is the process's
+	expiry         *worker.Expiry      // with a worker
 	expiryConsumer queue.Consumer
 	sweeper        worker.Sweeper // with a worker
 
@@ -327,6 +329,7 @@ func (s *system) mount() error {
 		opts := lifecycleOptions(s.cfg)
 		opts.LatePayments = s.Metrics.LatePayments
 		s.lifecycle = lifecycle.New(s.db, s.store, opts, s.log.With("component", "lifecycle"))
+		s.restorer = reconcile.NewRestorer(s.log.With("component", "restore"), s.db, s.store, s.Metrics, reconcile.RestorerOptions{})
 	}
 	if s.roles.gateway {
 		s.mountGateway(s.shoppers)
@@ -381,7 +384,7 @@ func (s *system) watchBacklog() {
 func (s *system) mountWorker() {
 	log := s.log.With("role", "worker")
 	s.worker = worker.New(log, s.store, s.db, s.Metrics, worker.Options{MaxAttempts: s.cfg.Worker.MaxAttempts,
-		Expiry: s.pub, ExpiryTopic: s.cfg.Queue.ExpiryTopic, KeyRetention: s.cfg.Redis.KeyRetention})
+		Expiry: s.pub, ExpiryTopic: s.cfg.Queue.ExpiryTopic, KeyRetention: s.cfg.Redis.KeyRetention, Restorer: s.restorer})
 	s.consumer = s.newConsumer(consumerName())
 	if _, ok := s.pub.(queue.DelayPublisher); !ok {
 		log.Info("the queue driver has no delayed delivery: unpaid orders expire through the sweeper, payment.grace after their window",
@@ -441,6 +444,7 @@ func webSocketBudget(c config.Notifier, fileLimit int) int {
 func (s *system) mountGateway(jwt *auth.JWT) {
 	opts := gatewayOptions(s.cfg)
 	opts.RedisDown = s.redisGuard.Down
+	opts.Restorer = s.restorer
 	s.gateway = gateway.New(s.log.With("role", "gateway"), s.store, s.db, s.pub, s.Metrics, opts)
 	s.watchStock()
 	log := s.log.With("role", "gateway")

@@ -45,8 +45,11 @@ type Metrics struct {
 	MaybeNotEnqueued prometheus.Counter   // admissions answered 503 that may hold a queued marker (the not-enqueued sweep ends them)
 	LatePayments     prometheus.Counter   // payments for orders that had ended
 	CachedCampaigns  *prometheus.GaugeVec // kind: known, unknown (ids naming no campaign)
-	// Gateway and worker: the Lua scripts they run (ScriptHook).
+	// Gateway and worker: the Lua scripts they run (ScriptHook), and the
+	// campaigns they restored from MySQL after Redis lost them
+	// (reconcile.Restorer).
 	ScriptDuration *prometheus.HistogramVec // script
+	Restores       *CounterVec              // trigger
 	// Worker.
 	WorkerBatchSize prometheus.Histogram // messages per Lua call
 	Deductions      *CounterVec          // result
@@ -123,6 +126,10 @@ func New(roles ...Role) *Metrics {
 			Name: "flashsale_redis_script_seconds", Help: "Lua script call latency by script (a pipelined call counts its pipeline's round trip).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}, []string{"script"}),
+		Restores: newCounterVec(prometheus.CounterOpts{
+			Name: "flashsale_restores_total",
+			Help: "Campaigns this process rebuilt from MySQL after Redis lost them (restart, failover to a replica a load behind), without an operator, by what noticed: admit (a gateway), deduct (a worker's batch), ledger_moved (a worker's orders refused by MySQL).",
+		}, []string{"trigger"}),
 		WorkerBatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "flashsale_worker_batch_size", Help: "Requests deducted per Lua call.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
@@ -192,7 +199,14 @@ func New(roles ...Role) *Metrics {
 		m.Registry.MustRegister(m.Refusals, m.PublishLatency, m.PublishUnknown, m.MaybeNotEnqueued, m.LatePayments, m.CachedCampaigns)
 	}
 	if has(Gateway) || has(Worker) {
-		m.Registry.MustRegister(m.ScriptDuration)
+		m.Registry.MustRegister(m.ScriptDuration, m.Restores)
+	}
+	if has(Gateway) {
+		m.Restores.WithLabelValues("admit")
+	}
+	if has(Worker) {
+		m.Restores.WithLabelValues("deduct")
+		m.Restores.WithLabelValues("ledger_moved")
 	}
 	if has(Worker) {
 		m.Registry.MustRegister(m.WorkerBatchSize, m.Deductions, m.PersistLatency, m.PoisonMessages, m.HeldBatches, m.NotEnqueued, m.LeaseEvents, m.PartitionsOwned,

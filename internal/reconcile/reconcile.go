@@ -68,13 +68,19 @@ type Orders interface {
 // A failure after step 1 leaves Redis at an older epoch, where workers
 // decide nothing that MySQL stores: loading again completes it.
 func Load(ctx context.Context, ledger Ledger, proj Projection, id string) (model.Campaign, error) {
+	c, _, err := load(ctx, ledger, proj, id)
+	return c, err
+}
+
+// load is Load that also returns how many orders it loaded.
+func load(ctx context.Context, ledger Ledger, proj Projection, id string) (model.Campaign, int, error) {
 	c, orders, err := ledger.BumpEpoch(ctx, id)
 	if err != nil {
-		return model.Campaign{}, fmt.Errorf("load %s: %w", id, err)
+		return model.Campaign{}, 0, fmt.Errorf("load %s: %w", id, err)
 	}
 	loaded, err := proj.Rebuild(ctx, c, orders)
 	if err != nil || !loaded {
-		return c, err
+		return c, len(orders), err
 	}
 	active := map[string]bool{}
 	for _, o := range orders {
@@ -84,32 +90,32 @@ func Load(ctx context.Context, ledger Ledger, proj Projection, id string) (model
 	}
 	now, err := ledger.CampaignOrders(ctx, id)
 	if err != nil {
-		return c, fmt.Errorf("load %s: %w", id, err)
+		return c, len(orders), fmt.Errorf("load %s: %w", id, err)
 	}
 	for _, o := range now {
 		if o.Status.Final() && active[o.ID] {
 			if _, err := proj.Release(ctx, id, o.ID, o.UserID, o.Quantity); err != nil {
-				return c, fmt.Errorf("load %s: %w", id, err)
+				return c, len(orders), fmt.Errorf("load %s: %w", id, err)
 			}
 		}
 	}
 	cur, err := ledger.Campaign(ctx, id)
 	if err != nil {
-		return c, fmt.Errorf("load %s: %w", id, err)
+		return c, len(orders), fmt.Errorf("load %s: %w", id, err)
 	}
 	if cur.Paused != c.Paused {
 		if _, err := proj.SetPaused(ctx, cur); err != nil {
-			return c, fmt.Errorf("load %s: %w", id, err)
+			return c, len(orders), fmt.Errorf("load %s: %w", id, err)
 		}
 		c.Paused = cur.Paused
 	}
 	if cur.EndedEarly && !c.EndedEarly {
 		if _, err := proj.EndEarly(ctx, cur); err != nil {
-			return c, fmt.Errorf("load %s: %w", id, err)
+			return c, len(orders), fmt.Errorf("load %s: %w", id, err)
 		}
 		c.EndedEarly, c.EndAt = true, cur.EndAt
 	}
-	return c, nil
+	return c, len(orders), nil
 }
 
 // Difference is one disagreement between the two sides.

@@ -22,7 +22,7 @@ func TestScriptNames(t *testing.T) {
 		"deduct": s.deduct, "admit": s.admit, "withdraw": s.withdraw, "rebuild": s.rebuild,
 		"paused": s.paused, "reject": s.reject, "release": s.release, "notenqueued": s.notEnqueued,
 		"endearly": s.endEarly, "remove": s.remove, "take": s.take, "give": s.give,
-		"settle": s.settle, "soldout": s.soldOut,
+		"settle": s.settle, "soldout": s.soldOut, "restore": s.restore,
 	}
 	for want, script := range scripts {
 		if got := names[script.Hash()]; got != want {

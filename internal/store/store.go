@@ -41,6 +41,7 @@ type Store struct {
 	give        *redis.Script
 	settle      *redis.Script
 	soldOut     *redis.Script
+	restore     *redis.Script
 
 	// transferObserver, when set, is told every transfer between buckets
 	// (WithTransferObserver).
@@ -100,6 +101,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Store {
 		give:        script("give"),
 		settle:      script("settle"),
 		soldOut:     script("soldout"),
+		restore:     script("restore"),
 	}
 	s.retention = DefaultKeyRetention
 	for _, o := range opts {
@@ -115,6 +117,7 @@ type keys struct {
 	released, admissions                                 string
 	xfer, xpend, got                                     string
 	campaignLimit, userLimits, ipLimits                  string
+	restore                                              string
 }
 
 func campaignKeys(tag string) keys {
@@ -139,6 +142,8 @@ func campaignKeys(tag string) keys {
 		campaignLimit: p + "rl:all",
 		userLimits:    p + "rl:users",
 		ipLimits:      p + "rl:ips",
+		// The restore lock, with its own TTL (see restore.go).
+		restore: p + "restore",
 	}
 }
 
