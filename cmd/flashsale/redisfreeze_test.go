@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flashsale/flashsale/internal/config"
 	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
 )
 
 // TestRedisFrozenMidSale: the test's own Redis is stopped (SIGSTOP) for 15 s
@@ -24,9 +26,21 @@ import (
 // sold twice and no shopper buys past the limit.
 func TestRedisFrozenMidSale(t *testing.T) {
 	testenv.SkipShort(t, "a fault test: Redis frozen mid-sale")
-	for _, driver := range []string{"redisstream", "memqueue"} {
+	for _, driver := range []string{"redisstream", "memqueue", "rocketmq"} {
 		t.Run(driver, func(t *testing.T) { testRedisFrozen(t, driver) })
 	}
+}
+
+// startOn starts a system with cfg: in this process, or, on RocketMQ,
+// `flashsale serve` against the broker double.
+func startOn(t *testing.T, cfg config.Config) *client {
+	t.Helper()
+	if cfg.Queue.Driver != "rocketmq" {
+		return startSystem(t, cfg)
+	}
+	srv := startBrokerDouble(t, rmqtest.Options{})
+	createTopics(srv, cfg)
+	return startRole(t, buildBinary(t), "serve", rocketMQEnv(cfg, srv.Addr())).client(t, cfg)
 }
 
 // answer is one HTTP request's outcome as a shopper saw it.
@@ -41,7 +55,7 @@ func testRedisFrozen(t *testing.T, driver string) {
 	rs := startRedisServer(t)
 	cfg := realConfig(t, driver)
 	cfg.Redis.Addr = rs.addr()
-	c := startSystem(t, cfg)
+	c := startOn(t, cfg)
 	campaign := testenv.Name(t, "frozen-")
 	const stock, limit, users = 1500, 1, 2400
 	c.openCampaign(campaign, stock, limit)
