@@ -219,7 +219,7 @@ func (r *run) partitionLoop(ctx context.Context, p int) error {
 				}
 				if ctx.Err() == nil {
 					failures++
-					log.Warn("acquire lease", "err", err)
+					streak(log, failures, "acquire lease", "err", err)
 				}
 				sleep(ctx, queue.Backoff(errorBackoff, failures))
 				continue
@@ -242,7 +242,7 @@ func (r *run) partitionLoop(ctx context.Context, p int) error {
 		default:
 			if ctx.Err() == nil {
 				failures++
-				log.Warn("read partition", "err", err)
+				streak(log, failures, "read partition", "err", err)
 				sleep(ctx, queue.Backoff(errorBackoff, failures))
 			}
 		}
@@ -389,10 +389,23 @@ func (pl *pipeline) failed() bool {
 	}
 }
 
+// streak logs the n-th failure in a row of one partition's step: the first
+// at warn, the rest at debug. A Redis outage fails every partition's every
+// try, and the outage itself is logged once (store.Guard); what matters
+// per partition is that it began failing, and whether it lost its lease.
+func streak(log *slog.Logger, n int, msg string, args ...any) {
+	level := slog.LevelWarn
+	if n > 1 {
+		level = slog.LevelDebug
+	}
+	log.Log(context.Background(), level, msg, append(args, "failures", n)...)
+}
+
 // keepLease renews l every TTL/3 until ctx is done or the lease is lost.
 func (r *run) keepLease(ctx context.Context, l *lease, log *slog.Logger) {
 	t := time.NewTicker(l.ttl / 3)
 	defer t.Stop()
+	failures := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -408,7 +421,8 @@ func (r *run) keepLease(ctx context.Context, l *lease, log *slog.Logger) {
 		case err != nil:
 			// Keep trying until the deadline: a blip must not drop the
 			// partition, but past the deadline another consumer may own it.
-			log.Warn("renew lease", "err", err)
+			failures++
+			streak(log, failures, "renew lease", "err", err)
 			if isFatal(err) || !l.valid() {
 				l.markLost()
 				return
@@ -417,6 +431,8 @@ func (r *run) keepLease(ctx context.Context, l *lease, log *slog.Logger) {
 			log.Warn("lease lost; stopping after the current batch")
 			l.markLost()
 			return
+		default:
+			failures = 0
 		}
 	}
 }
