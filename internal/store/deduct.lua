@@ -7,7 +7,10 @@
 -- KEYS[2] users     hash user id -> units bought
 -- KEYS[3] results   hash request id -> "status|qty|order_id|reason|user"
 -- KEYS[4] soldout   flag, set to "1" when stock reaches zero
--- KEYS[5] counters  hash: sold, admitted, fin:<status>; for the queue
+-- KEYS[5] counters  hash: sold, admitted, fin:<status>; made, the last
+--                   decision number handed to a success (stored in its
+--                   reason field; durable.lua raises durable up to it once
+--                   the success's order is in MySQL); for the queue
 --                   position: decided (the highest admission sequence
 --                   number decided, never lowered) and two samples of it,
 --                   win_ms/win_w and prev_ms/prev_w (Redis time in ms, and
@@ -35,7 +38,10 @@
 --                worker stores the successes only while MySQL is at it
 --   status       success | sold_out | limit_exceeded | rejected
 --   order_id     set for success, "" otherwise
---   reason       set for rejected (insufficient_stock, bad_message, ended_early), "" otherwise
+--   reason       set for rejected (insufficient_stock, bad_message, ended_early);
+--                for success its decision number ("" when it has none:
+--                stored before decision numbers, or by rebuild.lua);
+--                "" otherwise
 -- or, in a bucket of several when some request is short or this call
 -- emptied the bucket:
 --   { 2, epoch, buckets, moves, status_1, order_id_1, reason_1, ... }
@@ -120,6 +126,10 @@ local results = {}  -- field/value pairs of the results decided by this call
 local buyers = {}   -- field/value pairs: each buyer's units after this call
 local bought_now = {} -- users already in buyers
 local fin = {}      -- status -> results decided by this call
+-- made lists this call's successes, three numbers each: the request's
+-- index, its value's place in results, its reason's place in reply. Their
+-- decision numbers are handed out after the loop, in batch order.
+local made = {}
 -- Requests decided without the queued marker admit.lua stores: a rebuild
 -- wiped it (or a withdraw raced a publish that went through). They count
 -- as admitted now, so every final result has its admission.
@@ -181,7 +191,13 @@ for i = 1, n do
       end
     else
       results[#results + 1] = rid
-      results[#results + 1] = stored_result(status, qty or 0, order, reason, user)
+      if status == 'success' then
+        results[#results + 1] = false -- its decision number comes below
+        local m = #made
+        made[m + 1], made[m + 2], made[m + 3] = i, #results, #reply + 3
+      else
+        results[#results + 1] = stored_result(status, qty or 0, order, reason, user)
+      end
       fin[status] = (fin[status] or 0) + 1
       decided[rid] = { status, order, reason }
     end
@@ -189,6 +205,21 @@ for i = 1, n do
   reply[#reply + 1] = status
   reply[#reply + 1] = order
   reply[#reply + 1] = reason
+end
+
+-- Decision numbers in batch order, one HINCRBY for the batch. A request
+-- delivered twice within the batch replies '' the second time: the worker
+-- needs only the batch's highest number.
+if #made > 0 then
+  local k = #made / 3
+  local number = redis.call('HINCRBY', KEYS[5], 'made', k) - k
+  for j = 1, #made, 3 do
+    local i = made[j]
+    number = number + 1
+    local n_s = string.format('%d', number)
+    results[made[j + 1]] = stored_result('success', tonumber(ARGV[4 * i]), ARGV[1 + 4 * i], n_s, users[i])
+    reply[made[j + 2]] = n_s
+  end
 end
 
 if sold > 0 then

@@ -3,6 +3,7 @@ package store
 import (
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -113,6 +114,12 @@ func testDeductRace(t *testing.T, s *Store) {
 				if reply.SoldOutNow {
 					soldOuts[w]++
 				}
+				if reply.Made > 0 {
+					if err := s.MarkDurable(ctx, c.ID, reply.Made, reply.Epoch); err != nil {
+						t.Errorf("worker %d: MarkDurable: %v", w, err)
+						return
+					}
+				}
 				for i, d := range batch {
 					sentBy[w] = append(sentBy[w], sent{d: d, got: reply.Results[i]})
 				}
@@ -178,6 +185,13 @@ func testDeductRace(t *testing.T, s *Store) {
 	}
 	if successes != stock {
 		t.Errorf("distinct successful requests: got %d, want %d", successes, stock)
+	}
+	// Each success got one decision number, whatever its deliveries, and
+	// the mark reached the last.
+	k := campaignKeys(c.ID)
+	if got, err := s.rdb.HMGet(ctx, k.counters, "made", "durable").Result(); err != nil ||
+		len(got) != 2 || got[0] != strconv.Itoa(stock) || got[1] != got[0] {
+		t.Errorf("counters made, durable: got %v (%v), want %d, %d", got, err, stock, stock)
 	}
 	seen := map[string]bool{}
 	for _, r := range reqs {

@@ -41,6 +41,7 @@ type Store struct {
 	give        *redis.Script
 	settle      *redis.Script
 	soldOut     *redis.Script
+	durable     *redis.Script
 
 	// transferObserver, when set, is told every transfer between buckets
 	// (WithTransferObserver).
@@ -100,6 +101,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Store {
 		give:        script("give"),
 		settle:      script("settle"),
 		soldOut:     script("soldout"),
+		durable:     script("durable"),
 	}
 	s.retention = DefaultKeyRetention
 	for _, o := range opts {
