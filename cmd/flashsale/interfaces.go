@@ -25,6 +25,7 @@ var (
 	_ worker.Orders         = (*sqlstore.DB)(nil)
 	_ worker.Lifecycle      = (*lifecycle.Service)(nil)
 	_ notifier.ResultSource = (*store.Store)(nil)
+	_ notifier.Ledger       = (*sqlstore.DB)(nil)
 	_ reconcile.Redis       = (*store.Store)(nil)
 	_ reconcile.Orders      = (*sqlstore.DB)(nil)
 )
