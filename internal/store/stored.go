@@ -99,9 +99,9 @@ func parseNumberField(f string) (int64, error) {
 	return n, nil
 }
 
-// shown is v as a shopper may see it while its tag's durable mark is
-// durable: a success not durable yet is still queued (no order id), since
-// its order may not be in MySQL, and Redis may lose it. The prelude's
+// shown is v as a shopper may see it under its tag's durable mark: a
+// success above the mark is still queued, without an order id, since its
+// order may not be in MySQL yet and Redis alone may lose it. The prelude's
 // stored_shown is the same in Lua.
 func (v storedResult) shown(durable int64) storedResult {
 	if v.Status != model.StatusSuccess || v.Made == 0 || v.Made <= durable {
