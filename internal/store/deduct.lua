@@ -8,9 +8,10 @@
 -- KEYS[3] results   hash request id -> "status|qty|order_id|reason|user"
 -- KEYS[4] soldout   flag, set to "1" when stock reaches zero
 -- KEYS[5] counters  hash: sold, admitted, fin:<status>; made, the last
---                   decision number handed to a success (stored in its
---                   reason field; durable.lua raises durable up to it once
---                   the success's order is in MySQL); for the queue
+--                   decision number: one per call that decides successes,
+--                   shared by them (stored in their reason field;
+--                   durable.lua raises durable up to it once their orders
+--                   are in MySQL); for the queue
 --                   position: decided (the highest admission sequence
 --                   number decided, never lowered) and two samples of it,
 --                   win_ms/win_w and prev_ms/prev_w (Redis time in ms, and
@@ -126,10 +127,10 @@ local results = {}  -- field/value pairs of the results decided by this call
 local buyers = {}   -- field/value pairs: each buyer's units after this call
 local bought_now = {} -- users already in buyers
 local fin = {}      -- status -> results decided by this call
--- made lists this call's successes, three numbers each: the request's
--- index, its value's place in results, its reason's place in reply. Their
--- decision numbers are handed out after the loop, in batch order.
-local made = {}
+-- made is this call's decision number, the tag's last one plus one, taken
+-- at its first success: the successes of a call are stored together, so
+-- one number serves them all (and one number-to-string conversion).
+local made = nil
 -- Requests decided without the queued marker admit.lua stores: a rebuild
 -- wiped it (or a withdraw raced a publish that went through). They count
 -- as admitted now, so every final result has its admission.
@@ -173,6 +174,8 @@ for i = 1, n do
       status = 'limit_exceeded'
     else
       status, order = 'success', oid
+      made = made or tostring(tonumber(redis.call('HGET', KEYS[5], 'made') or '0') + 1)
+      reason = made
       remaining = remaining - qty
       bought[user] = bought[user] + qty
       sold = sold + qty
@@ -191,13 +194,7 @@ for i = 1, n do
       end
     else
       results[#results + 1] = rid
-      if status == 'success' then
-        results[#results + 1] = false -- its decision number comes below
-        local m = #made
-        made[m + 1], made[m + 2], made[m + 3] = i, #results, #reply + 3
-      else
-        results[#results + 1] = stored_result(status, qty or 0, order, reason, user)
-      end
+      results[#results + 1] = stored_result(status, qty or 0, order, reason, user)
       fin[status] = (fin[status] or 0) + 1
       decided[rid] = { status, order, reason }
     end
@@ -205,21 +202,6 @@ for i = 1, n do
   reply[#reply + 1] = status
   reply[#reply + 1] = order
   reply[#reply + 1] = reason
-end
-
--- Decision numbers in batch order, one HINCRBY for the batch. A request
--- delivered twice within the batch replies '' the second time: the worker
--- needs only the batch's highest number.
-if #made > 0 then
-  local k = #made / 3
-  local number = redis.call('HINCRBY', KEYS[5], 'made', k) - k
-  for j = 1, #made, 3 do
-    local i = made[j]
-    number = number + 1
-    local n_s = string.format('%d', number)
-    results[made[j + 1]] = stored_result('success', tonumber(ARGV[4 * i]), ARGV[1 + 4 * i], n_s, users[i])
-    reply[made[j + 2]] = n_s
-  end
 end
 
 if sold > 0 then
@@ -236,6 +218,9 @@ if sold > 0 then
   end
 end
 hset_chunks(KEYS[3], results)
+if made then
+  redis.call('HSET', KEYS[5], 'made', made)
+end
 -- Statistics only (the queued count and the sold total): one write per
 -- status rather than one per request.
 if sold > 0 then

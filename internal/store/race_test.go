@@ -186,12 +186,14 @@ func testDeductRace(t *testing.T, s *Store) {
 	if successes != stock {
 		t.Errorf("distinct successful requests: got %d, want %d", successes, stock)
 	}
-	// Each success got one decision number, whatever its deliveries, and
-	// the mark reached the last.
+	// The mark reached the last decision number, and there were no more
+	// numbers than successes (a number per call that decided some).
 	k := campaignKeys(c.ID)
-	if got, err := s.rdb.HMGet(ctx, k.counters, "made", "durable").Result(); err != nil ||
-		len(got) != 2 || got[0] != strconv.Itoa(stock) || got[1] != got[0] {
-		t.Errorf("counters made, durable: got %v (%v), want %d, %d", got, err, stock, stock)
+	got, err := s.rdb.HMGet(ctx, k.counters, "made", "durable").Result()
+	if made, _ := got[0].(string); err != nil || made == "" || got[1] != made {
+		t.Errorf("counters made, durable: got %v (%v), want equal", got, err)
+	} else if n, _ := strconv.Atoi(made); n < 1 || n > stock {
+		t.Errorf("counter made: got %d, want within [1, %d]", n, stock)
 	}
 	seen := map[string]bool{}
 	for _, r := range reqs {
