@@ -240,8 +240,13 @@ func TestPurchaseReplay(t *testing.T) {
 	}
 	decided := func() {
 		d := model.Deduction{RequestID: first.RequestID, UserID: "u1", Quantity: 2, OrderID: "o1"}
-		if r, err := st.Deduct(t.Context(), c.ID, []model.Deduction{d}); err != nil || r.Results[0].Status != model.StatusSuccess {
+		r, err := st.Deduct(t.Context(), c.ID, []model.Deduction{d})
+		if err != nil || r.Results[0].Status != model.StatusSuccess {
 			t.Fatalf("deduct: got %+v, %v; want success", r, err)
+		}
+		// As the worker does once the order is stored.
+		if err := st.MarkDurable(t.Context(), c.ID, r.Made, r.Epoch); err != nil {
+			t.Fatalf("mark durable: %v", err)
 		}
 	}
 	queued := model.Result{RequestID: first.RequestID, CampaignID: c.ID, UserID: "u1", Status: model.StatusQueued, Quantity: 2, Seq: 1} // the campaign's first admission

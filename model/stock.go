@@ -32,6 +32,10 @@ type DeductReply struct {
 	// Epoch is the campaign's epoch in Redis the batch was decided under;
 	// its orders are stored only while MySQL is at the same one.
 	Epoch Epoch
+	// Made is the highest decision number of the batch's successes, 0 when
+	// none has one. A shopper sees them once the tag's durable mark is
+	// raised to it, after their orders are stored.
+	Made int64
 }
 
 // Projection is what Redis holds of a campaign's definition: the values

@@ -66,7 +66,11 @@ func BenchmarkSubscribeFrame(b *testing.B) {
 			if _, err := st.Admit(b.Context(), campaign, admits, model.RateLimits{}); err != nil {
 				b.Fatalf("admit: %v", err)
 			}
-			if _, err := st.Deduct(b.Context(), campaign, deductions); err != nil {
+			reply, err := st.Deduct(b.Context(), campaign, deductions)
+			if err == nil {
+				err = st.MarkDurable(b.Context(), campaign, reply.Made, reply.Epoch)
+			}
+			if err != nil {
 				b.Fatalf("deduct: %v", err)
 			}
 			reads := &resultReads{}

@@ -65,6 +65,10 @@ func (s sale) queue(t *testing.T, campaign, user string) string {
 func (s sale) decide(ctx context.Context, requestID, user string) (model.Result, error) {
 	campaign, _ := model.CampaignOfRequest(requestID)
 	reply, err := s.st.Deduct(ctx, campaign, []model.Deduction{{RequestID: requestID, UserID: user, Quantity: 1, OrderID: "o-" + requestID[len(requestID)-8:]}})
+	if err == nil && reply.Made > 0 {
+		// As the worker does once the order is stored.
+		err = s.st.MarkDurable(ctx, campaign, reply.Made, reply.Epoch)
+	}
 	if err != nil {
 		return model.Result{}, err
 	}

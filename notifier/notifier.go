@@ -14,6 +14,7 @@ package notifier
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -52,8 +53,21 @@ type ResultSource interface {
 	Progress(ctx context.Context, campaignIDs []string) ([]model.QueueProgress, error)
 }
 
+// Ledger is where a poll looks for a request Redis has no result for: the
+// orders in MySQL. Redis may have lost a success whose order is stored
+// (wiped, failed over); the order still stands. *sqlstore.DB implements it.
+type Ledger interface {
+	// Order returns the order of orderID, or an error wrapping
+	// model.ErrNotFound.
+	Order(ctx context.Context, orderID string) (model.Order, error)
+}
+
 // Options tunes the WebSocket side. Zero values take the defaults.
 type Options struct {
+	// Ledger, when set, answers a poll for a request Redis does not know
+	// with its order's success (lookup). Nil: such a poll is not found.
+	Ledger Ledger
+
 	// AllowedOrigins lists the Origin values a WebSocket upgrade may carry.
 	// Empty allows only the request's own host; "*" allows any origin.
 	// Requests without an Origin header (non-browser clients) are allowed.
@@ -437,6 +451,9 @@ func (n *Notifier) lookup(ctx context.Context, userID, requestID string) (model.
 		return model.Result{}, fmt.Errorf("result: malformed request id: %w", model.ErrNotFound)
 	}
 	r, err := n.src.Result(ctx, requestID)
+	if errors.Is(err, model.ErrNotFound) && n.opts.Ledger != nil {
+		r, err = n.fromLedger(ctx, requestID)
+	}
 	if err != nil {
 		return model.Result{}, err
 	}
@@ -444,6 +461,25 @@ func (n *Notifier) lookup(ctx context.Context, userID, requestID string) (model.
 		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
 	}
 	return r, nil
+}
+
+// fromLedger is the success of requestID as its order in MySQL tells it,
+// or model.ErrNotFound when it has none. A MySQL that cannot answer is
+// model.ErrUnavailable: the request may have succeeded, so the shopper is
+// told to ask again rather than that it is unknown.
+func (n *Notifier) fromLedger(ctx context.Context, requestID string) (model.Result, error) {
+	o, err := n.opts.Ledger.Order(ctx, model.OrderIDOf(requestID))
+	if errors.Is(err, model.ErrNotFound) {
+		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
+	}
+	if err != nil {
+		return model.Result{}, fmt.Errorf("result %s from the ledger: %w: %w", requestID, model.ErrUnavailable, err)
+	}
+	if o.RequestID != requestID {
+		return model.Result{}, fmt.Errorf("result %s: order %s is another request's: %w", requestID, o.ID, model.ErrNotFound)
+	}
+	return model.Result{RequestID: requestID, CampaignID: o.CampaignID, UserID: o.UserID, Status: model.StatusSuccess,
+		Quantity: o.Quantity, OrderID: o.ID}, nil
 }
 
 // Shutdown refuses new WebSocket connections, closes the open ones with a

@@ -286,6 +286,10 @@ func redisEnv(t *testing.T) env {
 		decide: func(t *testing.T, id, user string) model.Result {
 			t.Helper()
 			reply, err := st.Deduct(mustContext(t), campaign, []model.Deduction{{RequestID: id, UserID: user, Quantity: 1, OrderID: "o-" + id[len(id)-8:]}})
+			if err == nil && reply.Made > 0 {
+				// As the worker does once the order is stored.
+				err = st.MarkDurable(mustContext(t), campaign, reply.Made, reply.Epoch)
+			}
 			if err != nil {
 				t.Fatalf("deduct %s: %v", id, err)
 			}

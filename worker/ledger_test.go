@@ -175,11 +175,13 @@ func waitDecided(t *testing.T, f *fixture, msgs []queue.Message) {
 // was decided and before its orders are stored makes the insert fail; the
 // batch is decided again against the rebuilt state and stored once. No
 // unit is counted twice or missed, and a request that succeeds both times
-// keeps the order id a shopper may have polled after the first decision.
+// keeps the order id of its first decision.
 func TestLoadBetweenDecideAndFinish(t *testing.T) {
 	f := newFixture(t, 5, 1)
 	msgs := f.admit(t, 8, 8)
-	w := New(discard(), f.st, f.db, metrics.New(), Options{PersistAttempts: 3})
+	var decided []model.Result
+	w := New(discard(), f.st, f.db, metrics.New(), Options{PersistAttempts: 3,
+		AfterDeduct: func(_ string, rs []model.Result) error { decided = rs; return nil }})
 	early := msgs[:3]
 	if err := queue.Serial(w.Decide)(t.Context(), early); err != nil {
 		t.Fatalf("first batch: %v", err)
@@ -189,9 +191,9 @@ func TestLoadBetweenDecideAndFinish(t *testing.T) {
 		t.Fatalf("decide: %v", err)
 	}
 	firstOrderIDs := map[string]string{} // request id -> order id, as first decided
-	for _, m := range msgs[3:] {
-		if r, err := f.st.Result(t.Context(), m.ID); err == nil && r.Status == model.StatusSuccess {
-			firstOrderIDs[m.ID] = r.OrderID
+	for _, r := range decided {
+		if r.Status == model.StatusSuccess {
+			firstOrderIDs[r.RequestID] = r.OrderID
 		}
 	}
 	if len(firstOrderIDs) == 0 {

@@ -4,7 +4,8 @@
 //
 // The order of steps is what makes crashes safe: deduct (idempotent per
 // request id) → insert orders (duplicates ignored: an order's id, its primary
-// key, is derived from its request id) → publish results → acknowledge. A
+// key, is derived from its request id) → raise the durable mark (a shopper
+// sees a success only from then on) → publish results → acknowledge. A
 // crash anywhere before the acknowledgement leads to redelivery, which
 // replays the same stored results and inserts nothing twice.
 //
@@ -33,6 +34,11 @@ import (
 type Stock interface {
 	Deduct(ctx context.Context, campaignID string, batch []model.Deduction) (model.DeductReply, error)
 	Reject(ctx context.Context, d model.Deduction, campaignID, reason string) (model.Result, error)
+	// MarkDurable raises tag's durable mark to made, the highest decision
+	// number of a batch decided under epoch, once its orders are stored:
+	// shoppers see its successes from then on. Refused with a hold
+	// (model.ErrHeld) when the tag was reloaded or lost since.
+	MarkDurable(ctx context.Context, tag string, made int64, epoch model.Epoch) error
 	PublishResults(ctx context.Context, results []model.Result) error
 	PublishEvent(ctx context.Context, e model.Event) error
 	// SweepNotEnqueued rejects the admitted requests whose message never
@@ -129,6 +135,9 @@ type campaignBatch struct {
 	tag      string
 	requests []model.PurchaseRequest
 	attempts []int
+	// made is the highest decision number of the successes decided
+	// (model.DeductReply.Made).
+	made int64
 }
 
 // Decide is the queue.PipelineHandler: it decides the batch in Redis and
@@ -151,7 +160,7 @@ func (w *Worker) Decide(ctx context.Context, msgs []queue.Message) (queue.Finish
 		results = append(results, rs...)
 	}
 	return func(ctx context.Context) error {
-		err := w.finish(ctx, results, epochs)
+		err := w.finish(ctx, batches, results, epochs)
 		if err != nil {
 			w.restore(ctx, err, slices.Collect(maps.Keys(epochs))...)
 		}
@@ -170,9 +179,9 @@ func (w *Worker) held(err error) error {
 }
 
 // finish stores the successes of decided results, fenced by the epochs
-// they were decided under, publishes them all and schedules the new orders'
-// expiry.
-func (w *Worker) finish(ctx context.Context, results []model.Result, epochs model.Epochs) error {
+// they were decided under, raises their tags' durable marks, publishes them
+// all and schedules the new orders' expiry.
+func (w *Worker) finish(ctx context.Context, batches []*campaignBatch, results []model.Result, epochs model.Epochs) error {
 	orders, now := ordersOf(results), time.Now()
 	// Both read or write MySQL, and any failure of theirs holds the batch:
 	// the decisions are made and stored in Redis, so a MySQL that cannot
@@ -187,6 +196,17 @@ func (w *Worker) finish(ctx context.Context, results []model.Result, epochs mode
 	// shopper may already have seen them through the poll endpoint.
 	if err := w.persist(ctx, orders, epochs); err != nil {
 		return fmt.Errorf("%w: %w", model.ErrHeld, err)
+	}
+	// Shoppers see the successes only now, and the batch is acknowledged
+	// only after: a mark not raised holds it, and the redelivery raises it
+	// (deduct.lua replays the same decision numbers).
+	for _, b := range batches {
+		if b.made == 0 {
+			continue
+		}
+		if err := w.stock.MarkDurable(ctx, b.tag, b.made, epochs[b.campaignID]); err != nil {
+			return fmt.Errorf("worker: %w: %w", model.ErrHeld, err)
+		}
 	}
 	w.count(results)
 	if err := w.stock.PublishResults(ctx, results); err != nil {
@@ -321,6 +341,7 @@ func (w *Worker) decide(ctx context.Context, b *campaignBatch, epochs model.Epoc
 		}
 	}
 	epochs.Add(b.campaignID, reply.Epoch)
+	b.made = reply.Made
 	return reply.Results, nil
 }
 
@@ -339,6 +360,7 @@ func (w *Worker) giveUp(ctx context.Context, b *campaignBatch, ds []model.Deduct
 		if err == nil {
 			out = append(out, reply.Results...)
 			epochs.Add(b.campaignID, reply.Epoch)
+			b.made = max(b.made, reply.Made)
 			continue
 		}
 		if errors.Is(err, model.ErrHeld) {

@@ -27,6 +27,7 @@ var (
 	_ worker.Lifecycle      = (*lifecycle.Service)(nil)
 	_ worker.Restorer       = (*reconcile.Restorer)(nil)
 	_ notifier.ResultSource = (*store.Store)(nil)
+	_ notifier.Ledger       = (*sqlstore.DB)(nil)
 	_ reconcile.Redis       = (*store.Store)(nil)
 	_ reconcile.Orders      = (*sqlstore.DB)(nil)
 	_ reconcile.Restoring   = (*store.Store)(nil)

@@ -406,7 +406,7 @@ func (s *system) mountNotifier(jwt *auth.JWT) func(context.Context) error {
 	maxConns := webSocketBudget(c, fileLimit)
 	log := s.log.With("role", "notifier")
 	log.Info("WebSocket budget", "max_conns", maxConns, "open_file_limit", fileLimit, "fd_reserve", c.FDReserve)
-	ntf := notifier.New(log, s.store, s.Metrics, notifier.Options{
+	opts := notifier.Options{
 		AllowedOrigins:          c.AllowedOrigins,
 		MaxSubscriptionsPerConn: c.MaxSubscriptionsPerConn,
 		PingInterval:            c.PingInterval,
@@ -418,7 +418,12 @@ func (s *system) mountNotifier(jwt *auth.JWT) func(context.Context) error {
 		PollBurst:               c.PollBurst,
 		SubscribeRate:           c.SubscribeRate,
 		SubscribeBurst:          c.SubscribeBurst,
-	})
+	}
+	if s.db != nil {
+		// A poll Redis has no result for finds its order in MySQL.
+		opts.Ledger = s.db
+	}
+	ntf := notifier.New(log, s.store, s.Metrics, opts)
 	ntf.Register(s.engine, httpapi.Shopper(s.log, jwt, false), httpapi.Shopper(s.log, jwt, true))
 	s.notifier = ntf
 	return func(context.Context) error {

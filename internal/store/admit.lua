@@ -22,7 +22,8 @@
 -- KEYS[3] counters  hash: admitted, seq (the last admission sequence number
 --                   handed out: a queued request's place in its campaign's
 --                   line, stored in its marker's reason field for the
---                   queue position; see deduct.lua's "decided")
+--                   queue position; see deduct.lua's "decided"); durable
+--                   (durable.lua), read for a replay of a success
 -- KEYS[4] stock     only checked for existence (campaign preloaded)
 -- KEYS[5] campaign rate limit: its theoretical arrival time (TAT), with a TTL
 -- KEYS[6] user rate limits: hash user id -> TAT. One hash instead of a key per
@@ -61,7 +62,9 @@
 -- Reply: { code_1, value_1, ..., code_n, value_n }
 --    0, request id    admitted as new (or this request id again: a retry counts once)
 --    1, {request id, result}  an earlier request with the same key and fingerprint,
---                     and its stored result; nothing changed
+--                     and its stored result as a shopper may see it (a
+--                     success not durable yet is queued: stored_shown);
+--                     nothing changed
 --   -1, ""            campaign not preloaded; nothing changed
 --   -2, retry after   per-user rate limit (seconds, as a string); nothing changed
 --   -3, retry after   per-campaign rate limit; nothing changed but the IP's and user's limits
@@ -193,6 +196,8 @@ local loaded = redis.call('EXISTS', KEYS[4]) == 1
 -- false: any), or false. result_of: request id -> stored result, for the
 -- requests keys name.
 local stored, idem_of, result_of = {}, {}, {}
+-- durable is the tag's durable mark, read only when a key names a success.
+local durable = 0
 if loaded then
   local found = redis.call('HMGET', KEYS[1], unpack(rids))
   for i = 1, n do
@@ -213,8 +218,13 @@ if loaded then
     end
     if #named > 0 then
       local results = redis.call('HMGET', KEYS[1], unpack(named))
+      local success = false
       for j, rid in ipairs(named) do
         result_of[rid] = results[j] or false
+        success = success or (results[j] and string.sub(results[j], 1, 8) == 'success|')
+      end
+      if success then
+        durable = tonumber(redis.call('HGET', KEYS[3], 'durable') or '0')
       end
     end
   end
@@ -267,7 +277,11 @@ for i = 1, n do
       if earlier and earlier.rid ~= rid and earlier.fp and earlier.fp ~= fps[i] then
         code, value = -5, ''
       elseif earlier and earlier.rid ~= rid then
-        code, value = 1, { earlier.rid, result_of[earlier.rid] }
+        local v = result_of[earlier.rid]
+        if type(v) == 'string' then
+          v = stored_shown(v, durable)
+        end
+        code, value = 1, { earlier.rid, v }
         pending_named = pending_named or type(value[2]) == 'number'
       else
         if idem ~= '' and not earlier then

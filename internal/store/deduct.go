@@ -123,6 +123,14 @@ func parseDeductReply(campaignID string, batch []model.Deduction, reply []any) (
 		if !st.Final() {
 			return model.DeductReply{}, shortState{}, fmt.Errorf("request %s: status %q is not final", d.RequestID, f[0])
 		}
+		if st == model.StatusSuccess {
+			// A success's reason is its decision number.
+			made, err := parseNumberField(f[2])
+			if err != nil {
+				return model.DeductReply{}, shortState{}, fmt.Errorf("request %s: decision number %q: %w", d.RequestID, f[2], err)
+			}
+			out.Made, f[2] = max(out.Made, made), ""
+		}
 		out.Results[i] = model.Result{
 			RequestID: d.RequestID, CampaignID: campaignID, UserID: d.UserID,
 			Status: st, OrderID: f[1], Reason: f[2], Quantity: d.Quantity,

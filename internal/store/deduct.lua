@@ -7,7 +7,11 @@
 -- KEYS[2] users     hash user id -> units bought
 -- KEYS[3] results   hash request id -> "status|qty|order_id|reason|user"
 -- KEYS[4] soldout   flag, set to "1" when stock reaches zero
--- KEYS[5] counters  hash: sold, admitted, fin:<status>; for the queue
+-- KEYS[5] counters  hash: sold, admitted, fin:<status>; made, the last
+--                   decision number: one per call that decides successes,
+--                   shared by them (stored in their reason field;
+--                   durable.lua raises durable up to it once their orders
+--                   are in MySQL); for the queue
 --                   position: decided (the highest admission sequence
 --                   number decided, never lowered) and two samples of it,
 --                   win_ms/win_w and prev_ms/prev_w (Redis time in ms, and
@@ -35,7 +39,10 @@
 --                worker stores the successes only while MySQL is at it
 --   status       success | sold_out | limit_exceeded | rejected
 --   order_id     set for success, "" otherwise
---   reason       set for rejected (insufficient_stock, bad_message, ended_early), "" otherwise
+--   reason       set for rejected (insufficient_stock, bad_message, ended_early);
+--                for success its decision number ("" when it has none:
+--                stored before decision numbers, or by rebuild.lua);
+--                "" otherwise
 -- or, in a bucket of several when some request is short or this call
 -- emptied the bucket:
 --   { 2, epoch, buckets, moves, status_1, order_id_1, reason_1, ... }
@@ -120,6 +127,10 @@ local results = {}  -- field/value pairs of the results decided by this call
 local buyers = {}   -- field/value pairs: each buyer's units after this call
 local bought_now = {} -- users already in buyers
 local fin = {}      -- status -> results decided by this call
+-- made is this call's decision number, the tag's last one plus one, taken
+-- at its first success: the successes of a call are stored together, so
+-- one number serves them all (and one number-to-string conversion).
+local made = nil
 -- Requests decided without the queued marker admit.lua stores: a rebuild
 -- wiped it (or a withdraw raced a publish that went through). They count
 -- as admitted now, so every final result has its admission.
@@ -163,6 +174,8 @@ for i = 1, n do
       status = 'limit_exceeded'
     else
       status, order = 'success', oid
+      made = made or tostring(tonumber(redis.call('HGET', KEYS[5], 'made') or '0') + 1)
+      reason = made
       remaining = remaining - qty
       bought[user] = bought[user] + qty
       sold = sold + qty
@@ -205,6 +218,9 @@ if sold > 0 then
   end
 end
 hset_chunks(KEYS[3], results)
+if made then
+  redis.call('HSET', KEYS[5], 'made', made)
+end
 -- Statistics only (the queued count and the sold total): one write per
 -- status rather than one per request.
 if sold > 0 then

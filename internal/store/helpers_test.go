@@ -116,6 +116,8 @@ func mustRebuild(t *testing.T, s *Store, c model.Campaign, orders []model.Order)
 	}
 }
 
+// mustDeduct decides batch and raises the durable mark as the worker does
+// once the orders are stored, so its successes read as successes.
 func mustDeduct(t *testing.T, s *Store, campaignID string, batch []model.Deduction) model.DeductReply {
 	t.Helper()
 	r, err := s.Deduct(t.Context(), campaignID, batch)
@@ -125,7 +127,19 @@ func mustDeduct(t *testing.T, s *Store, campaignID string, batch []model.Deducti
 	if len(r.Results) != len(batch) {
 		t.Fatalf("Deduct(%s): got %d results, want %d", campaignID, len(r.Results), len(batch))
 	}
+	mustMarkDurable(t, s, campaignID, r)
 	return r
+}
+
+// mustMarkDurable raises tag's durable mark to r's successes.
+func mustMarkDurable(t *testing.T, s *Store, tag string, r model.DeductReply) {
+	t.Helper()
+	if r.Made == 0 {
+		return
+	}
+	if err := s.MarkDurable(t.Context(), tag, r.Made, r.Epoch); err != nil {
+		t.Fatalf("MarkDurable(%s, %d, epoch %d): %v", tag, r.Made, r.Epoch, err)
+	}
 }
 
 // mustAdmit admits r alone with the rate limits off, as the gateway does

@@ -8,8 +8,9 @@
 -- The stored result, a request's value in a results hash:
 -- "status|qty|order_id|reason|user", the user id last since it may hold
 -- '|'. A queued marker (admit.lua) keeps its admission sequence number in
--- the reason field. Go's storedResult (stored.go) is the same codec;
--- TestStoredFormat pins both to the same strings.
+-- the reason field, a success its decision number (deduct.lua; '' when
+-- durable by definition, see stored_shown). Go's storedResult (stored.go)
+-- is the same codec; TestStoredFormat pins both to the same strings.
 local function stored_result(status, qty, order, reason, user)
   return status .. '|' .. qty .. '|' .. order .. '|' .. reason .. '|' .. user
 end
@@ -33,6 +34,19 @@ end
 
 local function stored_user(v)
   return string.match(v, '^[^|]*|[^|]*|[^|]*|[^|]*|(.*)$')
+end
+
+-- stored_shown is stored result v as a shopper may see it while its tag's
+-- durable mark (counters durable, durable.lua) is durable: a success
+-- decided after the mark is still queued, with no order id, since its
+-- order may not be in MySQL yet. Go's storedResult.shown is the same.
+local function stored_shown(v, durable)
+  local made = string.match(v, '^success|[^|]*|[^|]*|([^|]*)|')
+  if made and made ~= '' and tonumber(made) > durable then
+    local qty = string.match(v, '^[^|]*|([^|]*)|')
+    return stored_queued(qty, '', stored_user(v))
+  end
+  return v
 end
 
 -- is_queued says whether a stored result is a queued marker: not final yet.

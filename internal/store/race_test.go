@@ -3,6 +3,7 @@ package store
 import (
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -113,6 +114,12 @@ func testDeductRace(t *testing.T, s *Store) {
 				if reply.SoldOutNow {
 					soldOuts[w]++
 				}
+				if reply.Made > 0 {
+					if err := s.MarkDurable(ctx, c.ID, reply.Made, reply.Epoch); err != nil {
+						t.Errorf("worker %d: MarkDurable: %v", w, err)
+						return
+					}
+				}
 				for i, d := range batch {
 					sentBy[w] = append(sentBy[w], sent{d: d, got: reply.Results[i]})
 				}
@@ -178,6 +185,15 @@ func testDeductRace(t *testing.T, s *Store) {
 	}
 	if successes != stock {
 		t.Errorf("distinct successful requests: got %d, want %d", successes, stock)
+	}
+	// The mark reached the last decision number, and there were no more
+	// numbers than successes (a number per call that decided some).
+	k := campaignKeys(c.ID)
+	got, err := s.rdb.HMGet(ctx, k.counters, "made", "durable").Result()
+	if made, _ := got[0].(string); err != nil || made == "" || got[1] != made {
+		t.Errorf("counters made, durable: got %v (%v), want equal", got, err)
+	} else if n, _ := strconv.Atoi(made); n < 1 || n > stock {
+		t.Errorf("counter made: got %d, want within [1, %d]", n, stock)
 	}
 	seen := map[string]bool{}
 	for _, r := range reqs {

@@ -22,7 +22,7 @@ func TestScriptNames(t *testing.T) {
 		"deduct": s.deduct, "admit": s.admit, "withdraw": s.withdraw, "rebuild": s.rebuild,
 		"paused": s.paused, "reject": s.reject, "release": s.release, "notenqueued": s.notEnqueued,
 		"endearly": s.endEarly, "remove": s.remove, "take": s.take, "give": s.give,
-		"settle": s.settle, "soldout": s.soldOut, "restore": s.restore,
+		"settle": s.settle, "soldout": s.soldOut, "restore": s.restore, "durable": s.durable,
 	}
 	for want, script := range scripts {
 		if got := names[script.Hash()]; got != want {
@@ -112,7 +112,8 @@ var storedCases = []struct {
 	value string
 	v     storedResult
 }{
-	{"success|2|o1||u1", storedResult{Status: model.StatusSuccess, Quantity: 2, OrderID: "o1", UserID: "u1"}},
+	{"success|2|o1||u1", storedResult{Status: model.StatusSuccess, Quantity: 2, OrderID: "o1", UserID: "u1"}}, // durable by definition
+	{"success|1|o2|7|a|b", storedResult{Status: model.StatusSuccess, Quantity: 1, OrderID: "o2", Made: 7, UserID: "a|b"}},
 	{"rejected|3||insufficient_stock|u1", storedResult{Status: model.StatusRejected, Quantity: 3, Reason: "insufficient_stock", UserID: "u1"}},
 	{"sold_out|1|||auth0|x", storedResult{Status: model.StatusSoldOut, Quantity: 1, UserID: "auth0|x"}},
 	{"queued|2||17|u|x", storedResult{Status: model.StatusQueued, Quantity: 2, Seq: 17, UserID: "u|x"}},
@@ -120,8 +121,9 @@ var storedCases = []struct {
 }
 
 // storedProbe builds each case's value from its fields with the prelude's
-// helpers, and parses the value back: ARGV status, qty, order, reason,
-// seq ("" for none), user, value.
+// helpers, and parses the value back, and shows it under a durable mark:
+// ARGV status, qty, order, reason (a success's decision number), seq (""
+// for none), user, value, durable mark.
 const storedProbe = `
 local built
 if ARGV[1] == 'queued' then
@@ -130,7 +132,8 @@ else
   built = stored_result(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[6])
 end
 local status, qty, order, reason, seq = parse_stored(ARGV[7])
-return { built, status, qty, order, reason, tostring(seq or ''), stored_user(ARGV[7]), is_queued(ARGV[7]) and 1 or 0 }
+return { built, status, qty, order, reason, tostring(seq or ''), stored_user(ARGV[7]), is_queued(ARGV[7]) and 1 or 0,
+  stored_shown(ARGV[7], tonumber(ARGV[8])) }
 `
 
 // TestStoredFormat pins the stored result's format on both sides of the
@@ -152,22 +155,25 @@ func TestStoredFormat(t *testing.T) {
 	probe := redis.NewScript(string(prelude) + storedProbe)
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		for _, tc := range storedCases {
-			seq := ""
-			if tc.v.Seq > 0 {
-				seq = strconv.FormatInt(tc.v.Seq, 10)
+			seq, reason := numberField(tc.v.Seq), tc.v.Reason
+			if tc.v.Status == model.StatusSuccess {
+				reason = numberField(tc.v.Made)
 			}
-			got, err := probe.Run(t.Context(), s.rdb, nil, string(tc.v.Status), tc.v.Quantity, tc.v.OrderID,
-				tc.v.Reason, seq, tc.v.UserID, tc.value).Slice()
-			if err != nil {
-				t.Fatalf("probe %q: %v", tc.value, err)
-			}
-			want := []any{tc.value, string(tc.v.Status), strconv.FormatInt(tc.v.Quantity, 10), tc.v.OrderID, tc.v.Reason,
-				seq, tc.v.UserID, int64(0)}
-			if tc.v.Status == model.StatusQueued {
-				want[7] = int64(1)
-			}
-			if !slices.Equal(got, want) {
-				t.Errorf("%q: Lua builds and reads %q, want %q", tc.value, got, want)
+			// Below, at and above the case's decision number.
+			for _, durable := range []int64{tc.v.Made - 1, tc.v.Made, tc.v.Made + 1} {
+				got, err := probe.Run(t.Context(), s.rdb, nil, string(tc.v.Status), tc.v.Quantity, tc.v.OrderID,
+					reason, seq, tc.v.UserID, tc.value, durable).Slice()
+				if err != nil {
+					t.Fatalf("probe %q: %v", tc.value, err)
+				}
+				want := []any{tc.value, string(tc.v.Status), strconv.FormatInt(tc.v.Quantity, 10), tc.v.OrderID, reason,
+					seq, tc.v.UserID, int64(0), tc.v.shown(durable).String()}
+				if tc.v.Status == model.StatusQueued {
+					want[7] = int64(1)
+				}
+				if !slices.Equal(got, want) {
+					t.Errorf("%q, durable %d: Lua builds, reads and shows %q, want %q", tc.value, durable, got, want)
+				}
 			}
 		}
 	})

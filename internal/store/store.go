@@ -42,6 +42,7 @@ type Store struct {
 	settle      *redis.Script
 	soldOut     *redis.Script
 	restore     *redis.Script
+	durable     *redis.Script
 
 	// transferObserver, when set, is told every transfer between buckets
 	// (WithTransferObserver).
@@ -102,6 +103,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Store {
 		settle:      script("settle"),
 		soldOut:     script("soldout"),
 		restore:     script("restore"),
+		durable:     script("durable"),
 	}
 	s.retention = DefaultKeyRetention
 	for _, o := range opts {
