@@ -467,6 +467,7 @@ func (lt *loadtest) run(ctx context.Context, embedded bool) (*report, error) {
 		if err != nil {
 			return nil, err
 		}
+		lt.reread(ctx, shoppers)
 		rep := lt.rec.report(stats, nil)
 		if crowd != nil {
 			rep.Crowd = crowd.report()
@@ -485,6 +486,7 @@ func (lt *loadtest) run(ctx context.Context, embedded bool) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
+	lt.reread(ctx, shoppers)
 	return lt.rec.report(stats, &state), nil
 }
 
