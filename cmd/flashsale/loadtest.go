@@ -128,6 +128,12 @@ gateway (purchases, the admin API, payments) and --results-url a notifier
 (WebSocket and polling); the tool checks both serve their routes before the
 sale and stops with the reason if not.
 
+The report gives every route's answers by status and time to answer, and
+the requests that got no answer. Once the sale settled the tool reads every
+success again, and every admitted request still without a final result: a
+success that now reads otherwise (another status or order, 404) was
+retracted, and the run fails naming it.
+
 A run in which more than 10% of the purchases are refused 429 rate_limited
 measured the server's rate limits, not the sale (the shoppers all come from
 this host: raise gateway.ip_rate and ip_burst): it says so and exits non-zero
