@@ -32,7 +32,8 @@ import (
 // the run), loadtest_shopper.go (one shopper's requests and result),
 // loadtest_crowd.go (--ws-per-shopper: the crowd's sockets and the
 // notifier's figures), loadtest_lifecycle.go (--pay-ratio),
-// loadtest_report.go (measurements, invariants and the report).
+// loadtest_reread.go (the final re-read: retracted successes, unfinished
+// requests), loadtest_report.go (measurements, invariants and the report).
 
 // loadtestOptions are the command's flags.
 type loadtestOptions struct {

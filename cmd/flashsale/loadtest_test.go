@@ -295,8 +295,8 @@ type fakeGateway struct {
 	// with the request, as the real idempotency does.
 	loseAnswers bool
 	keys        map[string]string // token and key -> request id
-	paid            []string
-	sockets         map[string]int // access token → sockets opened
+	paid        []string
+	sockets     map[string]int // access token → sockets opened
 
 	mu       sync.Mutex
 	next     atomic.Int64
