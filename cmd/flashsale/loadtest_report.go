@@ -54,11 +54,12 @@ type recorder struct {
 	// settledOrders counts, in a lifecycle run, what buyers did with their
 	// orders (orderSettled).
 	settledOrders map[string]int
-	// routes: every HTTP request the shoppers sent, by route (call).
-	routes     map[string]*routeCounts
-	lastPollAt time.Time         // the last poll answered
-	retracted  map[string]string // request id -> a success told, then contradicted (loadtest_reread.go)
-	reread     rereadCounts      // what the final re-read found
+	// routes: every HTTP request the shoppers sent, by route (call);
+	// marked: those answered within --mark-after/--mark-for.
+	routes, marked routeSet
+	lastPollAt     time.Time         // the last poll answered
+	retracted      map[string]string // request id -> a success told, then contradicted (loadtest_reread.go)
+	reread         rereadCounts      // what the final re-read found
 }
 
 const maxLatencyMicros = int64(10 * time.Minute / time.Microsecond)
@@ -70,7 +71,7 @@ func newRecorder(o loadtestOptions, httpConns, wsCap int) *recorder {
 		owner: map[string]string{}, admittedBy: map[string]int64{}, results: map[string]finalResult{},
 		byChannel: map[string]int{"ws": 0, "poll": 0}, byStatus: map[string]int{}, wsFailures: map[string]int{},
 		units: map[string]int64{}, settledOrders: map[string]int{},
-		routes: map[string]*routeCounts{}, retracted: map[string]string{}}
+		routes: routeSet{}, marked: routeSet{}, retracted: map[string]string{}}
 }
 
 func (r *recorder) start(t time.Time) {
@@ -176,6 +177,9 @@ const (
 	routeChallenge = "GET /api/v1/campaigns/:id/challenge"
 )
 
+// routeSet is what each route answered.
+type routeSet map[string]*routeCounts
+
 // routeCounts is what one route answered.
 type routeCounts struct {
 	byStatus map[int]int
@@ -183,16 +187,11 @@ type routeCounts struct {
 	took     *hdrhistogram.Histogram
 }
 
-// call records one HTTP request a shopper sent: its answer's status and
-// how long it took from sending, or, with status 0, the error that left
-// it without an answer.
-func (r *recorder) call(route string, status int, took time.Duration, err error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	rc := r.routes[route]
+func (rs routeSet) add(route string, status int, took time.Duration, err error) {
+	rc := rs[route]
 	if rc == nil {
 		rc = &routeCounts{byStatus: map[int]int{}, noAnswer: map[string]int{}, took: hdrhistogram.New(1, maxLatencyMicros, 3)}
-		r.routes[route] = rc
+		rs[route] = rc
 	}
 	if status == 0 {
 		if err == nil {
@@ -203,8 +202,21 @@ func (r *recorder) call(route string, status int, took time.Duration, err error)
 	}
 	rc.byStatus[status]++
 	_ = rc.took.RecordValue(micros(took))
-	if route == routePoll {
-		r.lastPollAt = time.Now()
+}
+
+// call records one HTTP request a shopper sent: its answer's status and
+// how long it took from sending, or, with status 0, the error that left
+// it without an answer.
+func (r *recorder) call(route string, status int, took time.Duration, err error) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.routes.add(route, status, took, err)
+	if from := r.t0.Add(r.o.markAfter); r.o.markFor > 0 && !r.t0.IsZero() && !now.Before(from) && now.Before(from.Add(r.o.markFor)) {
+		r.marked.add(route, status, took, err)
+	}
+	if route == routePoll && status != 0 {
+		r.lastPollAt = now
 	}
 }
 
@@ -276,6 +288,7 @@ type report struct {
 	NoAnswer          int                    `json:"no_answer"`
 	Unfinished        unfinishedReport       `json:"unfinished"`
 	Reread            rereadReport           `json:"reread"`
+	Marked            *markedReport          `json:"marked,omitempty"`
 	Server            serverStats            `json:"server"`
 	Lifecycle         *lifecycleReport       `json:"lifecycle,omitempty"`
 	Crowd             *crowdReport           `json:"crowd,omitempty"`
@@ -341,10 +354,12 @@ type routeReport struct {
 	Answer   percentiles    `json:"answer_ms"`
 }
 
-func (r *recorder) routeReports() (map[string]routeReport, float64, int) {
+// report returns the answers by route, the longest time to an answer and
+// the requests without one.
+func (rs routeSet) report() (map[string]routeReport, float64, int) {
 	out := map[string]routeReport{}
 	longest, none := 0.0, 0
-	for route, rc := range r.routes {
+	for route, rc := range rs {
 		rr := routeReport{ByStatus: map[string]int{}, Answer: percentilesOf(rc.took)}
 		for status, n := range rc.byStatus {
 			rr.ByStatus[strconv.Itoa(status)] = n
@@ -361,6 +376,16 @@ func (r *recorder) routeReports() (map[string]routeReport, float64, int) {
 		out[route] = rr
 	}
 	return out, longest, none
+}
+
+// markedReport is the answers that came within --mark-after and
+// --mark-for of the sale's start (a fault the operator injected then).
+type markedReport struct {
+	FromMs          float64                `json:"from_ms"`
+	ToMs            float64                `json:"to_ms"`
+	HTTP            map[string]routeReport `json:"http"`
+	LongestAnswerMs float64                `json:"longest_answer_ms"`
+	NoAnswer        int                    `json:"no_answer"`
 }
 
 type percentiles struct {
@@ -417,7 +442,12 @@ func (r *recorder) report(st serverStats, lc *lifecycleState) *report {
 		v := ms(last.Sub(r.t0))
 		rep.AllResultsMs = &v
 	}
-	rep.HTTP, rep.LongestAnswerMs, rep.NoAnswer = r.routeReports()
+	rep.HTTP, rep.LongestAnswerMs, rep.NoAnswer = r.routes.report()
+	if r.o.markFor > 0 {
+		m := &markedReport{FromMs: ms(r.o.markAfter), ToMs: ms(r.o.markAfter + r.o.markFor)}
+		m.HTTP, m.LongestAnswerMs, m.NoAnswer = r.marked.report()
+		rep.Marked = m
+	}
 	rep.Reread, rep.Unfinished = r.rereadReports()
 	rep.WSFallbacks = map[string]int{}
 	for msg, n := range r.wsFailures {
@@ -574,7 +604,11 @@ func (rep *report) writeText(w io.Writer) {
 	if len(rep.WSFallbacks) > 0 {
 		p("  polled instead  %s", countsText(rep.WSFallbacks))
 	}
-	rep.writeHTTP(p)
+	writeHTTP(p, "http", rep.HTTP, rep.LongestAnswerMs, rep.NoAnswer)
+	if m := rep.Marked; m != nil {
+		p("  marked span     the answers %.0f-%.0f ms after the start, apart:", m.FromMs, m.ToMs)
+		writeHTTP(p, "marked", m.HTTP, m.LongestAnswerMs, m.NoAnswer)
+	}
 	u := rep.Unfinished
 	p("  unfinished      %d admitted requests never final%s; vanished (404 after queued) %d%s; final only at the re-read: %s",
 		u.Count, idsText(u.Sample, u.Count), u.Vanished, idsText(u.VanishedSample, u.Vanished), countsText(u.FinalAtReread))
@@ -607,22 +641,22 @@ func (rep *report) writeText(w io.Writer) {
 	loud()
 }
 
-// writeHTTP prints the answers by route, one line each.
-func (rep *report) writeHTTP(p func(string, ...any)) {
-	routes := make([]string, 0, len(rep.HTTP))
-	for route := range rep.HTTP {
+// writeHTTP prints the answers by route, one line each, under label.
+func writeHTTP(p func(string, ...any), label string, byRoute map[string]routeReport, longest float64, none int) {
+	routes := make([]string, 0, len(byRoute))
+	for route := range byRoute {
 		routes = append(routes, route)
 	}
 	sort.Strings(routes)
 	for _, route := range routes {
-		rr := rep.HTTP[route]
-		none := ""
+		rr := byRoute[route]
+		lost := ""
 		if len(rr.NoAnswer) > 0 {
-			none = "; no answer: " + countsText(rr.NoAnswer)
+			lost = "; no answer: " + countsText(rr.NoAnswer)
 		}
-		p("  http            %s: %s%s; answer p99 %.1f ms, max %.1f ms", route, countsText(rr.ByStatus), none, rr.Answer.P99, rr.Answer.Max)
+		p("  %-15s %s: %s%s; answer p99 %.1f ms, max %.1f ms", label, route, countsText(rr.ByStatus), lost, rr.Answer.P99, rr.Answer.Max)
 	}
-	p("  longest answer  %.1f ms; requests without an answer %d", rep.LongestAnswerMs, rep.NoAnswer)
+	p("  %-15s %.1f ms; requests without an answer %d", label+" longest", longest, none)
 }
 
 // idsText lists sample request ids of n.

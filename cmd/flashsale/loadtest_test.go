@@ -548,6 +548,44 @@ func TestLoadtestRetractedSuccess(t *testing.T) {
 	}
 }
 
+// TestLoadtestMarkedSpan: the report gives apart the answers recorded
+// within --mark-after and --mark-for of the sale's start, those without an
+// answer included, and leaves out the rest.
+func TestLoadtestMarkedSpan(t *testing.T) {
+	tests := []struct {
+		name        string
+		startedAgo  time.Duration
+		after, span time.Duration
+		wantMarked  bool
+	}{
+		{"within the span", time.Minute, 30 * time.Second, time.Hour, true},
+		{"before the span", time.Minute, time.Hour, time.Hour, false},
+		{"after the span", time.Hour, 0, time.Minute, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRecorder(loadtestOptions{markAfter: tt.after, markFor: tt.span}, 1, 0)
+			r.start(time.Now().Add(-tt.startedAgo))
+			r.call(routePurchase, http.StatusServiceUnavailable, 2*time.Second, nil)
+			r.call(routePurchase, 0, 0, errors.New("dial tcp 127.0.0.1:1: i/o timeout"))
+			rep := r.report(serverStats{}, nil)
+			// The histograms keep 3 significant digits.
+			twoSeconds := func(ms float64) bool { return ms >= 2000 && ms < 2002 }
+			if all := rep.HTTP[routePurchase]; all.ByStatus["503"] != 1 || all.NoAnswer["i/o timeout"] != 1 || !twoSeconds(rep.LongestAnswerMs) {
+				t.Errorf("all answers: got %+v, longest %v ms; want one 503, one i/o timeout, 2000 ms", all, rep.LongestAnswerMs)
+			}
+			m := rep.Marked
+			if m == nil || m.FromMs != float64(tt.after.Milliseconds()) || m.ToMs != float64((tt.after+tt.span).Milliseconds()) {
+				t.Fatalf("marked: got %+v, want the span %v from %v", m, tt.span, tt.after)
+			}
+			got := m.HTTP[routePurchase].ByStatus["503"] == 1 && m.NoAnswer == 1 && twoSeconds(m.LongestAnswerMs)
+			if empty := len(m.HTTP) == 0 && m.NoAnswer == 0; got != tt.wantMarked || empty == tt.wantMarked {
+				t.Errorf("marked: got %+v, want the two answers in it: %v", m, tt.wantMarked)
+			}
+		})
+	}
+}
+
 // TestLoadtestBadInvocation: bad flags and an unreachable gateway give one
 // line, no stack trace and no report.
 func TestLoadtestBadInvocation(t *testing.T) {
@@ -574,6 +612,8 @@ func TestLoadtestBadInvocation(t *testing.T) {
 		{"metrics url without scheme", []string{"--ws-per-shopper", "--metrics-url", "notifier:8080/metrics"}, "--metrics-url:"},
 		{"unreachable gateway", []string{"--url", "http://127.0.0.1:1"}, "--url http://127.0.0.1:1 unreachable"},
 		{"results url without url", []string{"--results-url", "http://127.0.0.1:1"}, "--results-url: goes with --url"},
+		{"mark after without a span", []string{"--mark-after", "10s"}, "--mark-after: goes with --mark-for"},
+		{"negative span", []string{"--mark-for", "-1s"}, "--mark-for: must not be negative"},
 		{"results url without scheme", []string{"--url", "http://127.0.0.1:1", "--results-url", "notifier:8080"}, "--results-url:"},
 	}
 	for _, tt := range tests {
