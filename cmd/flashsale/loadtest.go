@@ -32,7 +32,8 @@ import (
 // the run), loadtest_shopper.go (one shopper's requests and result),
 // loadtest_crowd.go (--ws-per-shopper: the crowd's sockets and the
 // notifier's figures), loadtest_lifecycle.go (--pay-ratio),
-// loadtest_report.go (measurements, invariants and the report).
+// loadtest_reread.go (the final re-read: retracted successes, unfinished
+// requests), loadtest_report.go (measurements, invariants and the report).
 
 // loadtestOptions are the command's flags.
 type loadtestOptions struct {
@@ -71,6 +72,9 @@ type loadtestOptions struct {
 	metricsURLSet bool // given by the flag, not derived: a failed read is an error
 	// The gate against bots (loadtest_challenge.go).
 	challenge challengeOptions
+	// markAfter, markFor: a span after the sale's start whose answers the
+	// report gives apart (a fault injected then).
+	markAfter, markFor time.Duration
 }
 
 // secondsOrDuration is a flag that takes "30", meaning seconds, or "30s".
@@ -128,6 +132,13 @@ gateway (purchases, the admin API, payments) and --results-url a notifier
 (WebSocket and polling); the tool checks both serve their routes before the
 sale and stops with the reason if not.
 
+The report gives every route's answers by status and time to answer, and
+the requests that got no answer (and, with --mark-after and --mark-for,
+those of a span of the sale apart). Once the sale settled the tool reads every
+success again, and every admitted request still without a final result: a
+success that now reads otherwise (another status or order, 404) was
+retracted, and the run fails naming it.
+
 A run in which more than 10% of the purchases are refused 429 rate_limited
 measured the server's rate limits, not the sale (the shoppers all come from
 this host: raise gateway.ip_rate and ip_burst): it says so and exits non-zero
@@ -170,6 +181,8 @@ func parseLoadtestFlags(args []string, stdout io.Writer, env map[string]string) 
 	fs.DurationVar(&o.connectWindow, "connect-window", time.Second, "with --ws-per-shopper: the shoppers connect spread over this span just before the sale starts (0: all at once)")
 	fs.DurationVar(&o.hold, "hold", 0, "with --ws-per-shopper: how long the crowd stays connected and idle once every purchase is answered (the notifier's idle CPU is measured over it)")
 	o.challenge.register(fs)
+	fs.DurationVar(&o.markAfter, "mark-after", 0, "with --mark-for: the report gives apart the answers that came from this long after the sale's start")
+	fs.DurationVar(&o.markFor, "mark-for", 0, "the span of the answers given apart, e.g. a fault injected --mark-after the start (0: none)")
 	fs.StringVar(&o.metricsURL, "metrics-url", "", "with --ws-per-shopper: the notifier's Prometheus metrics, for its RSS and CPU (default: --results-url's /metrics; with http.admin_addr set, /metrics is on the admin listener)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -252,6 +265,12 @@ func (o loadtestOptions) validate() error {
 		return bad("connect-window", "must not be negative")
 	case o.hold < 0:
 		return bad("hold", "must not be negative")
+	case o.markAfter < 0:
+		return bad("mark-after", "must not be negative")
+	case o.markFor < 0:
+		return bad("mark-for", "must not be negative")
+	case o.markAfter > 0 && o.markFor == 0:
+		return bad("mark-after", "goes with --mark-for")
 	}
 	if o.resultsURL != "" && o.url == "" {
 		return bad("results-url", "goes with --url (the in-process serve answers results itself)")
@@ -467,6 +486,7 @@ func (lt *loadtest) run(ctx context.Context, embedded bool) (*report, error) {
 		if err != nil {
 			return nil, err
 		}
+		lt.reread(ctx, shoppers)
 		rep := lt.rec.report(stats, nil)
 		if crowd != nil {
 			rep.Crowd = crowd.report()
@@ -485,6 +505,7 @@ func (lt *loadtest) run(ctx context.Context, embedded bool) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
+	lt.reread(ctx, shoppers)
 	return lt.rec.report(stats, &state), nil
 }
 

@@ -76,7 +76,7 @@ func (lt *loadtest) challengeFor(ctx context.Context, s *shopper, key string) (h
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(lt.o.url + "/api/v1/campaigns/" + lt.o.campaign + "/challenge")
 	req.Header.Set("Authorization", "Bearer "+s.token)
-	if err := lt.shopperCall(ctx, lt.shoppers, req, resp); err != nil {
+	if err := lt.shopperCall(ctx, lt.shoppers, routeChallenge, req, resp); err != nil {
 		return "", nil, fmt.Errorf("challenge: %w", err)
 	}
 	var ch challengeAnswer

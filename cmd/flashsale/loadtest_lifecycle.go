@@ -71,7 +71,7 @@ func (lt *loadtest) pay(ctx context.Context, s *shopper, orderID string) (int, s
 	req.SetRequestURI(lt.o.url + "/api/v1/orders/" + url.PathEscape(orderID) + "/pay")
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.Set("Authorization", "Bearer "+s.token)
-	if err := lt.shopperCall(ctx, lt.shoppers, req, resp); err != nil {
+	if err := lt.shopperCall(ctx, lt.shoppers, routePay, req, resp); err != nil {
 		return 0, "", err
 	}
 	var body struct {
@@ -283,5 +283,6 @@ func (r *recorder) lifecycleInvariants(st serverStats, lc *lifecycleState) []inv
 		check("every payment answered paid its order", int64(r.settledOrders["paid"]) == lc.paid,
 			"payments answered 200: %d, paid orders %d", r.settledOrders["paid"], lc.paid),
 		r.idempotencyInvariant(),
+		r.retractionInvariant(),
 	}
 }

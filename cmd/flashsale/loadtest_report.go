@@ -2,10 +2,12 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -52,6 +54,12 @@ type recorder struct {
 	// settledOrders counts, in a lifecycle run, what buyers did with their
 	// orders (orderSettled).
 	settledOrders map[string]int
+	// routes: every HTTP request the shoppers sent, by route (call);
+	// marked: those answered within --mark-after/--mark-for.
+	routes, marked routeSet
+	lastPollAt     time.Time         // the last poll answered
+	retracted      map[string]string // request id -> a success told, then contradicted (loadtest_reread.go)
+	reread         rereadCounts      // what the final re-read found
 }
 
 const maxLatencyMicros = int64(10 * time.Minute / time.Microsecond)
@@ -62,7 +70,8 @@ func newRecorder(o loadtestOptions, httpConns, wsCap int) *recorder {
 		admitLat: hdrhistogram.New(1, maxLatencyMicros, 3), resultLat: hdrhistogram.New(1, maxLatencyMicros, 3),
 		owner: map[string]string{}, admittedBy: map[string]int64{}, results: map[string]finalResult{},
 		byChannel: map[string]int{"ws": 0, "poll": 0}, byStatus: map[string]int{}, wsFailures: map[string]int{},
-		units: map[string]int64{}, settledOrders: map[string]int{}}
+		units: map[string]int64{}, settledOrders: map[string]int{},
+		routes: routeSet{}, marked: routeSet{}, retracted: map[string]string{}}
 }
 
 func (r *recorder) start(t time.Time) {
@@ -135,8 +144,11 @@ func (r *recorder) result(user string, res finalResult, channel string, sent tim
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, dup := r.results[res.RequestID]; dup {
+	if prev, dup := r.results[res.RequestID]; dup {
 		r.duplicates++
+		if prev.Status == "success" && (res.Status != prev.Status || res.OrderID != prev.OrderID) {
+			r.retract(prev, res.Status+" "+res.OrderID+" over "+channel)
+		}
 		return
 	}
 	r.results[res.RequestID] = res
@@ -153,6 +165,58 @@ func (r *recorder) result(user string, res finalResult, channel string, sent tim
 		}
 	case "sold_out":
 		r.soldOutSeen = true
+	}
+}
+
+// The routes the shoppers call, named as the server's metrics name them.
+const (
+	routePurchase  = "POST /api/v1/campaigns/:id/purchases"
+	routePoll      = "GET /api/v1/purchases/:request_id"
+	routeWS        = "GET /api/v1/ws"
+	routePay       = "POST /api/v1/orders/:order/pay"
+	routeChallenge = "GET /api/v1/campaigns/:id/challenge"
+)
+
+// routeSet is what each route answered.
+type routeSet map[string]*routeCounts
+
+// routeCounts is what one route answered.
+type routeCounts struct {
+	byStatus map[int]int
+	noAnswer map[string]int // by cause: a refused connection, a timeout
+	took     *hdrhistogram.Histogram
+}
+
+func (rs routeSet) add(route string, status int, took time.Duration, err error) {
+	rc := rs[route]
+	if rc == nil {
+		rc = &routeCounts{byStatus: map[int]int{}, noAnswer: map[string]int{}, took: hdrhistogram.New(1, maxLatencyMicros, 3)}
+		rs[route] = rc
+	}
+	if status == 0 {
+		if err == nil {
+			err = errors.New("no answer")
+		}
+		rc.noAnswer[shortError(err)]++
+		return
+	}
+	rc.byStatus[status]++
+	_ = rc.took.RecordValue(micros(took))
+}
+
+// call records one HTTP request a shopper sent: its answer's status and
+// how long it took from sending, or, with status 0, the error that left
+// it without an answer.
+func (r *recorder) call(route string, status int, took time.Duration, err error) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.routes.add(route, status, took, err)
+	if from := r.t0.Add(r.o.markAfter); r.o.markFor > 0 && !r.t0.IsZero() && !now.Before(from) && now.Before(from.Add(r.o.markFor)) {
+		r.marked.add(route, status, took, err)
+	}
+	if route == routePoll && status != 0 {
+		r.lastPollAt = now
 	}
 }
 
@@ -209,19 +273,28 @@ type report struct {
 	AdmitLatency    percentiles    `json:"admit_latency_ms"`
 	ResultLatency   percentiles    `json:"time_to_result_ms"`
 	Delivered       int            `json:"results_delivered"`
-	// Polls counts the polls sent: a polled result's cost grows with how
-	// long it takes, a WebSocket's does not.
-	Polls             int              `json:"polls"`
-	ByChannel         map[string]int   `json:"results_by_channel"`
-	WSFallbacks       map[string]int   `json:"ws_fallbacks"`
-	ByStatus          map[string]int   `json:"results_by_status"`
-	Successes         int64            `json:"successes"`
-	Server            serverStats      `json:"server"`
-	Lifecycle         *lifecycleReport `json:"lifecycle,omitempty"`
-	Crowd             *crowdReport     `json:"crowd,omitempty"`
-	RateLimit         rateLimitCheck   `json:"rate_limit"`
-	Invariants        []invariant      `json:"invariants"`
-	InvariantsHolding bool             `json:"invariants_ok"`
+	// Polls counts the polls sent while waiting (the re-read's are in
+	// HTTP only): a polled result's cost grows with how long it takes, a
+	// WebSocket's does not.
+	Polls       int            `json:"polls"`
+	ByChannel   map[string]int `json:"results_by_channel"`
+	WSFallbacks map[string]int `json:"ws_fallbacks"`
+	ByStatus    map[string]int `json:"results_by_status"`
+	Successes   int64          `json:"successes"`
+	// HTTP is every request the shoppers sent, by route: the answers by
+	// status, the requests that got none, and the time to an answer.
+	HTTP              map[string]routeReport `json:"http"`
+	LongestAnswerMs   float64                `json:"longest_answer_ms"`
+	NoAnswer          int                    `json:"no_answer"`
+	Unfinished        unfinishedReport       `json:"unfinished"`
+	Reread            rereadReport           `json:"reread"`
+	Marked            *markedReport          `json:"marked,omitempty"`
+	Server            serverStats            `json:"server"`
+	Lifecycle         *lifecycleReport       `json:"lifecycle,omitempty"`
+	Crowd             *crowdReport           `json:"crowd,omitempty"`
+	RateLimit         rateLimitCheck         `json:"rate_limit"`
+	Invariants        []invariant            `json:"invariants"`
+	InvariantsHolding bool                   `json:"invariants_ok"`
 	// OK: every invariant held and the run measured the sale, not the
 	// server's rate limits.
 	OK bool `json:"ok"`
@@ -270,6 +343,49 @@ type socketBudget struct {
 	HTTPConns        int `json:"http_connections"`
 	WebSockets       int `json:"websockets"`
 	WebSocketsOpened int `json:"websockets_opened"`
+}
+
+// routeReport is what one route answered: answers by HTTP status, the
+// requests without an answer by cause, and the time from sending to the
+// answer.
+type routeReport struct {
+	ByStatus map[string]int `json:"by_status"`
+	NoAnswer map[string]int `json:"no_answer,omitempty"`
+	Answer   percentiles    `json:"answer_ms"`
+}
+
+// report returns the answers by route, the longest time to an answer and
+// the requests without one.
+func (rs routeSet) report() (map[string]routeReport, float64, int) {
+	out := map[string]routeReport{}
+	longest, none := 0.0, 0
+	for route, rc := range rs {
+		rr := routeReport{ByStatus: map[string]int{}, Answer: percentilesOf(rc.took)}
+		for status, n := range rc.byStatus {
+			rr.ByStatus[strconv.Itoa(status)] = n
+		}
+		if len(rc.noAnswer) > 0 {
+			rr.NoAnswer = rc.noAnswer
+			for _, n := range rc.noAnswer {
+				none += n
+			}
+		}
+		if rc.took.TotalCount() > 0 {
+			longest = max(longest, rr.Answer.Max)
+		}
+		out[route] = rr
+	}
+	return out, longest, none
+}
+
+// markedReport is the answers that came within --mark-after and
+// --mark-for of the sale's start (a fault the operator injected then).
+type markedReport struct {
+	FromMs          float64                `json:"from_ms"`
+	ToMs            float64                `json:"to_ms"`
+	HTTP            map[string]routeReport `json:"http"`
+	LongestAnswerMs float64                `json:"longest_answer_ms"`
+	NoAnswer        int                    `json:"no_answer"`
 }
 
 type percentiles struct {
@@ -326,6 +442,13 @@ func (r *recorder) report(st serverStats, lc *lifecycleState) *report {
 		v := ms(last.Sub(r.t0))
 		rep.AllResultsMs = &v
 	}
+	rep.HTTP, rep.LongestAnswerMs, rep.NoAnswer = r.routes.report()
+	if r.o.markFor > 0 {
+		m := &markedReport{FromMs: ms(r.o.markAfter), ToMs: ms(r.o.markAfter + r.o.markFor)}
+		m.HTTP, m.LongestAnswerMs, m.NoAnswer = r.marked.report()
+		rep.Marked = m
+	}
+	rep.Reread, rep.Unfinished = r.rereadReports()
 	rep.WSFallbacks = map[string]int{}
 	for msg, n := range r.wsFailures {
 		rep.WSFallbacks[msg] = n
@@ -383,7 +506,7 @@ func (r *recorder) invariants(st serverStats) []invariant {
 		"orders_in_db %d, successes %d, units_in_db %d, sold %d", st.OrdersInDB, r.successes, st.UnitsInDB, st.Sold))
 	out = append(out, check("server counters agree with the shoppers", st.Sold == r.successes && st.Admitted == int64(len(r.owner)),
 		"server sold %d admitted %d; shoppers saw %d successes, %d admitted", st.Sold, st.Admitted, r.successes, len(r.owner)))
-	out = append(out, r.idempotencyInvariant())
+	out = append(out, r.idempotencyInvariant(), r.retractionInvariant())
 	return out
 }
 
@@ -481,6 +604,19 @@ func (rep *report) writeText(w io.Writer) {
 	if len(rep.WSFallbacks) > 0 {
 		p("  polled instead  %s", countsText(rep.WSFallbacks))
 	}
+	writeHTTP(p, "http", rep.HTTP, rep.LongestAnswerMs, rep.NoAnswer)
+	if m := rep.Marked; m != nil {
+		p("  marked span     the answers %.0f-%.0f ms after the start, apart:", m.FromMs, m.ToMs)
+		writeHTTP(p, "marked", m.HTTP, m.LongestAnswerMs, m.NoAnswer)
+	}
+	u := rep.Unfinished
+	p("  unfinished      %d admitted requests never final%s; vanished (404 after queued) %d%s; final only at the re-read: %s",
+		u.Count, idsText(u.Sample, u.Count), u.Vanished, idsText(u.VanishedSample, u.Vanished), countsText(u.FinalAtReread))
+	rr := rep.Reread
+	p("  re-read         %d successes: %d confirmed, %d retracted, %d unread", rr.Successes, rr.Confirmed, rr.Retracted, rr.Unread)
+	if rr.Retracted > 0 {
+		p("!!! RETRACTED SUCCESS: %d shopper(s) told success were told otherwise later: %s", rr.Retracted, strings.Join(rr.RetractedSample, ", "))
+	}
 	// The WebSocket budget alone would read as WebSockets used, even when
 	// every one failed or none was wanted.
 	p("  sockets         up to %d HTTP connections; %d WebSockets opened (up to %d at once)",
@@ -503,6 +639,36 @@ func (rep *report) writeText(w io.Writer) {
 		p("  %s %s: %s", mark, inv.Name, inv.Detail)
 	}
 	loud()
+}
+
+// writeHTTP prints the answers by route, one line each, under label.
+func writeHTTP(p func(string, ...any), label string, byRoute map[string]routeReport, longest float64, none int) {
+	routes := make([]string, 0, len(byRoute))
+	for route := range byRoute {
+		routes = append(routes, route)
+	}
+	sort.Strings(routes)
+	for _, route := range routes {
+		rr := byRoute[route]
+		lost := ""
+		if len(rr.NoAnswer) > 0 {
+			lost = "; no answer: " + countsText(rr.NoAnswer)
+		}
+		p("  %-15s %s: %s%s; answer p99 %.1f ms, max %.1f ms", label, route, countsText(rr.ByStatus), lost, rr.Answer.P99, rr.Answer.Max)
+	}
+	p("  %-15s %.1f ms; requests without an answer %d", label+" longest", longest, none)
+}
+
+// idsText lists sample request ids of n.
+func idsText(ids []string, n int) string {
+	if len(ids) == 0 {
+		return ""
+	}
+	more := ""
+	if n > len(ids) {
+		more = fmt.Sprintf(" and %d more", n-len(ids))
+	}
+	return " (" + strings.Join(ids, ", ") + more + ")"
 }
 
 func countsText(m map[string]int) string {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -62,10 +63,21 @@ func (lt *loadtest) shop(ctx context.Context, s *shopper, due time.Time, waiters
 	}
 	first := lt.purchase(ctx, s, key, due)
 	await(first, due)
-	if s.replay && first.status == http.StatusAccepted {
+	switch {
+	case s.replay && first.status == http.StatusAccepted:
 		again := lt.purchase(ctx, s, key, time.Now())
 		lt.rec.replayed(first.requestID, again)
 		await(again, time.Now()) // only a broken gateway admits the replay anew
+	case s.replay && first.code == "transport":
+		// The first answer was lost (a timeout, a dropped connection): the
+		// replay admits the purchase now (202) or names the request the
+		// first one started (200), which the shopper then waits for.
+		again := lt.purchase(ctx, s, key, time.Now())
+		if again.status == http.StatusOK && again.requestID != "" {
+			lt.rec.admitted(s.user, again.requestID)
+			mine.Go(func() { lt.awaitResult(ctx, s, again.requestID, due) })
+		}
+		await(again, time.Now())
 	}
 	if s.repeat && first.status != 0 {
 		sent := time.Now()
@@ -98,13 +110,21 @@ func newShopperClient(baseURL string, conns int, timeout time.Duration) *fasthtt
 	}
 }
 
-// shopperCall sends req through client (lt.shoppers or lt.results) and
-// fills resp (valid until it is released).
-func (lt *loadtest) shopperCall(ctx context.Context, client *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) error {
+// shopperCall sends req to route through client (lt.shoppers or
+// lt.results), fills resp (valid until it is released) and records the
+// answer's status and time, or that there was none.
+func (lt *loadtest) shopperCall(ctx context.Context, client *fasthttp.HostClient, route string, req *fasthttp.Request, resp *fasthttp.Response) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return client.DoTimeout(req, resp, lt.o.timeout)
+	sent := time.Now()
+	err := client.DoTimeout(req, resp, lt.o.timeout)
+	if err != nil {
+		lt.rec.call(route, 0, 0, err)
+		return err
+	}
+	lt.rec.call(route, resp.StatusCode(), time.Since(sent), nil)
+	return nil
 }
 
 // purchase sends one purchase; its latency counts from due.
@@ -123,7 +143,7 @@ func (lt *loadtest) purchase(ctx context.Context, s *shopper, key string, due ti
 		return a
 	}
 	req.SetBodyString(`{"quantity":1}`)
-	if err := lt.shopperCall(ctx, lt.shoppers, req, resp); err != nil {
+	if err := lt.shopperCall(ctx, lt.shoppers, routePurchase, req, resp); err != nil {
 		a := purchaseAnswer{code: "transport"}
 		lt.rec.answer(a, time.Since(due), err)
 		return a
@@ -212,6 +232,7 @@ func (lt *loadtest) dialWS(ctx context.Context, s *shopper) (*websocket.Conn, in
 	u, _ := url.Parse(lt.o.resultsURL + "/api/v1/ws")
 	u.Scheme = strings.Replace(u.Scheme, "http", "ws", 1)
 	u.RawQuery = "access_token=" + url.QueryEscape(s.token)
+	sent := time.Now()
 	conn, resp, err := lt.dialer.DialContext(ctx, u.String(), nil)
 	status := 0
 	if resp != nil {
@@ -219,6 +240,9 @@ func (lt *loadtest) dialWS(ctx context.Context, s *shopper) (*websocket.Conn, in
 		if resp.Body != nil {
 			_ = resp.Body.Close()
 		}
+	}
+	if ctx.Err() == nil {
+		lt.rec.call(routeWS, status, time.Since(sent), err)
 	}
 	if err != nil {
 		return nil, status, fmt.Errorf("dial: %w", err)
@@ -278,38 +302,51 @@ func (lt *loadtest) pollResult(ctx context.Context, s *shopper, rid string, dead
 		if !sleepUntil(ctx, next) {
 			return finalResult{}, ctx.Err()
 		}
-		r, err := lt.poll(ctx, s, rid)
-		if err == nil && r.final() {
-			return r, nil
+		lt.rec.pollSent()
+		a := lt.poll(ctx, s, rid)
+		if a.err == nil && a.result.final() {
+			return a.result, nil
 		}
 		if !time.Now().Before(deadline) {
-			if err != nil {
-				return finalResult{}, fmt.Errorf("%w (last poll: %v)", errNotSettled, err)
+			if a.err != nil {
+				return finalResult{}, fmt.Errorf("%w (last poll: %v)", errNotSettled, a.err)
 			}
-			return finalResult{}, fmt.Errorf("%w (still %s)", errNotSettled, r.Status)
+			return finalResult{}, fmt.Errorf("%w (still %s)", errNotSettled, a.result.Status)
 		}
-		wait = min(2*wait, pollMax)
+		wait = max(min(2*wait, pollMax), a.retryAfter)
 	}
 }
 
-func (lt *loadtest) poll(ctx context.Context, s *shopper, rid string) (finalResult, error) {
+// pollAnswer is the notifier's answer to one poll: status 0 when there was
+// none, err saying why it holds no result.
+type pollAnswer struct {
+	status     int
+	result     finalResult
+	retryAfter time.Duration
+	err        error
+}
+
+func (lt *loadtest) poll(ctx context.Context, s *shopper, rid string) pollAnswer {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(lt.o.resultsURL + "/api/v1/purchases/" + url.PathEscape(rid))
 	req.Header.Set("Authorization", "Bearer "+s.token)
-	lt.rec.pollSent()
-	if err := lt.shopperCall(ctx, lt.results, req, resp); err != nil {
-		return finalResult{}, err
+	if err := lt.shopperCall(ctx, lt.results, routePoll, req, resp); err != nil {
+		return pollAnswer{err: err}
 	}
-	if resp.StatusCode() != http.StatusOK {
-		return finalResult{}, fmt.Errorf("poll %s: status %d: %s", rid, resp.StatusCode(), bytes.TrimSpace(resp.Body()))
+	a := pollAnswer{status: resp.StatusCode()}
+	if secs, err := strconv.Atoi(string(resp.Header.Peek("Retry-After"))); err == nil && secs > 0 {
+		a.retryAfter = time.Duration(secs) * time.Second
 	}
-	var r finalResult
-	if err := json.Unmarshal(resp.Body(), &r); err != nil {
-		return finalResult{}, fmt.Errorf("poll %s: %w", rid, err)
+	if a.status != http.StatusOK {
+		a.err = fmt.Errorf("poll %s: status %d: %s", rid, a.status, bytes.TrimSpace(resp.Body()))
+		return a
 	}
-	return r, nil
+	if err := json.Unmarshal(resp.Body(), &a.result); err != nil {
+		a.err = fmt.Errorf("poll %s: %w", rid, err)
+	}
+	return a
 }
 
 // sleepUntil waits until t or ctx ends; it reports whether t was reached.

@@ -10,6 +10,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/flashsale/flashsale/internal/auth"
 	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/model"
 )
 
 // runLoadtestCmd runs `flashsale loadtest args...` as main would, bounded in
@@ -82,11 +85,46 @@ func TestLoadtestEmbedded(t *testing.T) {
 			if rep.Polls < rep.ByChannel["poll"] || (rep.Polls > 0) != tt.wantPoll {
 				t.Errorf("polls: got %d sent for %d polled results, want at least one each (and none without)", rep.Polls, rep.ByChannel["poll"])
 			}
+			checkHTTPReport(t, rep, tt.wantWS)
+			if rr := rep.Reread; !rr.Done || rr.Successes != 60 || rr.Confirmed != 60 || rr.Retracted != 0 {
+				t.Errorf("re-read: got %+v, want 60 successes re-read, all confirmed", rr)
+			}
+			if u := rep.Unfinished; u.Count != 0 || u.Vanished != 0 {
+				t.Errorf("unfinished: got %+v, want none", u)
+			}
 			if rep.Requests < 400 || rep.AdmitLatency.Max <= 0 || rep.ResultLatency.P50 <= 0 {
 				t.Errorf("measurements: got %d requests, admit max %v ms, result p50 %v ms; want >= 400 and positive latencies",
 					rep.Requests, rep.AdmitLatency.Max, rep.ResultLatency.P50)
 			}
 		})
+	}
+}
+
+// checkHTTPReport checks the answers by route of a run without faults:
+// every purchase answered (202 for each admitted request), polls and
+// WebSocket upgrades where the run used them, none without an answer.
+func checkHTTPReport(t *testing.T, rep report, wantWS bool) {
+	t.Helper()
+	buy, ok := rep.HTTP[routePurchase]
+	if !ok || buy.ByStatus["202"] != rep.Admitted || buy.Answer.Max <= 0 {
+		t.Errorf("purchases: got %+v, want 202 %d times and a time to answer", buy, rep.Admitted)
+	}
+	// The re-read polls in every run.
+	if poll := rep.HTTP[routePoll]; poll.ByStatus["200"] < rep.ByChannel["poll"]+rep.Reread.Successes {
+		t.Errorf("polls: got %+v, want 200 at least %d times", poll, rep.ByChannel["poll"]+rep.Reread.Successes)
+	}
+	if got := rep.HTTP[routeWS].ByStatus["101"]; got != rep.Sockets.WebSocketsOpened || (got > 0) != wantWS {
+		t.Errorf("WebSocket upgrades: got %d answered 101, want %d (some: %v)", got, rep.Sockets.WebSocketsOpened, wantWS)
+	}
+	longest := 0.0
+	for route, rr := range rep.HTTP {
+		longest = max(longest, rr.Answer.Max)
+		if len(rr.NoAnswer) > 0 {
+			t.Errorf("%s: got requests without an answer %v, want none", route, rr.NoAnswer)
+		}
+	}
+	if rep.NoAnswer != 0 || rep.LongestAnswerMs != longest || longest <= 0 {
+		t.Errorf("got longest answer %v ms (routes' max %v), %d without an answer; want the routes' max and none", rep.LongestAnswerMs, longest, rep.NoAnswer)
 	}
 }
 
@@ -246,8 +284,19 @@ type fakeGateway struct {
 	// dropFirstSocket: a WebSocket notifier that drops each shopper's first
 	// socket when it subscribes and answers on the next.
 	dropFirstSocket bool
-	paid            []string
-	sockets         map[string]int // access token → sockets opened
+	// forgetSuccess: the first request, a success, reads 404 once it was
+	// polled (a store that lost it); vanishOne: the first request reads
+	// queued once, then 404.
+	forgetSuccess bool
+	vanishOne     bool
+	polled        map[string]int // request id -> polls
+	// loseAnswers: a purchase with an Idempotency-Key is admitted, but its
+	// first answer is lost (the connection closes); the replay answers 200
+	// with the request, as the real idempotency does.
+	loseAnswers bool
+	keys        map[string]string // token and key -> request id
+	paid        []string
+	sockets     map[string]int // access token → sockets opened
 
 	mu       sync.Mutex
 	next     atomic.Int64
@@ -268,6 +317,9 @@ func (f *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.polled == nil {
+		f.polled, f.keys = map[string]int{}, map[string]string{}
+	}
 	switch {
 	case strings.HasPrefix(r.URL.Path, "/api/") && r.Header.Get("Authorization") == "":
 		reply(http.StatusUnauthorized, map[string]string{"code": "unauthorized"})
@@ -302,6 +354,11 @@ func (f *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		reply(http.StatusOK, page)
 	case strings.HasSuffix(r.URL.Path, "/purchases"):
+		key := r.Header.Get("Authorization") + "|" + r.Header.Get("Idempotency-Key")
+		if rid, ok := f.keys[key]; ok && f.loseAnswers {
+			reply(http.StatusOK, map[string]string{"request_id": rid, "status": f.results[rid]})
+			return
+		}
 		n := f.next.Add(1)
 		rid := fmt.Sprintf("c.%032x", n)
 		status := "sold_out"
@@ -309,14 +366,26 @@ func (f *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			status = "success"
 			f.sold++
 		}
-		if f.loseOne && n == 1 {
+		if (f.loseOne || f.vanishOne) && n == 1 {
 			status = "queued"
 		}
 		f.admitted++
 		f.results[rid] = status
+		if f.loseAnswers && r.Header.Get("Idempotency-Key") != "" {
+			f.keys[key] = rid
+			if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+				_ = conn.Close()
+			}
+			return
+		}
 		reply(http.StatusAccepted, map[string]string{"request_id": rid, "status": "queued"})
 	case strings.HasPrefix(r.URL.Path, "/api/v1/purchases/"):
 		rid := strings.TrimPrefix(r.URL.Path, "/api/v1/purchases/")
+		f.polled[rid]++
+		if (f.forgetSuccess || f.vanishOne) && rid == fmt.Sprintf("c.%032x", 1) && f.polled[rid] > 1 {
+			reply(http.StatusNotFound, map[string]string{"code": "not_found"})
+			return
+		}
 		reply(http.StatusOK, finalResult{RequestID: rid, Status: f.results[rid], Quantity: 1, OrderID: "o-" + rid})
 	default:
 		reply(http.StatusNotFound, map[string]string{"code": "not_found"})
@@ -365,11 +434,17 @@ func TestLoadtestCatchesBrokenGateway(t *testing.T) {
 		name    string
 		gateway *fakeGateway
 		want    string
+		wantOut string // a line of the report
 	}{
-		{"oversells", &fakeGateway{oversell: true}, "no oversell"},
-		{"loses a result", &fakeGateway{loseOne: true}, "one final result per admitted request"},
-		{"orders missing from the database", &fakeGateway{noOrders: true}, "orders in the database = successes"},
-		{"lifecycle: a unit released twice", &fakeGateway{releaseTwice: true}, "no unit released twice: Redis = MySQL"},
+		{"oversells", &fakeGateway{oversell: true}, "no oversell", ""},
+		{"loses a result", &fakeGateway{loseOne: true}, "one final result per admitted request",
+			"unfinished      1 admitted requests never final (c.00000000000000000000000000000001); vanished (404 after queued) 0"},
+		{"a request vanishes", &fakeGateway{vanishOne: true}, "one final result per admitted request",
+			"vanished (404 after queued) 1 (c.00000000000000000000000000000001)"},
+		{"forgets a success", &fakeGateway{forgetSuccess: true}, "no success retracted",
+			"!!! RETRACTED SUCCESS: 1 shopper(s) told success were told otherwise later: c.00000000000000000000000000000001 (success, order o-c.00000000000000000000000000000001; then 404)"},
+		{"orders missing from the database", &fakeGateway{noOrders: true}, "orders in the database = successes", ""},
+		{"lifecycle: a unit released twice", &fakeGateway{releaseTwice: true}, "no unit released twice: Redis = MySQL", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -387,6 +462,125 @@ func TestLoadtestCatchesBrokenGateway(t *testing.T) {
 			}
 			if !strings.Contains(out, "FAIL "+tt.want) {
 				t.Errorf("report: got\n%s\nwant a FAIL line for %q", out, tt.want)
+			}
+			if !strings.Contains(out, tt.wantOut) {
+				t.Errorf("report: got\n%s\nwant a line containing %q", out, tt.wantOut)
+			}
+		})
+	}
+}
+
+// TestLoadtestLostAnswers: a gateway that admits every keyed purchase but
+// loses its answer. Each shopper resends with its Idempotency-Key, learns
+// its request from the 200 and waits for its result; the report counts
+// the purchases without an answer apart from the answers by status.
+func TestLoadtestLostAnswers(t *testing.T) {
+	const shoppers = 20
+	srv := httptest.NewServer(&fakeGateway{stock: 5, results: map[string]string{}, loseAnswers: true})
+	defer srv.Close()
+	out, err := runLoadtestCmd(t, "--url", srv.URL, "--results", "poll", "--stock", "5", "--shoppers", strconv.Itoa(shoppers),
+		"--concurrency", "4", "--repeat", "0", "--idempotent-share", "1", "--settle", "5s", "--json")
+	if err != nil {
+		t.Fatalf("loadtest: got error %v, want none; output:\n%s", err, out)
+	}
+	var rep report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, out)
+	}
+	buy := rep.HTTP[routePurchase]
+	lost := 0
+	for _, n := range buy.NoAnswer {
+		lost += n
+	}
+	if lost != shoppers || buy.ByStatus["200"] != shoppers || rep.NoAnswer != shoppers {
+		t.Errorf("purchases: got %+v (%d without an answer in all), want %d without an answer and %d answered 200", buy, rep.NoAnswer, shoppers, shoppers)
+	}
+	if rep.Delivered != shoppers || rep.Successes != 5 || rep.Unfinished.Count != 0 || rep.Reread.Confirmed != 5 {
+		t.Errorf("got %d results, %d successes, unfinished %+v, re-read %+v; want %d, 5, none, 5 confirmed",
+			rep.Delivered, rep.Successes, rep.Unfinished, rep.Reread, shoppers)
+	}
+}
+
+// TestLoadtestRetractedSuccess: a system on the test Redis forgets a
+// success after its shopper was told it. A proxy in front of the system
+// deletes the request's stored result as the success's poll answer passes
+// through; the final re-read finds 404, and the run fails naming the
+// request.
+func TestLoadtestRetractedSuccess(t *testing.T) {
+	campaign := testenv.Name(t, "ltretract-")
+	c := startSystem(t, realConfig(t, "redisstream"))
+	rdb := testenv.Redis(t)
+	var forgotten atomic.Value // the request id whose result was deleted
+	target, _ := url.Parse(c.base)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.ModifyResponse = func(resp *http.Response) error {
+		rid, ok := strings.CutPrefix(resp.Request.URL.Path, "/api/v1/purchases/")
+		if !ok || resp.StatusCode != http.StatusOK {
+			return nil
+		}
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		var r finalResult
+		if json.Unmarshal(body, &r) != nil || r.Status != "success" || !forgotten.CompareAndSwap(nil, rid) {
+			return nil
+		}
+		tag, _ := model.TagOfRequest(rid)
+		return rdb.HDel(resp.Request.Context(), "fs:{"+tag+"}:results", rid).Err()
+	}
+	srv := httptest.NewServer(proxy)
+	defer srv.Close()
+
+	out, err := runLoadtestCmd(t, "--url", srv.URL, "--admin-token", testAdminToken, "--jwt-secret", testJWTSecret,
+		"--campaign", campaign, "--results", "poll", "--shoppers", "60", "--stock", "10", "--concurrency", "8",
+		"--repeat", "0", "--idempotent-share", "0", "--settle", "20s")
+	rid, _ := forgotten.Load().(string)
+	if rid == "" {
+		t.Fatalf("no success was polled through the proxy; output:\n%s", out)
+	}
+	if err == nil || !strings.Contains(err.Error(), "no success retracted") || !strings.Contains(err.Error(), rid) {
+		t.Fatalf("loadtest: got error %v, want one naming the retracted success %s; output:\n%s", err, rid, out)
+	}
+	if want := "!!! RETRACTED SUCCESS: 1 shopper(s) told success were told otherwise later: " + rid; !strings.Contains(out, want) {
+		t.Errorf("report: got\n%s\nwant a line containing %q", out, want)
+	}
+}
+
+// TestLoadtestMarkedSpan: the report gives apart the answers recorded
+// within --mark-after and --mark-for of the sale's start, those without an
+// answer included, and leaves out the rest.
+func TestLoadtestMarkedSpan(t *testing.T) {
+	tests := []struct {
+		name        string
+		startedAgo  time.Duration
+		after, span time.Duration
+		wantMarked  bool
+	}{
+		{"within the span", time.Minute, 30 * time.Second, time.Hour, true},
+		{"before the span", time.Minute, time.Hour, time.Hour, false},
+		{"after the span", time.Hour, 0, time.Minute, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRecorder(loadtestOptions{markAfter: tt.after, markFor: tt.span}, 1, 0)
+			r.start(time.Now().Add(-tt.startedAgo))
+			r.call(routePurchase, http.StatusServiceUnavailable, 2*time.Second, nil)
+			r.call(routePurchase, 0, 0, errors.New("dial tcp 127.0.0.1:1: i/o timeout"))
+			rep := r.report(serverStats{}, nil)
+			// The histograms keep 3 significant digits.
+			twoSeconds := func(ms float64) bool { return ms >= 2000 && ms < 2002 }
+			if all := rep.HTTP[routePurchase]; all.ByStatus["503"] != 1 || all.NoAnswer["i/o timeout"] != 1 || !twoSeconds(rep.LongestAnswerMs) {
+				t.Errorf("all answers: got %+v, longest %v ms; want one 503, one i/o timeout, 2000 ms", all, rep.LongestAnswerMs)
+			}
+			m := rep.Marked
+			if m == nil || m.FromMs != float64(tt.after.Milliseconds()) || m.ToMs != float64((tt.after+tt.span).Milliseconds()) {
+				t.Fatalf("marked: got %+v, want the span %v from %v", m, tt.span, tt.after)
+			}
+			got := m.HTTP[routePurchase].ByStatus["503"] == 1 && m.NoAnswer == 1 && twoSeconds(m.LongestAnswerMs)
+			if empty := len(m.HTTP) == 0 && m.NoAnswer == 0; got != tt.wantMarked || empty == tt.wantMarked {
+				t.Errorf("marked: got %+v, want the two answers in it: %v", m, tt.wantMarked)
 			}
 		})
 	}
@@ -418,6 +612,8 @@ func TestLoadtestBadInvocation(t *testing.T) {
 		{"metrics url without scheme", []string{"--ws-per-shopper", "--metrics-url", "notifier:8080/metrics"}, "--metrics-url:"},
 		{"unreachable gateway", []string{"--url", "http://127.0.0.1:1"}, "--url http://127.0.0.1:1 unreachable"},
 		{"results url without url", []string{"--results-url", "http://127.0.0.1:1"}, "--results-url: goes with --url"},
+		{"mark after without a span", []string{"--mark-after", "10s"}, "--mark-after: goes with --mark-for"},
+		{"negative span", []string{"--mark-for", "-1s"}, "--mark-for: must not be negative"},
 		{"results url without scheme", []string{"--url", "http://127.0.0.1:1", "--results-url", "notifier:8080"}, "--results-url:"},
 	}
 	for _, tt := range tests {
