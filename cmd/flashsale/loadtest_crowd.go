@@ -164,7 +164,13 @@ func (lt *loadtest) gatherCrowd(ctx context.Context, shoppers []*shopper, embedd
 		c.leave()
 		return nil, err
 	}
+	// The notifier counts a socket once its 101 is written, which the
+	// shopper may read first: the last few may lag the herd by a moment.
 	herd, _ := c.read()
+	for wait := time.Now().Add(2 * time.Second); int(herd.clients) < len(c.sockets) && time.Now().Before(wait); {
+		time.Sleep(20 * time.Millisecond)
+		herd, _ = c.read()
+	}
 	c.rep.Notifier.RSSHerd, c.rep.Notifier.ClientsHerd = int64(herd.rss), int(herd.clients)
 	f := c.rep.ConnectFailed
 	lt.say("%d of %d shoppers connected (refused: 429 %d, 503 %d, other %d); the sale starts",

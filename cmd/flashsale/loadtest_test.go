@@ -501,11 +501,11 @@ func TestLoadtestLostAnswers(t *testing.T) {
 	}
 }
 
-// TestLoadtestRetractedSuccess: a system on the test Redis forgets a
+// TestLoadtestRetractedSuccess: a system on the test Redis takes back a
 // success after its shopper was told it. A proxy in front of the system
-// deletes the request's stored result as the success's poll answer passes
-// through; the final re-read finds 404, and the run fails naming the
-// request.
+// overwrites the request's stored result with a rejection as the success's
+// poll answer passes through; the final re-read finds it, and the run
+// fails naming the request.
 func TestLoadtestRetractedSuccess(t *testing.T) {
 	campaign := testenv.Name(t, "ltretract-")
 	c := startSystem(t, realConfig(t, "redisstream"))
@@ -527,8 +527,19 @@ func TestLoadtestRetractedSuccess(t *testing.T) {
 		if json.Unmarshal(body, &r) != nil || r.Status != "success" || !forgotten.CompareAndSwap(nil, rid) {
 			return nil
 		}
+		// Deleting it would not do: the poll finds a durable success in
+		// MySQL. The system is made to say otherwise instead.
 		tag, _ := model.TagOfRequest(rid)
-		return rdb.HDel(resp.Request.Context(), "fs:{"+tag+"}:results", rid).Err()
+		key := "fs:{" + tag + "}:results"
+		v, err := rdb.HGet(resp.Request.Context(), key, rid).Result()
+		if err != nil {
+			return err
+		}
+		f := strings.SplitN(v, "|", 5)
+		if len(f) != 5 {
+			return fmt.Errorf("stored result %q", v)
+		}
+		return rdb.HSet(resp.Request.Context(), key, rid, "rejected|"+f[1]+"||forgotten|"+f[4]).Err()
 	}
 	srv := httptest.NewServer(proxy)
 	defer srv.Close()
