@@ -42,6 +42,11 @@ const (
 	// ReasonEndedEarly: an operator ended the sale while the request was
 	// still queued (Campaign.EndedEarly).
 	ReasonEndedEarly = "ended_early"
+	// ReasonLost: the request's state (its queued marker or result, and
+	// with a queue in Redis its message) died with Redis, and the queue has
+	// passed it, so nothing will decide it. A reader that finds no result
+	// and no order gives it this final result (internal/store lost.lua).
+	ReasonLost = "lost"
 )
 
 // OrderStatus is the lifecycle state of a persisted order. Orders start

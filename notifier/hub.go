@@ -219,6 +219,20 @@ func (h *hub) publish(r model.Result) []*subscription {
 	return out
 }
 
+// activeUser returns the user of an active subscription of id.
+func (h *hub) activeUser(id string) (string, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e := h.byID[id]; e != nil {
+		for s := range e.subs {
+			if s.state == subActive {
+				return s.userID, true
+			}
+		}
+	}
+	return "", false
+}
+
 // dropActive removes and returns the active subscriptions of id.
 func (h *hub) dropActive(id string) []*subscription {
 	h.mu.Lock()

@@ -62,11 +62,33 @@ type Ledger interface {
 	Order(ctx context.Context, orderID string) (model.Order, error)
 }
 
+// LostRequests finishes a request neither Redis nor the Ledger knows:
+// Redis lost its state. *store.Store implements it (lost.lua).
+type LostRequests interface {
+	// Lost returns the result that stands for requestID: a final
+	// rejected result (model.ReasonLost) of userID, stored now, once the
+	// queue has passed the request (a request admitted grace after it was
+	// decided, or the sale ended maxDelay ago); a queued result of userID,
+	// with nothing stored, until then; or the result stored meanwhile. An
+	// id its campaign (loaded in Redis) cannot have issued wraps
+	// model.ErrNotFound.
+	Lost(ctx context.Context, requestID, userID string, grace, maxDelay time.Duration) (model.Result, error)
+}
+
 // Options tunes the WebSocket side. Zero values take the defaults.
 type Options struct {
 	// Ledger, when set, answers a poll for a request Redis does not know
 	// with its order's success (lookup). Nil: such a poll is not found.
 	Ledger Ledger
+	// Lost, when set with Ledger, answers for a request neither Redis nor
+	// the Ledger knows (unstored): rejected (lost) once the queue has
+	// passed it, queued until then, so a request id the server issued is
+	// never unknown while its campaign is kept. Grace and MaxQueueDelay
+	// are the worker's (worker.not_enqueued_grace, worker.max_queue_delay),
+	// the rule's bounds.
+	Lost          LostRequests
+	Grace         time.Duration
+	MaxQueueDelay time.Duration
 
 	// AllowedOrigins lists the Origin values a WebSocket upgrade may carry.
 	// Empty allows only the request's own host; "*" allows any origin.
@@ -451,8 +473,8 @@ func (n *Notifier) lookup(ctx context.Context, userID, requestID string) (model.
 		return model.Result{}, fmt.Errorf("result: malformed request id: %w", model.ErrNotFound)
 	}
 	r, err := n.src.Result(ctx, requestID)
-	if errors.Is(err, model.ErrNotFound) && n.opts.Ledger != nil {
-		r, err = n.fromLedger(ctx, requestID)
+	if errors.Is(err, model.ErrNotFound) {
+		r, err = n.unstored(ctx, userID, requestID)
 	}
 	if err != nil {
 		return model.Result{}, err
@@ -461,6 +483,28 @@ func (n *Notifier) lookup(ctx context.Context, userID, requestID string) (model.
 		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
 	}
 	return r, nil
+}
+
+// unstored answers for requestID, asked by userID, when Redis has no
+// result for it: its order's success in MySQL (fromLedger), else the lost
+// rule's answer (Options.Lost), else model.ErrNotFound. Lost is asked
+// only after the ledger, since a request Redis lost may have succeeded.
+func (n *Notifier) unstored(ctx context.Context, userID, requestID string) (model.Result, error) {
+	if n.opts.Ledger == nil {
+		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
+	}
+	r, err := n.fromLedger(ctx, requestID)
+	if !errors.Is(err, model.ErrNotFound) || n.opts.Lost == nil {
+		return r, err
+	}
+	r, err = n.opts.Lost.Lost(ctx, requestID, userID, n.opts.Grace, n.opts.MaxQueueDelay)
+	if err != nil && !errors.Is(err, model.ErrNotFound) {
+		return model.Result{}, fmt.Errorf("result %s: %w", requestID, err)
+	}
+	if err == nil && r.Status == model.StatusRejected && r.Reason == model.ReasonLost && r.UserID == userID {
+		n.log.Info("request lost with Redis, rejected", "request_id", requestID, "campaign_id", r.CampaignID, "user_id", userID)
+	}
+	return r, err
 }
 
 // fromLedger is the success of requestID as its order in MySQL tells it,

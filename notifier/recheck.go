@@ -3,6 +3,8 @@ package notifier
 import (
 	"context"
 	"time"
+
+	"github.com/flashsale/flashsale/model"
 )
 
 // recheckLoop re-reads the stored results of subscriptions that have waited
@@ -59,22 +61,37 @@ func (n *Notifier) reread(ctx context.Context, ids []string) {
 		}
 		return // Redis is struggling; the next tick tries again.
 	}
-	found := make([]string, 0, len(ids))
+	// Nothing stored: Redis lost the request's state. Its order, or the
+	// lost rule, ends it (as one of its waiters'), or it waits on.
 	for i, id := range ids {
-		if results[i].Status == "" {
-			// The request vanished (campaign reloaded): it will never end.
-			data := encodeFrame(errorFrame{Type: "error", Code: codeNotFound, RequestID: id, Message: msgNotFound})
-			for _, s := range n.hub.dropActive(id) {
-				n.push(s.conn, outMsg{data: data}, 0)
-			}
+		if results[i].Status != "" {
 			continue
 		}
-		found = append(found, id)
+		if user, ok := n.hub.activeUser(id); ok {
+			one := []model.Result{{}}
+			n.fillUnstored(user, []string{id}, one)
+			results[i] = one[0]
+		}
 	}
-	n.hub.touch(found, time.Now())
-	for _, r := range results {
-		if r.Status.Final() {
+	n.hub.touch(ids, time.Now())
+	notFound := func(id string) {
+		data := encodeFrame(errorFrame{Type: "error", Code: codeNotFound, RequestID: id, Message: msgNotFound})
+		for _, s := range n.hub.dropActive(id) {
+			n.push(s.conn, outMsg{data: data}, 0)
+		}
+	}
+	for i, r := range results {
+		switch {
+		case r.Status == "":
+			// Neither Redis nor MySQL has it, and its campaign is gone
+			// from Redis or it is no request of it.
+			notFound(ids[i])
+		case r.Status.Final():
 			n.deliver(r, n.hub.publish(r))
+			// Who still waits is another user: a subscription to a
+			// request with nothing stored could not be proved the
+			// caller's.
+			notFound(ids[i])
 		}
 	}
 }

@@ -241,10 +241,12 @@ func (n *Notifier) subscribe(c *conn, ids []string) {
 		results, err := n.lookups.results(ids)
 		if err != nil {
 			n.log.Error("read stored results", "user_id", c.userID, "requests", len(ids), "err", err)
+		} else {
+			n.fillUnstored(c.userID, ids, results)
 		}
 		for i, s := range added {
 			switch {
-			case err != nil:
+			case err != nil || results[i].Status == statusUnavailable:
 				n.hub.cancel(s)
 				refused[s.requestID] = idError(codeUnavailable, s.requestID, "could not read the result; subscribe again")
 			case results[i].Status == "" || results[i].UserID != c.userID:
@@ -276,6 +278,37 @@ func (n *Notifier) subscribe(c *conn, ids []string) {
 		if r, ok := n.hub.activate(v.s, v.r, now); ok {
 			data := encodeFrame(resultFrame{Type: "result", Result: toResultBody(r)})
 			n.push(c, outMsg{data: data, result: true}, n.opts.WriteTimeout)
+		}
+	}
+}
+
+// statusUnavailable marks, in fillUnstored's results, a request whose
+// answer could not be read; never a status of model's.
+const statusUnavailable model.Status = "-unavailable"
+
+// fillUnstored puts, at the places of results that Redis had nothing for,
+// what unstored answers userID (an order's success, rejected lost, or
+// queued while the queue has not passed the request), so a subscription
+// to a request whose state died waits for its end rather than being
+// refused. A request unstored does not know stays empty; one it could not
+// read gets statusUnavailable. One deadline bounds the frame's reads.
+func (n *Notifier) fillUnstored(userID string, ids []string, results []model.Result) {
+	if n.opts.Ledger == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(n.life, storeTimeout)
+	defer cancel()
+	for i, r := range results {
+		if r.Status != "" {
+			continue
+		}
+		got, err := n.unstored(ctx, userID, ids[i])
+		switch {
+		case err == nil:
+			results[i] = got
+		case !errors.Is(err, model.ErrNotFound):
+			n.log.Warn("read a request Redis has no result for", "request_id", ids[i], "user_id", userID, "err", err)
+			results[i].Status = statusUnavailable
 		}
 	}
 }

@@ -28,6 +28,7 @@ var (
 	_ worker.Restorer       = (*reconcile.Restorer)(nil)
 	_ notifier.ResultSource = (*store.Store)(nil)
 	_ notifier.Ledger       = (*sqlstore.DB)(nil)
+	_ notifier.LostRequests = (*store.Store)(nil)
 	_ reconcile.Redis       = (*store.Store)(nil)
 	_ reconcile.Orders      = (*sqlstore.DB)(nil)
 	_ reconcile.Restoring   = (*store.Store)(nil)

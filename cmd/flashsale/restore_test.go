@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/model"
 )
 
 // wipe deletes the server's data (its AOF), so its next start is empty: a
@@ -32,14 +33,16 @@ func (rs *redisServer) wipe() {
 // (redisstream), is SIGKILLed mid-sale and restarts empty. Nobody
 // preloads: the first role to notice restores the campaign from MySQL, and
 // the sale resumes by itself: purchases are answered 202 again and
-// decided, nothing is oversold and nobody passes the limit. A request
-// admitted before the loss whose message died with Redis may stay without
-// a result (the queue's loss, not the ledger's); the test reports how many.
+// decided, nothing is oversold and nobody passes the limit. Every request
+// admitted before the loss ends final too, read by its owner's poll: one
+// whose state and message died with Redis ends rejected (lost).
 func TestRedisRestartEmpty(t *testing.T) {
 	testenv.SkipShort(t, "a fault test: Redis restarted empty mid-sale")
 	rs := startRedisServer(t)
 	cfg := realConfig(t, "redisstream")
 	cfg.Redis.Addr = rs.addr()
+	// The lost rule's ended bound, which the test waits out.
+	cfg.Worker.MaxQueueDelay = 10 * time.Second
 	c := startSystem(t, cfg)
 	campaign := testenv.Name(t, "restore-")
 	const stock, limit, users = 300, 1, 600
@@ -144,16 +147,31 @@ func TestRedisRestartEmpty(t *testing.T) {
 	}
 
 	// Admitted before the loss: decided and stored (an order), decided
-	// with the result lost with Redis, or never decided (its message lost).
+	// with the result lost with Redis, or never decided (its message lost
+	// with the queue). Each ends final all the same: its order's success,
+	// or rejected (lost) once the queue has passed it. Sold out, nothing
+	// more is admitted to pass it, so the sale is ended: the lost rule
+	// then holds worker.max_queue_delay after the end.
+	if code := c.do("POST", "/admin/v1/campaigns/"+campaign+"/end", c.admin, nil, nil, nil); code != http.StatusOK {
+		t.Fatalf("end the sale: got %d, want 200", code)
+	}
 	unresolved := 0
+	before := map[string]int{}
 	for rid, user := range admitted {
 		if after[rid] {
 			continue
 		}
-		if code, r := c.poll(user, rid); code != http.StatusOK || r.Status == "queued" {
+		r := c.waitFinal(user, rid, cfg.Worker.MaxQueueDelay+30*time.Second)
+		before[r.Status+"/"+r.Reason]++
+		switch {
+		case r.Status == "success", r.Status == "sold_out", r.Status == "limit_exceeded":
+		case r.Status == "rejected" && (r.Reason == model.ReasonNotEnqueued || r.Reason == model.ReasonLost || r.Reason == model.ReasonEndedEarly):
+		default:
 			unresolved++
+			t.Errorf("request %s admitted before the loss: got %s (%s), want success, sold_out, limit_exceeded or rejected (not_enqueued, lost, ended_early)", rid, r.Status, r.Reason)
 		}
 	}
+	t.Logf("admitted before the loss, by result: %v", before)
 	t.Logf("killed with %d of %d left; first 202 %v after the restart; %d units in orders; codes %v; %d admitted, %d after the restart (results %v); "+
 		"%d admitted before the loss without a final result; restores %v",
 		remainingAtKill, stock, resumed.Round(time.Millisecond), total, codes, len(admitted), nAfter, byStatus, unresolved,

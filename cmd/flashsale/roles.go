@@ -420,8 +420,10 @@ func (s *system) mountNotifier(jwt *auth.JWT) func(context.Context) error {
 		SubscribeBurst:          c.SubscribeBurst,
 	}
 	if s.db != nil {
-		// A poll Redis has no result for finds its order in MySQL.
+		// A poll Redis has no result for finds its order in MySQL; without
+		// one, the lost rule (the worker's bounds) ends or waits on it.
 		opts.Ledger = s.db
+		opts.Lost, opts.Grace, opts.MaxQueueDelay = s.store, s.cfg.Worker.NotEnqueuedGrace, s.cfg.Worker.MaxQueueDelay
 	}
 	ntf := notifier.New(log, s.store, s.Metrics, opts)
 	ntf.Register(s.engine, httpapi.Shopper(s.log, jwt, false), httpapi.Shopper(s.log, jwt, true))

@@ -23,6 +23,7 @@ func TestScriptNames(t *testing.T) {
 		"paused": s.paused, "reject": s.reject, "release": s.release, "notenqueued": s.notEnqueued,
 		"endearly": s.endEarly, "remove": s.remove, "take": s.take, "give": s.give,
 		"settle": s.settle, "soldout": s.soldOut, "restore": s.restore, "durable": s.durable,
+		"lost": s.lost,
 	}
 	for want, script := range scripts {
 		if got := names[script.Hash()]; got != want {

@@ -43,6 +43,7 @@ type Store struct {
 	soldOut     *redis.Script
 	restore     *redis.Script
 	durable     *redis.Script
+	lost        *redis.Script
 
 	// transferObserver, when set, is told every transfer between buckets
 	// (WithTransferObserver).
@@ -104,6 +105,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Store {
 		soldOut:     script("soldout"),
 		restore:     script("restore"),
 		durable:     script("durable"),
+		lost:        script("lost"),
 	}
 	s.retention = DefaultKeyRetention
 	for _, o := range opts {

@@ -1,0 +1,95 @@
+-- lost.lua: give a request whose state died a final "rejected" result
+-- (lost), once the queue has passed it. Redis lost the request's queued
+-- marker and result (wiped, a failover that lost unreplicated writes, a
+-- rebuild), and with a queue living in Redis its message too: nothing
+-- else would ever decide it, and a poll would find nothing. The caller
+-- found no result here and no order in MySQL.
+--
+-- The rule is notenqueued.lua's (read its header): a message that is
+-- stored at all is stored within the grace of its admission, and a
+-- partition is decided first in, first out, so once a request admitted
+-- after passed_ms was decided, a request admitted at least the grace
+-- before passed_ms whose message was stored has been decided. This one has
+-- no result, so its message was never stored or died with Redis. The
+-- admission's millisecond is the gateway's (the request id's UUIDv7),
+-- allowed the skew against Redis's clock. After a sale ended the longest
+-- queue delay ago (and was not resumed since) every request is passed. A
+-- rebuild deletes the counters, so after a loss only decisions made since
+-- pass anything.
+--
+-- As in reject.lua, a result that stands is returned, and a message that
+-- shows up after all finds the rejected result and deduct.lua decides
+-- nothing: exactly one final result, and no unit taken. The lost result
+-- is not counted finished (fin:<status>), since the request was never
+-- counted admitted in this epoch: the counter lost counts them.
+--
+-- KEYS[1] results   hash request id -> "status|qty|order_id|reason|user"
+-- KEYS[2] counters  hash: decided, passed_ms, mark:<seq> (notenqueued.lua),
+--                   durable (durable.lua), lost (this script's count)
+-- KEYS[3] meta      hash: start_ms, end_ms, resumed_ms, expire_at
+-- KEYS[4] stock     only checked for existence (campaign loaded)
+-- ARGV[1] request id
+-- ARGV[2] the caller's user id, the owner of a result written now
+-- ARGV[3] the request's admission, ms (its id's UUIDv7, the gateway's clock)
+-- ARGV[4] the grace, ms: longest from an admission to its message stored
+-- ARGV[5] the longest possible queue delay, ms (0: the ended rule is off)
+-- ARGV[6] the skew, ms: the gateways' clocks against Redis's
+-- ARGV[7] the reason of the rejected result
+--
+-- Reply:
+--   { 1, value }  a result stands (as a shopper may see it: stored_shown)
+--   { 2, value }  the rejected result this call stored
+--   { 0 }         the queue has not passed the request yet: nothing written
+--   { -1 }        not loaded, or the id's time is outside the sale: no
+--                 request of this campaign has it. Nothing written.
+
+redis.replicate_commands()
+
+local stored = redis.call('HGET', KEYS[1], ARGV[1])
+if stored then
+  return { 1, stored_shown(stored, tonumber(redis.call('HGET', KEYS[2], 'durable') or '0')) }
+end
+if redis.call('EXISTS', KEYS[4]) == 0 then
+  return { -1 }
+end
+local now = unix_ms(redis.call('TIME'))
+local at, grace, delay, skew = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local meta = redis.call('HMGET', KEYS[3], 'start_ms', 'end_ms', 'resumed_ms', 'expire_at')
+local start_ms, end_ms = tonumber(meta[1] or '0'), tonumber(meta[2] or '0')
+if at > now + skew or at + skew < start_ms or (end_ms > 0 and at > end_ms + skew) then
+  return { -1 }
+end
+
+-- passed_ms, and the marks decided has passed since the last sweep, which
+-- notenqueued.lua confirms only on its next run.
+local decided, passed = 0, 0
+local marks = {}
+local counters = redis.call('HGETALL', KEYS[2])
+for i = 1, #counters, 2 do
+  local f, v = counters[i], tonumber(counters[i + 1])
+  local s = string.match(f, '^mark:(%d+)$')
+  if f == 'decided' then
+    decided = v
+  elseif f == 'passed_ms' then
+    passed = math.max(passed, v)
+  elseif s then
+    marks[#marks + 1] = { tonumber(s), v }
+  end
+end
+for _, m in ipairs(marks) do
+  if m[1] < decided then
+    passed = math.max(passed, m[2])
+  end
+end
+local ended = delay > 0 and end_ms > 0 and end_ms + delay <= now and tonumber(meta[3] or '0') + delay <= now
+if not ended and at + grace + skew > passed then
+  return { 0 }
+end
+
+local value = stored_result('rejected', 0, '', ARGV[7], ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], value)
+redis.call('HINCRBY', KEYS[2], 'lost', 1)
+-- The results hash may be new (a load without orders writes none; the
+-- counters, like meta, exist from the load on).
+expire_with_campaign(meta[4], KEYS[1])
+return { 2, value }

@@ -1,0 +1,116 @@
+package notifier
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/flashsale/flashsale/internal/store"
+	"github.com/flashsale/flashsale/model"
+)
+
+// requestIDAt is a request id of campaign whose UUIDv7 says at, as the
+// gateway makes it.
+func requestIDAt(t *testing.T, campaign string, at time.Time) string {
+	t.Helper()
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	var ms [8]byte
+	binary.BigEndian.PutUint64(ms[:], uint64(at.UnixMilli()))
+	copy(b[:6], ms[2:])
+	return model.FormatRequestID(campaign, hex.EncodeToString(b[:]))
+}
+
+// passQueue makes the queue of e's campaign pass every request admitted
+// before now, as a worker deciding a later request does: a sweep marks the
+// line after an admission, then a request admitted after it is decided.
+func passQueue(t *testing.T, e env) {
+	t.Helper()
+	st := e.src.(*store.Store)
+	e.newRequest(t, "line")
+	if _, err := st.SweepNotEnqueued(mustContext(t), []string{e.campaign}, time.Hour, 0); err != nil {
+		t.Fatalf("marking sweep: %v", err)
+	}
+	id := e.newRequest(t, "passer")
+	if _, err := st.Deduct(mustContext(t), e.campaign, []model.Deduction{{RequestID: id, UserID: "passer", Quantity: 1, OrderID: model.OrderIDOf(id)}}); err != nil {
+		t.Fatalf("deduct: %v", err)
+	}
+}
+
+// lostOptions are the options of a notifier with the lost rule on e's
+// store, and an empty ledger.
+func lostOptions(e env) Options {
+	return Options{Ledger: &fakeLedger{orders: map[string]model.Order{}}, Lost: e.src.(*store.Store), Grace: 100 * time.Millisecond}
+}
+
+// TestPollLost: a request Redis and MySQL know nothing of, which its
+// campaign may have issued, reads queued (not 404) until the queue has
+// passed it, then rejected (lost), to the user who asked first; anything
+// else nobody issued stays 404, as does another user's.
+func TestPollLost(t *testing.T) {
+	t.Parallel()
+	e := redisEnv(t)
+	h := newHarness(t, e.src, lostOptions(e))
+	died := requestIDAt(t, e.campaign, time.Now().Add(-time.Minute))
+	get := func(t *testing.T, user, id string, wantStatus int, want map[string]any) {
+		t.Helper()
+		status, body := mustGet(t, h, user, "/api/v1/purchases/"+id)
+		if status != wantStatus {
+			t.Fatalf("GET %s as %s: got status %d, want %d (body %v)", id, user, status, wantStatus, body)
+		}
+		if fmt.Sprint(body) != fmt.Sprint(want) {
+			t.Fatalf("GET %s as %s: got body %v, want %v", id, user, body, want)
+		}
+	}
+	_, notFound := mustGet(t, h, "alice", "/api/v1/purchases/"+e.campaign+".zz") // as Classify writes it
+	if notFound["code"] != "not_found" {
+		t.Fatalf("malformed id: got %v, want code not_found", notFound)
+	}
+
+	get(t, "alice", died, http.StatusOK, map[string]any{"request_id": died, "campaign_id": e.campaign, "status": "queued", "quantity": 0.0})
+	passQueue(t, e)
+	lost := map[string]any{"request_id": died, "campaign_id": e.campaign, "status": "rejected", "quantity": 0.0, "reason": "lost"}
+	get(t, "alice", died, http.StatusOK, lost)
+	get(t, "alice", died, http.StatusOK, lost)
+	get(t, "bob", died, http.StatusNotFound, notFound)
+	recent := requestIDAt(t, e.campaign, time.Now())
+	get(t, "alice", recent, http.StatusOK, map[string]any{"request_id": recent, "campaign_id": e.campaign, "status": "queued", "quantity": 0.0})
+	get(t, "alice", requestIDAt(t, e.campaign, time.Now().Add(-3*time.Hour)), http.StatusNotFound, notFound)
+	get(t, "alice", requestIDAt(t, "nt_unknown", time.Now()), http.StatusNotFound, notFound)
+	get(t, "alice", "not-a-request", http.StatusNotFound, notFound)
+}
+
+// TestWSLost: a WebSocket waiter of a request Redis and MySQL know
+// nothing of is subscribed (not refused not_found) and gets rejected
+// (lost) once the queue has passed the request.
+func TestWSLost(t *testing.T) {
+	t.Parallel()
+	e := redisEnv(t)
+	opts := lostOptions(e)
+	opts.RecheckInterval = 50 * time.Millisecond
+	h := newHarness(t, e.src, opts)
+	died := requestIDAt(t, e.campaign, time.Now().Add(-time.Minute))
+	ws := mustDial(t, h, "alice")
+	if got, errs := mustSubscribe(t, ws, died); len(got) != 1 || len(errs) != 0 {
+		t.Fatalf("subscribe: got %v, errors %+v; want subscribed", got, errs)
+	}
+	passQueue(t, e)
+	checkResult(t, mustReadResult(t, ws), model.Result{RequestID: died, CampaignID: e.campaign, Status: model.StatusRejected, Reason: model.ReasonLost})
+
+	// Already lost when subscribed: at once. Another user: not found.
+	other := mustDial(t, h, "bob")
+	if got, errs := mustSubscribe(t, other, died); len(got) != 0 || len(errs) != 1 || errs[0].Code != codeNotFound {
+		t.Fatalf("another user: got %v, errors %+v; want not_found", got, errs)
+	}
+	again := requestIDAt(t, e.campaign, time.Now().Add(-time.Minute))
+	if got, errs := mustSubscribe(t, ws, again); len(got) != 1 || len(errs) != 0 {
+		t.Fatalf("subscribe: got %v, errors %+v; want subscribed", got, errs)
+	}
+	checkResult(t, mustReadResult(t, ws), model.Result{RequestID: again, CampaignID: e.campaign, Status: model.StatusRejected, Reason: model.ReasonLost})
+}
