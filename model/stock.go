@@ -93,4 +93,7 @@ type Snapshot struct {
 	Queued int64
 	// Admitted is the admitted counter (Remove checks it has not moved).
 	Admitted int64
+	// Lost are the requests that ended rejected (ReasonLost): their state
+	// died with Redis and the queue had passed them.
+	Lost []string
 }

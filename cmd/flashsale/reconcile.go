@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -76,6 +77,15 @@ func printReport(w io.Writer, prefix string, r reconcile.Report) {
 		prefix, r.CampaignID, r.Stock, r.RedisSold, r.DBOrders, r.DBUnits, len(r.Differences))
 	for _, d := range r.Differences {
 		fmt.Fprintf(w, "  %-18s %s\n", d.Kind, d.Detail)
+	}
+	if len(r.Lost) > 0 {
+		// Not differences: final results, counted for the operator.
+		const listed = 20
+		fmt.Fprintf(w, "  %d requests lost with Redis, ended rejected (lost): %s", len(r.Lost), strings.Join(r.Lost[:min(len(r.Lost), listed)], " "))
+		if len(r.Lost) > listed {
+			fmt.Fprintf(w, " and %d more", len(r.Lost)-listed)
+		}
+		fmt.Fprintln(w)
 	}
 }
 

@@ -12,6 +12,7 @@ package reconcile
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -158,6 +159,10 @@ type Report struct {
 	DBUnits     int64
 	DBOrders    int
 	Differences []Difference
+	// Lost are the requests that ended rejected (lost): admitted, then
+	// their state died with Redis before a worker decided them. Not a
+	// difference: each has its final result; operators count them.
+	Lost []string
 }
 
 // Consistent reports whether the two sides agree.
@@ -206,7 +211,7 @@ func (rc *Reconciler) Check(ctx context.Context, id string) (Report, error) {
 
 func compare(st state) Report {
 	c, snap := st.campaign, st.snap
-	rep := Report{CampaignID: c.ID, Stock: c.Stock, RedisSold: snap.Sold, DBOrders: len(st.orders)}
+	rep := Report{CampaignID: c.ID, Stock: c.Stock, RedisSold: snap.Sold, DBOrders: len(st.orders), Lost: slices.Sorted(slices.Values(snap.Lost))}
 	add := func(kind, format string, args ...any) {
 		rep.Differences = append(rep.Differences, Difference{Kind: kind, Detail: fmt.Sprintf(format, args...)})
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -120,6 +121,10 @@ func TestLost(t *testing.T) {
 		}
 		if n := lostCount(t, s, c.ID); n != 1 {
 			t.Fatalf("lost counter: got %d, want 1", n)
+		}
+		// reconcile lists it from the snapshot.
+		if snap, err := s.Snapshot(t.Context(), c.ID); err != nil || !slices.Equal(snap.Lost, []string{early}) {
+			t.Fatalf("snapshot's lost: got %v (%v), want [%s]", snap.Lost, err, early)
 		}
 		// Its message after all: the lost result, no unit taken.
 		late := model.Deduction{RequestID: early, UserID: "dave", Quantity: 1, OrderID: "o-dave"}

@@ -36,6 +36,7 @@ func (s *Store) Snapshot(ctx context.Context, campaignID string) (model.Snapshot
 		for rid, r := range b.Successes {
 			snap.Successes[rid] = r
 		}
+		snap.Lost = append(snap.Lost, b.Lost...)
 	}
 	return snap, nil
 }
@@ -119,6 +120,8 @@ func (s *Store) snapshotTag(ctx context.Context, campaignID, tag string) (model.
 		switch {
 		case r.Status == model.StatusSuccess:
 			snap.Successes[rid] = r
+		case r.Status == model.StatusRejected && r.Reason == model.ReasonLost:
+			snap.Lost = append(snap.Lost, rid)
 		case !r.Status.Final():
 			snap.Queued++
 		}
