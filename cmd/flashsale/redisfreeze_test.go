@@ -32,22 +32,6 @@ func TestRedisFrozenMidSale(t *testing.T) {
 	}
 }
 
-// faultConfig is realConfig on the test's own Redis at stockAddr. The
-// driver redisstream-own is redisstream with the queue in a private
-// redis-server of its own (queue.redis), which the faults leave alone.
-func faultConfig(t *testing.T, driver, stockAddr string) config.Config {
-	t.Helper()
-	cfg := realConfig(t, strings.TrimSuffix(driver, "-own"))
-	cfg.Redis.Addr = stockAddr
-	if driver == "redisstream-own" {
-		cfg.Queue.Redis.Mode, cfg.Queue.Redis.Addr = "server", startRedisServer(t).addr()
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatalf("test config: %v", err)
-	}
-	return cfg
-}
-
 // startOn starts a system with cfg: in this process, or, on RocketMQ,
 // `flashsale serve` against the broker double.
 func startOn(t *testing.T, cfg config.Config) *client {
