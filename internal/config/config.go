@@ -154,8 +154,9 @@ type Redis struct {
 	KeyRetention time.Duration `yaml:"key_retention" env:"KEY_RETENTION"`
 	// MinReplicasAck is how many replicas must hold a deduction's writes
 	// (WAIT) before its results are published and its batch acknowledged,
-	// and a purchase's queue entry (queue.driver redisstream) before the
-	// shopper is told it is queued; 0 does not wait. ReplicaAckTimeout
+	// and a purchase's queue entry (queue.driver redisstream, in this
+	// Redis unless queue.redis is set) before the shopper is told it is
+	// queued; 0 does not wait. ReplicaAckTimeout
 	// bounds the wait: fewer replicas by then hands the batch back, to be
 	// decided again, and keeps the purchase as of unknown publish outcome.
 	MinReplicasAck    int           `yaml:"min_replicas_ack" env:"MIN_REPLICAS_ACK"`
