@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -263,14 +264,36 @@ func (rs *redisServer) kill() {
 	}
 }
 
+// faultConfig is realConfig on the test's own Redis at stockAddr. The
+// driver redisstream-own is redisstream with the queue in a private
+// redis-server of its own (queue.redis), which the faults leave alone.
+func faultConfig(t *testing.T, driver, stockAddr string) config.Config {
+	t.Helper()
+	cfg := realConfig(t, strings.TrimSuffix(driver, "-own"))
+	cfg.Redis.Addr = stockAddr
+	if driver == "redisstream-own" {
+		cfg.Queue.Redis.Mode, cfg.Queue.Redis.Addr = "server", startRedisServer(t).addr()
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("test config: %v", err)
+	}
+	return cfg
+}
+
 // TestRedisRestartWithAOF: the test's own Redis (AOF, appendfsync always) is
 // SIGKILLed mid-sale and restarted from its AOF; no acknowledged request or
-// success is lost, and every invariant holds once the system settles.
+// success is lost, and every invariant holds once the system settles. With
+// redisstream-own only the stock's Redis is killed, not the queue's.
 func TestRedisRestartWithAOF(t *testing.T) {
 	testenv.SkipShort(t, "a fault test: Redis killed mid-sale")
+	for _, driver := range []string{"redisstream", "redisstream-own"} {
+		t.Run(driver, func(t *testing.T) { testRedisRestart(t, driver) })
+	}
+}
+
+func testRedisRestart(t *testing.T, driver string) {
 	rs := startRedisServer(t)
-	cfg := realConfig(t, "redisstream")
-	cfg.Redis.Addr = rs.addr()
+	cfg := faultConfig(t, driver, rs.addr())
 	c := startSystem(t, cfg)
 	campaign := testenv.Name(t, "redisout-")
 	const stock, limit = 300, 1

@@ -274,7 +274,7 @@ func (s *system) open(ctx context.Context, so startOptions) error {
 		}
 		s.closers = append(s.closers, s.db.Close)
 	}
-	if s.pub, s.newConsumer, s.newExpiryConsumer, s.queuePing, err = openQueue(s.cfg.Queue, rdb, s.log, s); err != nil {
+	if s.pub, s.newConsumer, s.newExpiryConsumer, s.queuePing, err = openQueue(ctx, s.cfg.Queue, rdb, s.log, s); err != nil {
 		return err
 	}
 	s.backlog, _ = s.pub.(queue.BacklogReader)
@@ -690,7 +690,21 @@ func registerDocument(e, admin *gin.Engine) {
 	}
 }
 
+// openRedis opens the stock's Redis. Its guard is the process's
+// (sys.redisGuard): the gateway reads it to tell Redis down, and
+// flashsale_redis_up follows it.
 func openRedis(ctx context.Context, c config.Redis, sys *system) (redis.UniversalClient, error) {
+	guard := &store.Guard{Timeout: c.Timeout, Log: sys.log}
+	if sys.Metrics != nil {
+		guard.Observe = sys.Metrics.ObserveRedis
+	}
+	sys.redisGuard = guard
+	return openGuardedRedis(ctx, c, guard, sys)
+}
+
+// openGuardedRedis opens the Redis c describes, every call bounded by
+// guard, and registers its closer.
+func openGuardedRedis(ctx context.Context, c config.Redis, guard *store.Guard, sys *system) (redis.UniversalClient, error) {
 	// Every call is bounded by c.Timeout (the guard sets its deadline);
 	// the sockets' read timeout is longer only for what waits by design:
 	// a pipelined WAIT for replicas is read under it.
@@ -698,11 +712,6 @@ func openRedis(ctx context.Context, c config.Redis, sys *system) (redis.Universa
 	if c.MinReplicasAck > 0 {
 		readTimeout += c.ReplicaAckTimeout
 	}
-	guard := &store.Guard{Timeout: c.Timeout, Log: sys.log}
-	if sys.Metrics != nil {
-		guard.Observe = sys.Metrics.ObserveRedis
-	}
-	sys.redisGuard = guard
 	if c.Mode == "cluster" {
 		// Every key carries its campaign's (or queue partition's) hash
 		// tag, so the same scripts run on the cluster unchanged.
@@ -753,7 +762,7 @@ func consumerName() string {
 // openQueue is the one place that picks a queue driver. It returns the
 // publisher, the constructors of the purchase topic's and the expiry
 // topic's consumers, and the readiness check.
-func openQueue(c config.Queue, rdb redis.UniversalClient, log *slog.Logger, sys *system) (queue.Publisher, func(name string) queue.Consumer, func(name string) queue.Consumer, queue.Pinger, error) {
+func openQueue(ctx context.Context, c config.Queue, rdb redis.UniversalClient, log *slog.Logger, sys *system) (queue.Publisher, func(name string) queue.Consumer, func(name string) queue.Consumer, queue.Pinger, error) {
 	switch c.Driver {
 	case "memqueue":
 		q := memqueue.New(memqueue.Options{Partitions: c.Partitions, BatchSize: c.BatchSize})
@@ -761,9 +770,23 @@ func openQueue(c config.Queue, rdb redis.UniversalClient, log *slog.Logger, sys 
 		consumer := func(name string) queue.Consumer { return q.Consumer(name) }
 		return q, consumer, consumer, q, nil
 	case "redisstream":
-		// The queue's streams live in the same Redis as the stock: a
-		// failover may lose an unreplicated entry as it may a deduction.
-		ack := redisstream.ReplicaAck{Replicas: sys.cfg.Redis.MinReplicasAck, Timeout: sys.cfg.Redis.ReplicaAckTimeout,
+		// The streams live in the stock's Redis unless queue.redis gives
+		// them their own; either way, a failover may lose an unreplicated
+		// entry unless that Redis's min_replicas_ack waits for it.
+		rc := sys.cfg.Redis
+		if c.Redis.Mode != "" {
+			rc = c.Redis
+			// A guard of its own: its outages are logged as the queue's,
+			// and the gateway's RedisDown and flashsale_redis_up stay the
+			// stock's (the queue's show in /readyz's queue check).
+			guard := &store.Guard{Timeout: rc.Timeout, Log: log.With("redis", "queue")}
+			var err error
+			if rdb, err = openGuardedRedis(ctx, rc, guard, sys); err != nil {
+				return nil, nil, nil, nil, fmt.Errorf("queue: %w", err)
+			}
+			rdb.AddHook(sys.Metrics.ScriptHook(redisstream.ScriptNames()))
+		}
+		ack := redisstream.ReplicaAck{Replicas: rc.MinReplicasAck, Timeout: rc.ReplicaAckTimeout,
 			Observe: sys.Metrics.ObserveReplicaAck}
 		q := redisstream.New(rdb, redisstream.Options{Partitions: c.Partitions, BatchSize: c.BatchSize, Group: c.Group,
 			LeaseTTL: c.LeaseTTL, Logger: log.With("component", "redisstream"), Observer: sys.Metrics, ReplicaAck: ack})

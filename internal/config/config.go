@@ -131,8 +131,10 @@ func (p Provider) validate() error {
 	return nil
 }
 
-// Redis selects the Redis server: mode "embedded" runs an in-process Redis,
+// Redis selects a Redis server: mode "embedded" runs an in-process Redis,
 // "server" one Redis at Addr, "cluster" a Redis Cluster found from Addrs.
+// It configures the stock's Redis (redis) and, when its mode is set, the
+// queue's own (queue.redis), which has no key_retention.
 type Redis struct {
 	Mode string `yaml:"mode" env:"MODE"`
 	Addr string `yaml:"addr" env:"ADDR"`
@@ -152,8 +154,9 @@ type Redis struct {
 	KeyRetention time.Duration `yaml:"key_retention" env:"KEY_RETENTION"`
 	// MinReplicasAck is how many replicas must hold a deduction's writes
 	// (WAIT) before its results are published and its batch acknowledged,
-	// and a purchase's queue entry (queue.driver redisstream) before the
-	// shopper is told it is queued; 0 does not wait. ReplicaAckTimeout
+	// and a purchase's queue entry (queue.driver redisstream, in this
+	// Redis unless queue.redis is set) before the shopper is told it is
+	// queued; 0 does not wait. ReplicaAckTimeout
 	// bounds the wait: fewer replicas by then hands the batch back, to be
 	// decided again, and keeps the purchase as of unknown publish outcome.
 	MinReplicasAck    int           `yaml:"min_replicas_ack" env:"MIN_REPLICAS_ACK"`
@@ -188,6 +191,12 @@ type Queue struct {
 	// consume it in queue.group, on RocketMQ in <group>-expiry
 	// (ExpiryGroupSuffix).
 	ExpiryTopic string `yaml:"expiry_topic" env:"EXPIRY_TOPIC"`
+	// Redis puts the redisstream driver's streams in a Redis of their own;
+	// mode "" keeps them in the stock's (redis). A queue that outlives the
+	// stock's Redis keeps the requests it accepted when that Redis is lost.
+	// Its min_replicas_ack and replica_ack_timeout then cover the queue's
+	// entries, redis's only the stock.
+	Redis Redis `yaml:"redis" envPrefix:"REDIS_"`
 	// RocketMQ configures the rocketmq driver.
 	RocketMQ RocketMQ `yaml:"rocketmq" envPrefix:"ROCKETMQ_"`
 }
@@ -319,6 +328,7 @@ func Default() Config {
 			ReplicaAckTimeout: time.Second, Timeout: time.Second},
 		Database: Database{Driver: "sqlite", DSN: ":memory:"},
 		Queue: Queue{Driver: "redisstream", Topic: "flashsale-purchases", ExpiryTopic: "flashsale-expiry", Partitions: 8, BatchSize: 128, Group: "workers", LeaseTTL: 10 * time.Second,
+			Redis: Redis{PoolSize: 64, ClusterReloadInterval: 2 * time.Second, ReplicaAckTimeout: time.Second, Timeout: time.Second},
 			RocketMQ: RocketMQ{NameServers: []string{"127.0.0.1:9876"}, ProducerGroup: "flashsale-gateway",
 				Retries: 2, MaxReconsumeTimes: 1000, SuspendTime: time.Second, LogLevel: "warn"}},
 		Gateway: Gateway{RateLimits: model.RateLimits{UserRate: 5, UserBurst: 10}, PublishTimeout: 2 * time.Second,
@@ -397,24 +407,14 @@ func (c Config) Validate() error {
 		return bad("auth.jwt_leeway", "must be between 0 and 5m")
 	case c.Auth.Provider.validate() != nil:
 		return c.Auth.Provider.validate()
-	case c.Redis.validate() != nil:
-		return c.Redis.validate()
+	case c.Redis.validate("redis") != nil:
+		return c.Redis.validate("redis")
 	case c.Auth.Dev && c.realServices():
 		return bad("auth.dev", "development mode is only allowed with redis.mode embedded and database.driver sqlite")
 	case c.realServices() && (c.Auth.JWTSecret == DevJWTSecret || c.Auth.AdminToken == DevAdminToken):
 		return bad("auth", "the development secrets are only allowed with redis.mode embedded and database.driver sqlite")
-	case c.Redis.PoolSize < 1:
-		return bad("redis.pool_size", "must be at least 1")
 	case c.Redis.KeyRetention < time.Hour || c.Redis.KeyRetention > 365*24*time.Hour:
 		return bad("redis.key_retention", "must be between 1h and 8760h (a year)")
-	case c.Redis.MinReplicasAck < 0:
-		return bad("redis.min_replicas_ack", "must not be negative")
-	case c.Redis.MinReplicasAck > 0 && c.Redis.Mode == "embedded":
-		return bad("redis.min_replicas_ack", "needs a Redis with replicas, not redis.mode embedded")
-	case c.Redis.ReplicaAckTimeout <= 0 || c.Redis.ReplicaAckTimeout > time.Minute:
-		return bad("redis.replica_ack_timeout", "must be between 1ms and 1m")
-	case c.Redis.Timeout < 10*time.Millisecond || c.Redis.Timeout > time.Minute:
-		return bad("redis.timeout", "must be between 10ms and 1m")
 	case c.Database.Driver != "sqlite" && c.Database.Driver != "mysql":
 		return bad("database.driver", `must be "sqlite" or "mysql"`)
 	case c.Database.DSN == "":
@@ -433,6 +433,8 @@ func (c Config) Validate() error {
 		return bad("queue.group", "is required")
 	case rocketMQErr != nil:
 		return rocketMQErr
+	case c.Queue.validateRedis() != nil:
+		return c.Queue.validateRedis()
 	case c.Queue.LeaseTTL < 500*time.Millisecond || c.Queue.LeaseTTL > 5*time.Minute:
 		return bad("queue.lease_ttl", "must be between 500ms and 5m")
 	case c.Gateway.UserRate < 0 || c.Gateway.CampaignRate < 0 || c.Gateway.UserBurst < 0 || c.Gateway.CampaignBurst < 0 ||
@@ -497,26 +499,27 @@ func (c Config) Validate() error {
 // realServices reports whether the config reaches a real Redis or MySQL,
 // where the development mode and secrets are refused.
 func (c Config) realServices() bool {
-	return c.Redis.Mode != "embedded" || c.Database.Driver == "mysql"
+	return c.Redis.Mode != "embedded" || c.Database.Driver == "mysql" || c.Queue.Redis.Mode != ""
 }
 
-// validate checks the mode and the addresses it needs. Each mode reads its
-// own key (addr, addrs) and ignores the other, so FLASHSALE_REDIS_MODE alone
-// switches a file that names both.
-func (r Redis) validate() error {
-	bad := func(key, why string) error { return fmt.Errorf("config: redis.%s: %s", key, why) }
+// validate checks the Redis settings under key (redis, queue.redis): the
+// mode and the addresses it needs, the pool and the timeouts. Each mode
+// reads its own key (addr, addrs) and ignores the other, so
+// FLASHSALE_REDIS_MODE alone switches a file that names both.
+func (r Redis) validate(key string) error {
+	bad := func(sub, why string) error { return fmt.Errorf("config: %s.%s: %s", key, sub, why) }
 	switch r.Mode {
 	case "embedded":
 	case "server":
 		if r.Addr == "" {
-			return bad("addr", `is required when redis.mode is "server"`)
+			return bad("addr", fmt.Sprintf(`is required when %s.mode is "server"`, key))
 		}
 	case "cluster":
 		switch {
 		case len(r.Addrs) == 0:
-			return bad("addrs", `is required when redis.mode is "cluster" (a few of its nodes, host:port)`)
+			return bad("addrs", fmt.Sprintf(`is required when %s.mode is "cluster" (a few of its nodes, host:port)`, key))
 		case r.DB != 0:
-			return bad("db", "must be 0 with redis.mode cluster (a cluster has only database 0)")
+			return bad("db", fmt.Sprintf("must be 0 with %s.mode cluster (a cluster has only database 0)", key))
 		case r.ClusterReloadInterval < 100*time.Millisecond || r.ClusterReloadInterval > time.Minute:
 			return bad("cluster_reload_interval", "must be between 100ms and 1m")
 		}
@@ -528,7 +531,36 @@ func (r Redis) validate() error {
 	default:
 		return bad("mode", `must be "embedded", "server" or "cluster"`)
 	}
+	switch {
+	case r.PoolSize < 1:
+		return bad("pool_size", "must be at least 1")
+	case r.MinReplicasAck < 0:
+		return bad("min_replicas_ack", "must not be negative")
+	case r.MinReplicasAck > 0 && r.Mode == "embedded":
+		return bad("min_replicas_ack", fmt.Sprintf("needs a Redis with replicas, not %s.mode embedded", key))
+	case r.ReplicaAckTimeout <= 0 || r.ReplicaAckTimeout > time.Minute:
+		return bad("replica_ack_timeout", "must be between 1ms and 1m")
+	case r.Timeout < 10*time.Millisecond || r.Timeout > time.Minute:
+		return bad("timeout", "must be between 10ms and 1m")
+	}
 	return nil
+}
+
+// validateRedis checks queue.redis: unset, or a server or cluster of the
+// redisstream driver's own.
+func (q Queue) validateRedis() error {
+	bad := func(key, why string) error { return fmt.Errorf("config: queue.redis.%s: %s", key, why) }
+	switch {
+	case q.Redis.Mode == "":
+		return nil
+	case q.Driver != "redisstream":
+		return bad("mode", "is only for queue.driver redisstream")
+	case q.Redis.Mode == "embedded":
+		return bad("mode", `must be "" (the stock's Redis), "server" or "cluster": an embedded Redis would die with the process`)
+	case q.Redis.KeyRetention != 0:
+		return bad("key_retention", "is redis.key_retention's alone: the queue deletes its entries once acknowledged, it never expires them")
+	}
+	return q.Redis.validate("queue.redis")
 }
 
 // ExpiryGroupSuffix names, after queue.group, the RocketMQ consumer group of
@@ -587,6 +619,7 @@ func (c Config) Masked() Config {
 	c.Auth.AdminToken = mask(c.Auth.AdminToken)
 	c.Payment.WebhookSecret = mask(c.Payment.WebhookSecret)
 	c.Redis.Password = mask(c.Redis.Password)
+	c.Queue.Redis.Password = mask(c.Queue.Redis.Password)
 	c.Database.DSN = maskDSN(c.Database.DSN)
 	return c
 }

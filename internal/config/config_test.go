@@ -39,6 +39,9 @@ func normalize(c Config) Config {
 	if len(c.Redis.Addrs) == 0 {
 		c.Redis.Addrs = nil
 	}
+	if len(c.Queue.Redis.Addrs) == 0 {
+		c.Queue.Redis.Addrs = nil
+	}
 	return c
 }
 
@@ -230,6 +233,7 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 		{name: "provider algorithm without jwks", env: map[string]string{"FLASHSALE_AUTH_ALGORITHMS": "RS256"}, wantKey: "auth.algorithms"},
 		{name: "jwks refresh too often", yaml: "auth:\n  jwks_url: https://idp.example/jwks\n  issuer: i\n  audience: a\n  jwks_refresh: 1s\n", wantKey: "auth.jwks_refresh"},
 		{name: "no subscribe rate", env: map[string]string{"FLASHSALE_NOTIFIER_SUBSCRIBE_RATE": "0"}, wantKey: "notifier.*_rate"},
+		{name: "dev secrets with a queue redis", yaml: "queue:\n  redis:\n    mode: server\n    addr: q:6379\n", wantKey: "auth.dev"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -283,6 +287,61 @@ func TestRedisCluster(t *testing.T) {
 	secrets["FLASHSALE_REDIS_MODE"] = "cluster"
 	if cfg, err = Load(filepath.Join("..", "..", "configs", "production.yaml"), secrets); err != nil || cfg.Redis.Mode != "cluster" {
 		t.Fatalf("production.yaml with FLASHSALE_REDIS_MODE=cluster: got %q, %v; want cluster, nil", cfg.Redis.Mode, err)
+	}
+}
+
+// TestQueueRedis: queue.redis puts the redisstream driver in a Redis of its
+// own, with redis's keys checked under its own name; unset, the queue stays
+// in the stock's Redis.
+func TestQueueRedis(t *testing.T) {
+	real := map[string]string{"FLASHSALE_AUTH_JWT_SECRET": strings.Repeat("j", 32), "FLASHSALE_AUTH_ADMIN_TOKEN": "admin-token",
+		"FLASHSALE_AUTH_DEV": "false", "FLASHSALE_PAYMENT_WEBHOOK_SECRET": strings.Repeat("w", 32),
+		"FLASHSALE_REDIS_MODE": "server", "FLASHSALE_REDIS_ADDR": "stock:6379"}
+	tests := []struct {
+		name    string
+		env     map[string]string
+		wantKey string // "" for no error
+	}{
+		{name: "unset", env: map[string]string{}},
+		{name: "server", env: map[string]string{"FLASHSALE_QUEUE_REDIS_MODE": "server", "FLASHSALE_QUEUE_REDIS_ADDR": "queue:6379"}},
+		{name: "cluster", env: map[string]string{"FLASHSALE_QUEUE_REDIS_MODE": "cluster", "FLASHSALE_QUEUE_REDIS_ADDRS": "q1:7000,q2:7000"}},
+		{name: "server without addr", env: map[string]string{"FLASHSALE_QUEUE_REDIS_MODE": "server"}, wantKey: "queue.redis.addr"},
+		{name: "embedded", env: map[string]string{"FLASHSALE_QUEUE_REDIS_MODE": "embedded"}, wantKey: "queue.redis.mode"},
+		{name: "unknown mode", env: map[string]string{"FLASHSALE_QUEUE_REDIS_MODE": "sentinel", "FLASHSALE_QUEUE_REDIS_ADDR": "queue:6379"}, wantKey: "queue.redis.mode"},
+		{name: "another driver", env: map[string]string{"FLASHSALE_QUEUE_DRIVER": "rocketmq", "FLASHSALE_QUEUE_REDIS_MODE": "server",
+			"FLASHSALE_QUEUE_REDIS_ADDR": "queue:6379"}, wantKey: "queue.redis.mode"},
+		{name: "cluster with a database", env: map[string]string{"FLASHSALE_QUEUE_REDIS_MODE": "cluster", "FLASHSALE_QUEUE_REDIS_ADDRS": "q1:7000",
+			"FLASHSALE_QUEUE_REDIS_DB": "1"}, wantKey: "queue.redis.db"},
+		{name: "cluster seed without port", env: map[string]string{"FLASHSALE_QUEUE_REDIS_MODE": "cluster", "FLASHSALE_QUEUE_REDIS_ADDRS": "q1"}, wantKey: "queue.redis.addrs"},
+		{name: "no pool", env: map[string]string{"FLASHSALE_QUEUE_REDIS_MODE": "server", "FLASHSALE_QUEUE_REDIS_ADDR": "queue:6379",
+			"FLASHSALE_QUEUE_REDIS_POOL_SIZE": "0"}, wantKey: "queue.redis.pool_size"},
+		{name: "timeout too short", env: map[string]string{"FLASHSALE_QUEUE_REDIS_MODE": "server", "FLASHSALE_QUEUE_REDIS_ADDR": "queue:6379",
+			"FLASHSALE_QUEUE_REDIS_TIMEOUT": "1ms"}, wantKey: "queue.redis.timeout"},
+		{name: "negative replica acks", env: map[string]string{"FLASHSALE_QUEUE_REDIS_MODE": "server", "FLASHSALE_QUEUE_REDIS_ADDR": "queue:6379",
+			"FLASHSALE_QUEUE_REDIS_MIN_REPLICAS_ACK": "-1"}, wantKey: "queue.redis.min_replicas_ack"},
+		{name: "key retention", env: map[string]string{"FLASHSALE_QUEUE_REDIS_MODE": "server", "FLASHSALE_QUEUE_REDIS_ADDR": "queue:6379",
+			"FLASHSALE_QUEUE_REDIS_KEY_RETENTION": "24h"}, wantKey: "queue.redis.key_retention"},
+		// Unset, its keys are not read: the queue is in the stock's Redis.
+		{name: "unset with a stray key", env: map[string]string{"FLASHSALE_QUEUE_REDIS_TIMEOUT": "1ms"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env := maps.Clone(real)
+			maps.Copy(env, tc.env)
+			cfg, err := Load("", env)
+			switch {
+			case tc.wantKey == "" && err != nil:
+				t.Fatalf("got %v, want no error", err)
+			case tc.wantKey != "" && (err == nil || !strings.Contains(err.Error(), tc.wantKey)):
+				t.Fatalf("got %v, want an error naming %q", err, tc.wantKey)
+			case err != nil:
+				return
+			}
+			if cfg.Redis.Addr != "stock:6379" || cfg.Queue.Redis.Mode != tc.env["FLASHSALE_QUEUE_REDIS_MODE"] {
+				t.Fatalf("got redis.addr %q, queue.redis.mode %q; want stock:6379, %q", cfg.Redis.Addr, cfg.Queue.Redis.Mode,
+					tc.env["FLASHSALE_QUEUE_REDIS_MODE"])
+			}
+		})
 	}
 }
 
@@ -345,9 +404,10 @@ func TestMaskedHidesSecrets(t *testing.T) {
 	c := Default()
 	c.Database.DSN = "flashsale:hunter2@tcp(mysql:3306)/flashsale"
 	c.Redis.Password = "redispw"
+	c.Queue.Redis.Password = "queuepw"
 	m := c.Masked()
-	s := strings.Join([]string{m.Auth.JWTSecret, m.Auth.AdminToken, m.Redis.Password, m.Database.DSN, m.Payment.WebhookSecret}, " ")
-	for _, secret := range []string{DevJWTSecret, DevAdminToken, "hunter2", "redispw", DevWebhookSecret} {
+	s := strings.Join([]string{m.Auth.JWTSecret, m.Auth.AdminToken, m.Redis.Password, m.Queue.Redis.Password, m.Database.DSN, m.Payment.WebhookSecret}, " ")
+	for _, secret := range []string{DevJWTSecret, DevAdminToken, "hunter2", "redispw", "queuepw", DevWebhookSecret} {
 		if strings.Contains(s, secret) {
 			t.Errorf("masked config still contains %q: %s", secret, s)
 		}
