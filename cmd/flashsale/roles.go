@@ -268,7 +268,9 @@ func (s *system) open(ctx context.Context, so startOptions) error {
 			Observe: s.Metrics.ObserveReplicaAck}))
 	}
 	s.store = store.New(rdb, storeOpts...)
-	if s.roles.gateway || s.roles.worker {
+	// A notifier reads MySQL too: a poll Redis cannot answer finds its
+	// order there (guarantee 4), or its lost result decided.
+	if s.roles.gateway || s.roles.worker || s.roles.notifier {
 		if s.db, err = sqlstore.Open(ctx, s.cfg.Database.Driver, s.cfg.Database.DSN); err != nil {
 			return err
 		}
@@ -316,7 +318,8 @@ func (s *system) mount() error {
 		}
 	}
 	checks := map[string]func(context.Context) error{"redis": s.store.Ping}
-	if s.db != nil {
+	orders := s.roles.gateway || s.roles.worker // a notifier's pushes need no MySQL
+	if orders {
 		checks[s.cfg.Database.Driver] = s.db.Ping // "mysql" or "sqlite"
 	}
 	if s.queuePing != nil {
@@ -325,7 +328,7 @@ func (s *system) mount() error {
 	if s.roles.notifier {
 		checks["notifier"] = s.mountNotifier(s.shoppers)
 	}
-	if s.db != nil {
+	if orders {
 		opts := lifecycleOptions(s.cfg)
 		opts.LatePayments = s.Metrics.LatePayments
 		s.lifecycle = lifecycle.New(s.db, s.store, opts, s.log.With("component", "lifecycle"))
@@ -450,7 +453,11 @@ func webSocketBudget(c config.Notifier, fileLimit int) int {
 // mountGateway builds the gateway and registers its admin and shopper routes.
 func (s *system) mountGateway(jwt *auth.JWT) {
 	opts := gatewayOptions(s.cfg)
-	opts.RedisDown = s.redisGuard.Down
+	if s.cfg.Redis.Mode != "cluster" {
+		// On a cluster an outage is a master's: the campaigns on the
+		// others sell on, so none is refused for it without asking.
+		opts.RedisDown = s.redisGuard.Down
+	}
 	opts.Restorer = s.restorer
 	s.gateway = gateway.New(s.log.With("role", "gateway"), s.store, s.db, s.pub, s.Metrics, opts)
 	s.watchStock()

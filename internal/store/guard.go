@@ -39,8 +39,9 @@ type Guard struct {
 	// starts, true when it ends.
 	Observe func(up bool)
 
-	down   atomic.Bool
-	mu     sync.Mutex
+	down     atomic.Bool
+	lastFail atomic.Int64 // unix ns of the last call without an answer
+	mu       sync.Mutex
 	since  time.Time // the outage's start
 	failed int64     // calls that failed during it
 	cause  error     // the first failure
@@ -96,8 +97,8 @@ func (g *Guard) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 	}
 }
 
-// Down reports whether an outage is on: since a call got no answer, none
-// has.
+// Down reports whether an outage is on: a call got no answer, and since
+// then none has, or failures went on within the timeout.
 func (g *Guard) Down() bool { return g.down.Load() }
 
 func (g *Guard) bound(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -112,7 +113,10 @@ func (g *Guard) bound(ctx context.Context) (context.Context, context.CancelFunc)
 func (g *Guard) observe(ctx context.Context, cmd redis.Cmder, err error) {
 	switch {
 	case err == nil || errors.Is(err, redis.Nil) || isReply(err):
-		if g.down.Load() {
+		// An outage ends once answers come and failures have stopped for
+		// a timeout: on a cluster with one master out, the others answer
+		// between its failures, which must not log an outage per call.
+		if g.down.Load() && time.Since(time.Unix(0, g.lastFail.Load())) >= g.Timeout {
 			g.up()
 		}
 	case errors.Is(err, model.ErrUnavailable): // marked already
@@ -125,6 +129,7 @@ func (g *Guard) observe(ctx context.Context, cmd redis.Cmder, err error) {
 }
 
 func (g *Guard) fail(err error) {
+	g.lastFail.Store(time.Now().UnixNano())
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.down.Load() {
@@ -145,7 +150,7 @@ func (g *Guard) fail(err error) {
 func (g *Guard) up() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.down.Load() {
+	if !g.down.Load() || time.Since(time.Unix(0, g.lastFail.Load())) < g.Timeout {
 		return
 	}
 	g.down.Store(false)

@@ -223,3 +223,43 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(b)
 }
+
+// TestGuardOneOutageWhileSomeCallsFail: on a cluster with one master out,
+// calls to the others succeed between its failures. One guard (one
+// client's) sees both: that is one outage, logged once when it starts and
+// once when failures have stopped for a timeout, not a pair per call.
+func TestGuardOneOutageWhileSomeCallsFail(t *testing.T) {
+	testenv.Redis(t)
+	frozen := newSwitchProxy(t, testenv.RedisAddr(t))
+	frozen.freeze(true)
+	var logs bytes.Buffer
+	const timeout = 100 * time.Millisecond
+	g := &Guard{Timeout: timeout, Log: slog.New(slog.NewTextHandler(&lockedWriter{w: &logs}, nil))}
+	opts := func(addr string) *redis.Options {
+		return &redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1,
+			DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, PoolTimeout: timeout}
+	}
+	out, up := redis.NewClient(opts(frozen.ln.Addr().String())), redis.NewClient(opts(testenv.RedisAddr(t)))
+	out.AddHook(g)
+	up.AddHook(g)
+	t.Cleanup(func() { _ = out.Close(); _ = up.Close() })
+	ctx := t.Context()
+	for i := range 5 {
+		if err := out.Ping(ctx).Err(); !errors.Is(err, model.ErrUnavailable) {
+			t.Fatalf("call %d to the master that is out: got %v, want model.ErrUnavailable", i, err)
+		}
+		if err := up.Ping(ctx).Err(); err != nil {
+			t.Fatalf("call %d to a master that answers: %v", i, err)
+		}
+		if !g.Down() {
+			t.Fatalf("call %d: the outage ended while calls still fail", i)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, "the outage over once failures stopped", func() (bool, string) {
+		return up.Ping(ctx).Err() == nil && !g.Down(), "down"
+	})
+	text := logs.String()
+	if a, b := strings.Count(text, "redis unavailable"), strings.Count(text, "redis available again"); a != 1 || b != 1 {
+		t.Errorf("logged %d starts and %d ends, want one of each:\n%s", a, b, text)
+	}
+}
