@@ -42,9 +42,9 @@ type Guard struct {
 	down     atomic.Bool
 	lastFail atomic.Int64 // unix ns of the last call without an answer
 	mu       sync.Mutex
-	since  time.Time // the outage's start
-	failed int64     // calls that failed during it
-	cause  error     // the first failure
+	since    time.Time // the outage's start
+	failed   int64     // calls that failed during it
+	cause    error     // the first failure
 }
 
 var _ redis.Hook = (*Guard)(nil)
