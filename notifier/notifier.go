@@ -502,7 +502,8 @@ func (n *Notifier) unstored(ctx context.Context, userID, requestID string) (mode
 		return model.Result{}, fmt.Errorf("result %s: %w", requestID, err)
 	}
 	if err == nil && r.Status == model.StatusRejected && r.Reason == model.ReasonLost && r.UserID == userID {
-		n.log.Info("request lost with Redis, rejected", "request_id", requestID, "campaign_id", r.CampaignID, "user_id", userID)
+		// One line per request at debug: reconcile counts and lists them.
+		n.log.Debug("request lost with Redis, rejected", "request_id", requestID, "campaign_id", r.CampaignID, "user_id", userID)
 	}
 	return r, err
 }
