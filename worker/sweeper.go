@@ -87,13 +87,25 @@ func (w *Worker) Tasks(grace, maxDelay time.Duration) []Task {
 	start := time.Now()
 	sweep := min(max(grace/4, 100*time.Millisecond), time.Second)
 	every := max(maxDelay/10, 100*time.Millisecond)
+	// The campaigns to sweep are read from MySQL every tenth of maxDelay,
+	// not on every run: a campaign is created well before its sale, and a
+	// sweep every second must not be a query every second.
+	var tags []string
+	var listed time.Time
 	return []Task{
 		{Name: "not-enqueued sweep", Every: sweep, Run: func(ctx context.Context, log *slog.Logger) error {
+			if listed.IsZero() || time.Since(listed) >= every {
+				t, err := w.sweptTags(ctx)
+				if err != nil {
+					return err
+				}
+				tags, listed = t, time.Now()
+			}
 			ended := maxDelay
 			if time.Since(start) < maxDelay {
 				ended = 0 // off
 			}
-			return w.sweepNotEnqueued(ctx, log, grace, ended)
+			return w.sweepNotEnqueued(ctx, log, tags, grace, ended)
 		}},
 		{Name: "transfer recovery", First: maxDelay, Every: every, Run: func(ctx context.Context, _ *slog.Logger) error {
 			return w.stock.RecoverTransfers(ctx)
@@ -101,15 +113,13 @@ func (w *Worker) Tasks(grace, maxDelay time.Duration) []Task {
 	}
 }
 
-// loggedRequests is how many request ids a line about many requests names.
-const loggedRequests = 5
-
-// sweepNotEnqueued runs the not-enqueued sweep once, and publishes the
-// results it stores like any other final result.
-func (w *Worker) sweepNotEnqueued(ctx context.Context, log *slog.Logger, grace, maxDelay time.Duration) error {
+// sweptTags lists the tags the not-enqueued sweep looks at: every bucket of
+// every campaign whose sale ended less than the key retention ago (the
+// ones Redis may hold), from MySQL.
+func (w *Worker) sweptTags(ctx context.Context) ([]string, error) {
 	campaigns, err := w.orders.CampaignsEndingAfter(ctx, time.Now().Add(-w.opts.KeyRetention))
 	if err != nil {
-		return fmt.Errorf("list campaigns: %w", err)
+		return nil, fmt.Errorf("list campaigns: %w", err)
 	}
 	var tags []string
 	for _, c := range campaigns {
@@ -117,6 +127,15 @@ func (w *Worker) sweepNotEnqueued(ctx context.Context, log *slog.Logger, grace, 
 			tags = append(tags, model.BucketTag(c.ID, b, c.Buckets))
 		}
 	}
+	return tags, nil
+}
+
+// loggedRequests is how many request ids a line about many requests names.
+const loggedRequests = 5
+
+// sweepNotEnqueued runs the not-enqueued sweep once, and publishes the
+// results it stores like any other final result.
+func (w *Worker) sweepNotEnqueued(ctx context.Context, log *slog.Logger, tags []string, grace, maxDelay time.Duration) error {
 	results, err := w.stock.SweepNotEnqueued(ctx, tags, grace, maxDelay)
 	if len(results) == 0 {
 		return err

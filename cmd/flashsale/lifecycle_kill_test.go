@@ -193,6 +193,9 @@ func TestExpiryConsumerKilledBeforeRelease(t *testing.T) {
 	cfg.Queue.LeaseTTL = time.Second
 	cfg.Payment.Grace = time.Hour
 	cfg.Payment.SweepInterval = time.Hour
+	// The not-enqueued sweep reads its campaigns from MySQL every tenth of
+	// this: once at the start, then not within the test.
+	cfg.Worker.MaxQueueDelay = 10 * time.Minute
 	bin := buildBinary(t)
 
 	c := startFrontEnd(t, cfg)

@@ -151,7 +151,9 @@ func testRedisRestartEmpty(t *testing.T, driver string) {
 			byStatus[c.waitFinal(user, rid, 60*time.Second).Status]++
 		}
 	}
-	if byStatus["success"] == 0 {
+	// A queue that outlived Redis (all but redisstream) brings the requests
+	// admitted before the loss first, and they may take every unit left.
+	if byStatus["success"] == 0 && driver == "redisstream" {
 		t.Errorf("results after the restart %v: want successes, %d units were left at the kill", byStatus, remainingAtKill)
 	}
 	testenv.Eventually(t, 60*time.Second, "MySQL holds every unit Redis sold", func() (bool, string) {
@@ -159,6 +161,9 @@ func testRedisRestartEmpty(t *testing.T, driver string) {
 		return st.UnitsInDB == st.Sold, fmt.Sprintf("%+v", st)
 	})
 	perUser, total := unitsByUser(t, cfg.Database, campaign)
+	if total < stock {
+		t.Errorf("orders hold %d units, stock %d: 600 shoppers wanted more, undersold", total, stock)
+	}
 	if total > stock {
 		t.Errorf("orders hold %d units, stock %d: oversold", total, stock)
 	}

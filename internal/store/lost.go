@@ -19,7 +19,7 @@ const LostSkew = time.Second
 // Lost finishes a request whose state died with Redis (lost.lua): when
 // requestID has no result, the caller found no order for it in MySQL, and
 // the queue has passed it (a request admitted the grace after it was
-// decided, or the sale ended maxDelay ago; notenqueued.lua's rules), it
+// decided; or it was admitted, or its sale ended, maxDelay ago), it
 // stores a final rejected result with reason model.ReasonLost owned by
 // userID, counted in the tag's lost counter. It returns the result that
 // stands, as a shopper may see it: the stored one (whoever owns it), the

@@ -12,8 +12,10 @@
 -- before passed_ms whose message was stored has been decided. This one has
 -- no result, so its message was never stored or died with Redis. The
 -- admission's millisecond is the gateway's (the request id's UUIDv7),
--- allowed the skew against Redis's clock. After a sale ended the longest
--- queue delay ago (and was not resumed since) every request is passed. A
+-- allowed the skew against Redis's clock. A request admitted the longest
+-- queue delay ago, or of a sale that ended that long ago, is passed too
+-- (unless a resume is more recent: a held backlog only drains then): its
+-- message, stored at all, has come by then. A
 -- rebuild deletes the counters, so after a loss only decisions made since
 -- pass anything.
 --
@@ -32,7 +34,7 @@
 -- ARGV[2] the caller's user id, the owner of a result written now
 -- ARGV[3] the request's admission, ms (its id's UUIDv7, the gateway's clock)
 -- ARGV[4] the grace, ms: longest from an admission to its message stored
--- ARGV[5] the longest possible queue delay, ms (0: the ended rule is off)
+-- ARGV[5] the longest possible queue delay, ms (0: its rules are off)
 -- ARGV[6] the skew, ms: the gateways' clocks against Redis's
 -- ARGV[7] the reason of the rejected result
 --
@@ -81,8 +83,12 @@ for _, m in ipairs(marks) do
     passed = math.max(passed, m[2])
   end
 end
-local ended = delay > 0 and end_ms > 0 and end_ms + delay <= now and tonumber(meta[3] or '0') + delay <= now
-if not ended and at + grace + skew > passed then
+-- Past the longest queue delay after its admission (or the sale's end),
+-- a message that was stored has come: a request with nothing stored is
+-- lost even when nothing admitted later passes it (a sold-out sale).
+local settled = delay > 0 and tonumber(meta[3] or '0') + delay <= now
+local aged = settled and (at + skew + delay <= now or (end_ms > 0 and end_ms + delay <= now))
+if not aged and at + grace + skew > passed then
   return { 0 }
 end
 

@@ -30,9 +30,10 @@ const notEnqueuedBudget = 2000
 // (campaigns, or buckets of one: model.BucketTag) that is still queued and
 // that the queue has moved past, and returns those results, for the caller
 // to publish. The queue has moved past a request once a request admitted at
-// least grace after it was decided, or once its sale ended maxDelay ago (on
-// Redis's clock; a resume restarts that wait; maxDelay 0 leaves this rule
-// out). Each call also marks how far
+// least grace after it was decided, once it was admitted maxDelay ago and
+// a request numbered after it was decided, or once its sale ended maxDelay
+// ago (on Redis's clock; a resume restarts both waits; maxDelay 0 leaves
+// both rules out). Each call also marks how far
 // admissions have come, which later calls need to tell the first rule: the
 // sweep must run often. Paused campaigns are left alone. The results stored
 // before an error are returned with it.

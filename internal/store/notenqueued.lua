@@ -19,9 +19,14 @@
 --           that request's, and a partition is decided first in, first out.
 --           A later request decided sooner proves nothing: its message may
 --           have overtaken this one's, which then waits behind it.
+--   aged    it was admitted the longest possible queue delay ago and a
+--           request numbered after it was decided (counters decided): a
+--           sold-out sale admits nothing that could pass it by the rule
+--           above, and its message, stored at all, would have come by now.
 --   ended   the sale ended the longest possible queue delay ago (nothing is
---           admitted after the last request), and no resume is more recent
---           (meta resumed_ms: a held backlog only drains then).
+--           admitted after the last request).
+-- Neither delay rule applies within the delay of a resume (meta
+-- resumed_ms: a held backlog only drains then).
 -- A queue that stands still (its broker down, its workers stuck) thus has
 -- nothing swept by the first rule, however long it stands; a member keeps
 -- its place until its requests are final.
@@ -48,7 +53,7 @@
 -- KEYS[4] meta      hash: paused, resumed_ms, end_ms
 -- KEYS[5] stock     only checked for existence (campaign loaded)
 -- ARGV[1] the grace, ms: longest from an admission to its message stored
--- ARGV[2] the longest possible queue delay, ms (0: the ended rule is off)
+-- ARGV[2] the longest possible queue delay, ms (0: its two rules are off)
 -- ARGV[3] most requests to look at in this call (at least one member's)
 -- ARGV[4] the reason of the rejected results
 --
@@ -117,8 +122,13 @@ if seq > 0 then
 end
 
 local cutoff = passed - grace
-local ended = delay > 0 and tonumber(meta[3] or '0') + delay <= now and tonumber(meta[2] or '0') + delay <= now
-if ended then
+-- The delay's rules, both off within a delay of a resume (a held backlog
+-- only drains then): past the delay a request the queue has passed by
+-- number is due even without a later admission's mark (a sold-out sale
+-- admits nothing more), and once the sale ended the delay ago, any.
+local settled = delay > 0 and tonumber(meta[2] or '0') + delay <= now
+local ended = settled and tonumber(meta[3] or '0') + delay <= now
+if settled then
   cutoff = math.max(cutoff, now - delay)
 end
 local budget = tonumber(ARGV[3])
