@@ -237,10 +237,12 @@ type Worker struct {
 	MaxAttempts int `yaml:"max_attempts" env:"MAX_ATTEMPTS"`
 	// MaxQueueDelay is the longest a stored message can take to reach a
 	// worker while workers run. An admitted request still queued this
-	// long after its sale ended (and after its last resume) was not
-	// enqueued (a publish of unknown outcome whose message was lost, a
-	// gateway that died before publishing): the workers' not-enqueued
-	// sweep rejects it (not_enqueued). Only the last requests of a sale
+	// long after its admission, with a request numbered after it decided,
+	// or this long after its sale ended (and after its last resume either
+	// way), was not enqueued (a publish of unknown outcome whose message
+	// was lost, a gateway that died before publishing): the workers'
+	// not-enqueued sweep rejects it (not_enqueued). Only requests that
+	// nothing admitted later passes (a sold-out sale, its last requests)
 	// wait for it; the others end sooner, by NotEnqueuedGrace. Too short,
 	// and a message that was only slow is rejected (when it arrives it
 	// finds the final result and takes nothing); too long, and its shopper

@@ -116,7 +116,7 @@ func New(roles ...Role) *Metrics {
 		}),
 		NotEnqueued: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_not_enqueued_total",
-			Help: "Admitted requests the workers' not-enqueued sweep rejected (not_enqueued): still queued once the queue had moved past them: a request admitted worker.not_enqueued_grace after them decided, or their sale ended worker.max_queue_delay ago (never published, or lost).",
+			Help: "Admitted requests the workers' not-enqueued sweep rejected (not_enqueued): still queued once the queue had moved past them: a request admitted worker.not_enqueued_grace after them decided; or, worker.max_queue_delay after their admission, one numbered after them decided; or their sale ended worker.max_queue_delay ago (never published, or lost).",
 		}),
 		LatePayments: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_late_payments_total",
