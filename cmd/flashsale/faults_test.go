@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -226,12 +227,20 @@ func startRedisServer(t *testing.T) *redisServer {
 		}
 		t.Skip("redis-server not installed")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	// A port below the kernel's ephemeral range (32768 on) and the test
+	// clusters' (20000 on): a free one there is not taken by an outgoing
+	// connection before redis-server binds it.
+	port := 0
+	for tries := 0; port == 0; tries++ {
+		if tries == 1000 {
+			t.Fatal("no free port for a redis-server")
+		}
+		p := 12000 + rand.IntN(8000)
+		if ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p)); err == nil {
+			_ = ln.Close()
+			port = p
+		}
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
 	rs := &redisServer{t: t, port: port, dir: t.TempDir()}
 	rs.start()
 	t.Cleanup(func() { rs.kill() })

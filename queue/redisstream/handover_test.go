@@ -105,6 +105,10 @@ func TestHandoverOnStop(t *testing.T) {
 			waitFor("an even split once second joined", func(h map[string]int) bool { return h["first"] == half && h["second"] == half })
 			stopFirst()
 			waitFor("second to take every partition from the stopped first", func(h map[string]int) bool { return h["second"] == all })
+			// A lease is in Redis a moment before its event is observed.
+			testenv.Eventually(t, 5*time.Second, "second's acquisitions observed", func() (bool, string) {
+				return second.count(queue.PartitionAcquired) == all, fmt.Sprint(second.count(queue.PartitionAcquired))
+			})
 
 			tests := []struct {
 				name string
