@@ -209,7 +209,7 @@ func TestIdempotencyKeyAfterSoldOut(t *testing.T) {
 	if code := c.do("POST", path, c.token("ann"), `{"quantity":1}`, key, &again); code != http.StatusOK || again.RequestID != first.RequestID {
 		t.Fatalf("repeat after sold out: got %d %q %s, want 200 with %s", code, again.Code, again.RequestID, first.RequestID)
 	}
-	if code, r := c.poll("ann", first.RequestID); code != http.StatusOK || r.Status != "success" {
+	if code, r := c.pollDecided("ann", first.RequestID); code != http.StatusOK || r.Status != "success" {
 		t.Fatalf("poll: got %d %s, want 200 success", code, r.Status)
 	}
 	var other purchaseBody

@@ -331,6 +331,20 @@ func (c *client) poll(user, rid string) (int, resultBody) {
 	}
 }
 
+// pollDecided polls rid until it reads other than queued, for at most 10
+// s: a decided success reads queued until its order is in MySQL and the
+// worker raised the durable mark after it, a moment after the stats (and
+// MySQL) count it.
+func (c *client) pollDecided(user, rid string) (int, resultBody) {
+	for end := time.Now().Add(10 * time.Second); ; {
+		code, r := c.poll(user, rid)
+		if code != http.StatusOK || r.Status != "queued" || time.Now().After(end) {
+			return code, r
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // wsResult subscribes to rid over WebSocket and waits for its pushed result.
 func (c *client) wsResult(user, rid string, timeout time.Duration) (resultBody, error) {
 	u, _ := url.Parse(c.base)

@@ -280,7 +280,7 @@ func TestHostileWebSocket(t *testing.T) {
 	if after.Remaining != before.Remaining || after.Admitted != before.Admitted || after.OrdersInDB != before.OrdersInDB {
 		t.Fatalf("hostile clients changed state: before %+v, after %+v", before, after)
 	}
-	if code, r := c.poll("alice", alicePurchase.RequestID); code != http.StatusOK || r.Status != "success" {
+	if code, r := c.pollDecided("alice", alicePurchase.RequestID); code != http.StatusOK || r.Status != "success" {
 		t.Fatalf("alice's result: got %d %s, want 200 success", code, r.Status)
 	}
 }

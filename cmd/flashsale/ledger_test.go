@@ -287,7 +287,7 @@ func TestRedisLostMidSale(t *testing.T) {
 	}
 	lost, final := 0, map[string]int{}
 	for rid, r := range admitted {
-		code, res := c.poll(r.user, rid)
+		code, res := c.pollDecided(r.user, rid)
 		oid, ordered := orders[rid]
 		switch {
 		case code == http.StatusOK && res.Status != "queued":

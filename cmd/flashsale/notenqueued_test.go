@@ -267,7 +267,7 @@ func TestPublishUnknownRedisStream(t *testing.T) {
 	}
 	c.mustRetrySame(campaign, "ann", "a", ann.RequestID)
 	c.settle(campaign, 30*time.Second)
-	if code, r := c.poll("ann", ann.RequestID); code != http.StatusOK || r.Status != "success" || r.OrderID == "" {
+	if code, r := c.pollDecided("ann", ann.RequestID); code != http.StatusOK || r.Status != "success" || r.OrderID == "" {
 		t.Fatalf("stored, answer lost: got %d %+v, want a success", code, r)
 	}
 
@@ -346,7 +346,7 @@ func TestPublishUnknownRocketMQ(t *testing.T) {
 	}
 	c.mustRetrySame(campaign, "ann", "a", ann.RequestID)
 	st := c.settle(campaign, 60*time.Second)
-	if code, r := c.poll("ann", ann.RequestID); code != http.StatusOK || r.Status != "success" || r.OrderID == "" {
+	if code, r := c.pollDecided("ann", ann.RequestID); code != http.StatusOK || r.Status != "success" || r.OrderID == "" {
 		t.Fatalf("stored, FLUSH_DISK_TIMEOUT: got %d %+v, want a success", code, r)
 	}
 	if st.Admitted != 1 || st.Sold != 1 || st.OrdersInDB != 1 {

@@ -119,7 +119,7 @@ func verifyQueueOrder(t *testing.T, srv *rmqtest.Server, topic string, c *client
 			continue
 		}
 		seen[req.RequestID] = true
-		_, r := c.poll(req.UserID, req.RequestID)
+		_, r := c.pollDecided(req.UserID, req.RequestID)
 		switch {
 		case r.Status == "sold_out" && firstSoldOut == "":
 			firstSoldOut = req.RequestID
@@ -328,7 +328,7 @@ func TestPoisonRejectedWhileSendBackRefused(t *testing.T) {
 		return st.Queued == 0 && finished(st) == requests, fmt.Sprintf("%+v", st)
 	})
 	for i, rid := range rids {
-		_, r := c.poll(users[i], rid)
+		_, r := c.pollDecided(users[i], rid)
 		want := "success"
 		if i == poisonAt {
 			want = "rejected"

@@ -150,7 +150,7 @@ func verifySettled(t *testing.T, c *client, campaign string, stock, limit int64,
 	perUser := map[string]int64{}
 	byStatus := map[string]int{}
 	for rid, user := range admitted {
-		code, r := c.poll(user, rid)
+		code, r := c.pollDecided(user, rid)
 		if code != http.StatusOK {
 			t.Errorf("poll %s: got %d, want 200", rid, code)
 			continue
