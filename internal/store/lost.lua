@@ -64,20 +64,7 @@ end
 
 -- passed_ms, and the marks decided has passed since the last sweep, which
 -- notenqueued.lua confirms only on its next run.
-local decided, passed = 0, 0
-local marks = {}
-local counters = redis.call('HGETALL', KEYS[2])
-for i = 1, #counters, 2 do
-  local f, v = counters[i], tonumber(counters[i + 1])
-  local s = string.match(f, '^mark:(%d+)$')
-  if f == 'decided' then
-    decided = v
-  elseif f == 'passed_ms' then
-    passed = math.max(passed, v)
-  elseif s then
-    marks[#marks + 1] = { tonumber(s), v }
-  end
-end
+local decided, _, passed, marks = read_marks(KEYS[2])
 for _, m in ipairs(marks) do
   if m[1] < decided then
     passed = math.max(passed, m[2])

@@ -78,23 +78,8 @@ local now = unix_ms(redis.call('TIME'))
 local grace, delay = tonumber(ARGV[1]), tonumber(ARGV[2])
 
 -- The marks: confirm the ones decided has passed, then mark now.
-local decided, seq, passed = 0, 0, 0
-local marks = {} -- { seq, ms, field } not passed yet
+local decided, seq, passed, marks = read_marks(KEYS[3])
 local gone = {}
-local counters = redis.call('HGETALL', KEYS[3])
-for i = 1, #counters, 2 do
-  local f, v = counters[i], tonumber(counters[i + 1])
-  local s = string.match(f, '^mark:(%d+)$')
-  if f == 'decided' then
-    decided = v
-  elseif f == 'seq' then
-    seq = v
-  elseif f == 'passed_ms' then
-    passed = v
-  elseif s then
-    marks[#marks + 1] = { tonumber(s), v, f }
-  end
-end
 local kept, newest, oldest = 0, nil, now
 for _, m in ipairs(marks) do
   if m[1] < decided then

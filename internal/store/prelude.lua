@@ -104,3 +104,27 @@ local function unix_ms(t)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+
+-- read_marks reads the queue's line from a tag's counters hash (key):
+-- decided, seq, passed_ms, and the marks notenqueued.lua keeps (every
+-- request numbered above a mark's seq was admitted after its ms), each as
+-- { seq, ms, field }. A mark with a seq below decided is passed, whether
+-- or not a sweep has confirmed it into passed_ms yet.
+local function read_marks(key)
+  local decided, seq, passed, marks = 0, 0, 0, {}
+  local counters = redis.call('HGETALL', key)
+  for i = 1, #counters, 2 do
+    local f, v = counters[i], tonumber(counters[i + 1])
+    local s = string.match(f, '^mark:(%d+)$')
+    if f == 'decided' then
+      decided = v
+    elseif f == 'seq' then
+      seq = v
+    elseif f == 'passed_ms' then
+      passed = v
+    elseif s then
+      marks[#marks + 1] = { tonumber(s), v, f }
+    end
+  end
+  return decided, seq, passed, marks
+end
