@@ -95,15 +95,7 @@ func TestPollLedger(t *testing.T) {
 			for _, tt := range tests {
 				t.Run(tt.name, func(t *testing.T) {
 					status, body := mustGet(t, h, tt.user, "/api/v1/purchases/"+tt.requestID)
-					if status != tt.wantStatus {
-						t.Fatalf("got status %d, want %d (body %v)", status, tt.wantStatus, body)
-					}
-					if tt.wantBody != nil && fmt.Sprint(body) != fmt.Sprint(tt.wantBody) {
-						t.Errorf("got body %v, want %v", body, tt.wantBody)
-					}
-					if tt.wantCode != "" && body["code"] != tt.wantCode {
-						t.Errorf("got code %v, want %s", body["code"], tt.wantCode)
-					}
+					checkAnswer(t, status, body, tt.wantStatus, tt.wantBody, tt.wantCode)
 				})
 			}
 		})

@@ -570,15 +570,7 @@ func TestPoll(t *testing.T) {
 				t.Run(tt.name, func(t *testing.T) {
 					before := counterValue(h.m.ResultsDelivered.WithLabelValues("poll"))
 					status, body := mustGet(t, h, tt.user, "/api/v1/purchases/"+tt.requestID)
-					if status != tt.wantStatus {
-						t.Fatalf("got status %d, want %d (body %v)", status, tt.wantStatus, body)
-					}
-					if tt.wantBody != nil && fmt.Sprint(body) != fmt.Sprint(tt.wantBody) {
-						t.Errorf("got body %v, want %v", body, tt.wantBody)
-					}
-					if tt.wantCode != "" && body["code"] != tt.wantCode {
-						t.Errorf("got code %v, want %s", body["code"], tt.wantCode)
-					}
+					checkAnswer(t, status, body, tt.wantStatus, tt.wantBody, tt.wantCode)
 					if got := counterValue(h.m.ResultsDelivered.WithLabelValues("poll")) - before; got != tt.wantPolls {
 						t.Errorf("got %v poll deliveries, want %v", got, tt.wantPolls)
 					}
@@ -770,5 +762,20 @@ func TestPollLimits(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// checkAnswer checks an HTTP answer's status, and its body or error code
+// when the case names them.
+func checkAnswer(t *testing.T, status int, body map[string]any, wantStatus int, wantBody map[string]any, wantCode string) {
+	t.Helper()
+	if status != wantStatus {
+		t.Fatalf("got status %d, want %d (body %v)", status, wantStatus, body)
+	}
+	if wantBody != nil && fmt.Sprint(body) != fmt.Sprint(wantBody) {
+		t.Errorf("got body %v, want %v", body, wantBody)
+	}
+	if wantCode != "" && body["code"] != wantCode {
+		t.Errorf("got code %v, want %s", body["code"], wantCode)
 	}
 }
