@@ -46,8 +46,8 @@
 #
 # BENCH_REVS="A B" compares two git revisions instead: each is checked out
 # (git worktree, in the run's temporary folder, removed by the clean-up) and
-# built, then the chosen stages run at A, B, A, B ... for BENCH_ROUNDS (3)
-# rounds, each run a bench.sh of its own with that revision's binaries and
+# built, then the chosen stages run at A, B, then B, A, ... for BENCH_ROUNDS
+# (3; an even number gives each revision each place as often) rounds, each run a bench.sh of its own with that revision's binaries and
 # configs/production.yaml; it prints each stage's medians (req/s, server and
 # Redis CPU per request) and the ratios B/A. The stage "gobench" (revisions
 # only) runs the Go benchmarks of internal/store matching BENCH_GO_BENCH
@@ -117,7 +117,12 @@ if [ -n "${BENCH_REVS:-}" ]; then
   done
   mkdir -p "$WORK/gobench"
   for round in $(seq 1 "$ROUNDS"); do
-    for i in 0 1; do
+    # A B, then B A, ...: the second of a pair ran up to 1.26 x the CPU per
+    # request of the first in e2e on identical code (docs/BENCHMARKS.md),
+    # so each revision takes each place in turn.
+    order="0 1"
+    [ $((round % 2)) = 1 ] || order="1 0"
+    for i in $order; do
       if [ -n "$RUN_STAGES" ]; then
         say "round $round of $ROUNDS: $RUN_STAGES at ${REVS[i]} (${SHAS[i]})"
         BENCH_REVS='' BENCH_BIN=$WORK/bin$i BENCH_CONFIG=$WORK/rev$i/configs/production.yaml BENCH_STAGES=$RUN_STAGES \
@@ -133,7 +138,7 @@ if [ -n "${BENCH_REVS:-}" ]; then
     done
   done
   echo
-  echo "flashsale bench: A = ${REVS[0]} (${SHAS[0]}), B = ${REVS[1]} (${SHAS[1]}); $ROUNDS rounds A, B; $(nproc) cores, load now $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "flashsale bench: A = ${REVS[0]} (${SHAS[0]}), B = ${REVS[1]} (${SHAS[1]}); $ROUNDS rounds, A B then B A; $(nproc) cores, load now $(cut -d' ' -f1-3 /proc/loadavg)"
   if [ -n "$RUN_STAGES" ]; then
     printf '%-16s %10s %10s %6s   %14s %14s %6s   %14s %14s %6s\n' stage "A req/s" "B req/s" "B/A" "A server us/rq" "B server us/rq" "B/A" "A redis us/rq" "B redis us/rq" "B/A"
     for st in $(cut -d' ' -f1 "$WORK/results0" | awk '!seen[$0]++'); do

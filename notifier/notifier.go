@@ -75,6 +75,15 @@ type LostRequests interface {
 	Lost(ctx context.Context, requestID, userID string, grace, maxDelay time.Duration) (model.Result, error)
 }
 
+// Restorer rebuilds a campaign Redis lost from MySQL
+// (reconcile.Restorer).
+type Restorer interface {
+	// NeedsRestore reports whether Redis lost campaign id: it was loaded,
+	// its sale is not over, and Redis lacks its current load.
+	NeedsRestore(ctx context.Context, id string) (bool, error)
+	Restore(ctx context.Context, id, trigger string) (rebuilt bool, err error)
+}
+
 // Options tunes the WebSocket side. Zero values take the defaults.
 type Options struct {
 	// Ledger, when set, answers a poll for a request Redis does not know
@@ -89,6 +98,11 @@ type Options struct {
 	Lost          LostRequests
 	Grace         time.Duration
 	MaxQueueDelay time.Duration
+	// Restorer, when set with Lost, rebuilds a campaign Redis lost that a
+	// poll or subscribe finds missing; its requests read queued meanwhile,
+	// not unknown. Nil: they are not found until a purchase or a worker
+	// restores the campaign.
+	Restorer Restorer
 
 	// AllowedOrigins lists the Origin values a WebSocket upgrade may carry.
 	// Empty allows only the request's own host; "*" allows any origin.
@@ -261,6 +275,8 @@ type Notifier struct {
 	endLife context.CancelFunc
 	// lookups reads the stored results subscribe frames ask for.
 	lookups *lookups
+	// restoring holds the campaigns a restore runs for (restoreLost).
+	restoring sync.Map
 
 	// Per-user budgets, shared by the user's connections and polls.
 	polls      *buckets
@@ -498,6 +514,9 @@ func (n *Notifier) unstored(ctx context.Context, userID, requestID string) (mode
 		return r, err
 	}
 	r, err = n.opts.Lost.Lost(ctx, requestID, userID, n.opts.Grace, n.opts.MaxQueueDelay)
+	if errors.Is(err, model.ErrNotLoaded) {
+		r, err = n.restoreLost(ctx, userID, requestID)
+	}
 	if err != nil && !errors.Is(err, model.ErrNotFound) {
 		return model.Result{}, fmt.Errorf("result %s: %w", requestID, err)
 	}
@@ -506,6 +525,34 @@ func (n *Notifier) unstored(ctx context.Context, userID, requestID string) (mode
 		n.log.Debug("request lost with Redis, rejected", "request_id", requestID, "campaign_id", r.CampaignID, "user_id", userID)
 	}
 	return r, err
+}
+
+// restoreLost answers for requestID, asked by userID, when Redis does not
+// hold its campaign: if Redis lost it (Options.Restorer), a restore starts
+// in the background and the request reads queued until the lost rule can
+// tell; else (never loaded, its sale over) the id is model.ErrNotFound.
+// A sold-out campaign nobody buys from is noticed here first.
+func (n *Notifier) restoreLost(ctx context.Context, userID, requestID string) (model.Result, error) {
+	campaignID, _ := model.CampaignOfRequest(requestID)
+	if n.opts.Restorer == nil {
+		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
+	}
+	lost, err := n.opts.Restorer.NeedsRestore(ctx, campaignID)
+	if err != nil {
+		return model.Result{}, fmt.Errorf("result %s: campaign %s: %w: %w", requestID, campaignID, model.ErrUnavailable, err)
+	}
+	if !lost {
+		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
+	}
+	if _, running := n.restoring.LoadOrStore(campaignID, struct{}{}); !running {
+		go func() {
+			defer n.restoring.Delete(campaignID)
+			// The Restorer logs a failure and bounds the attempts; the
+			// next poll tries again.
+			_, _ = n.opts.Restorer.Restore(n.life, campaignID, "poll")
+		}()
+	}
+	return model.Result{RequestID: requestID, CampaignID: campaignID, UserID: userID, Status: model.StatusQueued}, nil
 }
 
 // fromLedger is the success of requestID as its order in MySQL tells it,

@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale/flashsale/internal/config"
+	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
 )
@@ -295,24 +296,29 @@ func faultConfig(t *testing.T, driver, stockAddr string) config.Config {
 // redisstream-own only the stock's Redis is killed, not the queue's.
 func TestRedisRestartWithAOF(t *testing.T) {
 	testenv.SkipShort(t, "a fault test: Redis killed mid-sale")
-	for _, driver := range []string{"redisstream", "redisstream-own"} {
-		t.Run(driver, func(t *testing.T) { testRedisRestart(t, driver) })
+	for _, driver := range []string{"redisstream", "redisstream-own", "memqueue", "rocketmq"} {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			testRedisRestart(t, driver)
+		})
 	}
 }
 
 func testRedisRestart(t *testing.T, driver string) {
 	rs := startRedisServer(t)
 	cfg := faultConfig(t, driver, rs.addr())
-	c := startSystem(t, cfg)
+	c := startOn(t, cfg)
 	campaign := testenv.Name(t, "redisout-")
 	const stock, limit = 300, 1
 	c.openCampaign(campaign, stock, limit)
 
 	restarted := make(chan struct{})
 	var remainingAtKill int64
+	var told map[string]resultBody
 	go func() {
 		defer close(restarted)
 		remainingAtKill = c.saleUnderway(campaign, stock)
+		told = c.toldSuccesses(campaign, 10)
 		rs.kill()
 		time.Sleep(time.Second)
 		rs.start()
@@ -332,5 +338,42 @@ func testRedisRestart(t *testing.T, driver string) {
 	if st.Sold != stock {
 		t.Errorf("sold %d, want %d: demand exceeded stock, so nothing may be undersold", st.Sold, stock)
 	}
-	t.Logf("killed with %d left; codes %v, results %v", remainingAtKill, codes, byStatus)
+	c.checkStillTold(told)
+	t.Logf("killed with %d left; codes %v, results %v; %d successes polled before the kill", remainingAtKill, codes, byStatus, len(told))
+}
+
+// toldSuccesses polls up to n of campaign's orders in MySQL as their
+// shoppers would, and returns the successes read, by request id: what
+// shoppers were told, which no fault may take back (checkStillTold).
+func (c *client) toldSuccesses(campaign string, n int) map[string]resultBody {
+	c.t.Helper()
+	db, err := sqlstore.Open(context.Background(), c.db.Driver, c.db.DSN)
+	if err != nil {
+		c.t.Fatalf("open db: %v", err)
+	}
+	defer db.Close()
+	orders, err := db.CampaignOrders(context.Background(), campaign)
+	if err != nil {
+		c.t.Fatalf("orders: %v", err)
+	}
+	told := map[string]resultBody{}
+	for _, o := range orders[:min(n, len(orders))] {
+		if code, r := c.poll(o.UserID, o.RequestID); code == http.StatusOK && r.Status == "success" {
+			r.UserID = o.UserID
+			told[o.RequestID] = r
+		}
+	}
+	return told
+}
+
+// checkStillTold fails the test for each success of told (toldSuccesses)
+// that its shopper's poll no longer reads the same.
+func (c *client) checkStillTold(told map[string]resultBody) {
+	c.t.Helper()
+	for rid, was := range told {
+		if _, r := c.poll(was.UserID, rid); r.Status != was.Status || r.OrderID != was.OrderID {
+			c.t.Errorf("request %s: polled success (order %s) before the fault, %s (%s, order %q) after: a success taken back",
+				rid, was.OrderID, r.Status, r.Reason, r.OrderID)
+		}
+	}
 }

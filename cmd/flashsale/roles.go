@@ -191,7 +191,7 @@ type system struct {
 	worker         *worker.Worker
 	consumer       queue.Consumer
 	lifecycle      *lifecycle.Service  // with a gateway or a worker
-	restorer       *reconcile.Restorer // with a gateway or a worker: one per process, so its bound is the process's
+	restorer       *reconcile.Restorer // with MySQL open: one per process, so its bound is the process's
 	expiry         *worker.Expiry      // with a worker
 	expiryConsumer queue.Consumer
 	sweeper        worker.Sweeper // with a worker
@@ -325,6 +325,9 @@ func (s *system) mount() error {
 	if s.queuePing != nil {
 		checks["queue"] = s.queuePing.Ping
 	}
+	if s.db != nil {
+		s.restorer = reconcile.NewRestorer(s.log.With("component", "restore"), s.db, s.store, s.Metrics, reconcile.RestorerOptions{})
+	}
 	if s.roles.notifier {
 		checks["notifier"] = s.mountNotifier(s.shoppers)
 	}
@@ -332,7 +335,6 @@ func (s *system) mount() error {
 		opts := lifecycleOptions(s.cfg)
 		opts.LatePayments = s.Metrics.LatePayments
 		s.lifecycle = lifecycle.New(s.db, s.store, opts, s.log.With("component", "lifecycle"))
-		s.restorer = reconcile.NewRestorer(s.log.With("component", "restore"), s.db, s.store, s.Metrics, reconcile.RestorerOptions{})
 	}
 	if s.roles.gateway {
 		s.mountGateway(s.shoppers)
@@ -427,6 +429,7 @@ func (s *system) mountNotifier(jwt *auth.JWT) func(context.Context) error {
 		// one, the lost rule (the worker's bounds) ends or waits on it.
 		opts.Ledger = s.db
 		opts.Lost, opts.Grace, opts.MaxQueueDelay = s.store, s.cfg.Worker.NotEnqueuedGrace, s.cfg.Worker.MaxQueueDelay
+		opts.Restorer = s.restorer
 	}
 	ntf := notifier.New(log, s.store, s.Metrics, opts)
 	ntf.Register(s.engine, httpapi.Shopper(s.log, jwt, false), httpapi.Shopper(s.log, jwt, true))

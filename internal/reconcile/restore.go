@@ -115,6 +115,14 @@ func (r *Restorer) Restore(ctx context.Context, id, trigger string) (rebuilt boo
 	return rebuilt, nil
 }
 
+// NeedsRestore reports whether campaign id is one Restore would rebuild
+// now: it was loaded before, its sale is not over, and Redis lacks its
+// current load. A reader that finds nothing in Redis asks it to tell a
+// lost campaign (restore it, and wait) from one never loaded or archived.
+func (r *Restorer) NeedsRestore(ctx context.Context, id string) (bool, error) {
+	return r.lost(ctx, id)
+}
+
 // begin reports whether an attempt on campaign id may start now, and
 // marks it running if so.
 func (r *Restorer) begin(id string) bool {

@@ -24,9 +24,9 @@ const LostSkew = time.Second
 // userID, counted in the tag's lost counter. It returns the result that
 // stands, as a shopper may see it: the stored one (whoever owns it), the
 // one written now, or a queued result of userID with nothing written while
-// the queue has not passed the request. A malformed id, a campaign not
-// loaded in Redis or an id whose time is outside the sale is
-// model.ErrNotFound.
+// the queue has not passed the request. A malformed id or an id whose time
+// is outside the sale is model.ErrNotFound; a campaign not loaded in Redis
+// (never, or Redis lost it) is model.ErrNotLoaded.
 func (s *Store) Lost(ctx context.Context, requestID, userID string, grace, maxDelay time.Duration) (model.Result, error) {
 	tag, ok := model.TagOfRequest(requestID)
 	if !ok {
@@ -74,6 +74,8 @@ func parseLostReply(requestID, campaignID, userID string, reply []any) (model.Re
 		return model.Result{RequestID: requestID, CampaignID: campaignID, UserID: userID, Status: model.StatusQueued}, nil
 	case code == -1 && len(reply) == 1:
 		return model.Result{}, model.ErrNotFound
+	case code == -2 && len(reply) == 1:
+		return model.Result{}, model.ErrNotLoaded
 	case (code == 1 || code == 2) && len(reply) == 2:
 		v, ok := reply[1].(string)
 		if !ok {

@@ -15,7 +15,8 @@
 -- allowed the skew against Redis's clock. A request admitted the longest
 -- queue delay ago, or of a sale that ended that long ago, is passed too
 -- (unless a resume is more recent: a held backlog only drains then): its
--- message, stored at all, has come by then. A
+-- message, stored at all, has come by then. A request of a sale sold out
+-- (one bucket, no unit left) ends at once: it could only be refused. A
 -- rebuild deletes the counters, so after a loss only decisions made since
 -- pass anything.
 --
@@ -28,8 +29,8 @@
 -- KEYS[1] results   hash request id -> "status|qty|order_id|reason|user"
 -- KEYS[2] counters  hash: decided, passed_ms, mark:<seq> (notenqueued.lua),
 --                   durable (durable.lua), lost (this script's count)
--- KEYS[3] meta      hash: start_ms, end_ms, resumed_ms, expire_at
--- KEYS[4] stock     only checked for existence (campaign loaded)
+-- KEYS[3] meta      hash: start_ms, end_ms, resumed_ms, expire_at, buckets
+-- KEYS[4] stock     units left (missing: the campaign is not loaded)
 -- ARGV[1] request id
 -- ARGV[2] the caller's user id, the owner of a result written now
 -- ARGV[3] the request's admission, ms (its id's UUIDv7, the gateway's clock)
@@ -42,8 +43,9 @@
 --   { 1, value }  a result stands (as a shopper may see it: stored_shown)
 --   { 2, value }  the rejected result this call stored
 --   { 0 }         the queue has not passed the request yet: nothing written
---   { -1 }        not loaded, or the id's time is outside the sale: no
---                 request of this campaign has it. Nothing written.
+--   { -1 }        the id's time is outside the sale: no request of this
+--                 campaign has it. Nothing written.
+--   { -2 }        the campaign is not loaded. Nothing written.
 
 redis.replicate_commands()
 
@@ -52,11 +54,11 @@ if stored then
   return { 1, stored_shown(stored, tonumber(redis.call('HGET', KEYS[2], 'durable') or '0')) }
 end
 if redis.call('EXISTS', KEYS[4]) == 0 then
-  return { -1 }
+  return { -2 }
 end
 local now = unix_ms(redis.call('TIME'))
 local at, grace, delay, skew = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local meta = redis.call('HMGET', KEYS[3], 'start_ms', 'end_ms', 'resumed_ms', 'expire_at')
+local meta = redis.call('HMGET', KEYS[3], 'start_ms', 'end_ms', 'resumed_ms', 'expire_at', 'buckets')
 local start_ms, end_ms = tonumber(meta[1] or '0'), tonumber(meta[2] or '0')
 if at > now + skew or at + skew < start_ms or (end_ms > 0 and at > end_ms + skew) then
   return { -1 }
@@ -75,7 +77,13 @@ end
 -- lost even when nothing admitted later passes it (a sold-out sale).
 local settled = delay > 0 and tonumber(meta[3] or '0') + delay <= now
 local aged = settled and (at + skew + delay <= now or (end_ms > 0 and end_ms + delay <= now))
-if not aged and at + grace + skew > passed then
+-- Sold out (a campaign of one bucket with no unit left): decided now, the
+-- request would be refused sold out, so ending it refuses nothing stock
+-- could serve, whether or not its message still comes. Without this a
+-- lost request of a sold-out sale waits for the delay: nothing admitted
+-- after it passes it. A campaign of several buckets may refill this one.
+local sold_out = tonumber(meta[5] or '1') <= 1 and tonumber(redis.call('GET', KEYS[4]) or '1') <= 0
+if not aged and not sold_out and at + grace + skew > passed then
   return { 0 }
 end
 

@@ -138,6 +138,26 @@ func TestLost(t *testing.T) {
 		}
 		checkFinished(t, after, before.FinishedByStatus)
 
+		// Sold out: a lost request could only be refused, so it ends at
+		// once, with nothing passing it and the delay rules off; not in a
+		// bucket of several, which a transfer may refill.
+		so := newOpenCampaign(t, 1, 1)
+		mustLoad(t, s, so)
+		mustDeduct(t, s, so.ID, []model.Deduction{{RequestID: requestIDAt(so.ID, old), UserID: "alice", Quantity: 1, OrderID: "o-so"}})
+		unsold := requestIDAt(so.ID, old)
+		if err := s.rdb.HSet(t.Context(), campaignKeys(so.ID).meta, "buckets", 2).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if r := mustLost(t, s, unsold, "gina", 0); r.Status != model.StatusQueued {
+			t.Fatalf("an empty bucket of two: got %+v, want queued", r)
+		}
+		if err := s.rdb.HSet(t.Context(), campaignKeys(so.ID).meta, "buckets", 1).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if r := mustLost(t, s, unsold, "gina", 0); r.Status != model.StatusRejected || r.Reason != model.ReasonLost {
+			t.Fatalf("sold out: got %+v, want rejected (lost)", r)
+		}
+
 		// The sale ended the delay ago: everything is passed, nothing after
 		// the end is a request.
 		e := newOpenCampaign(t, 1, 1)
@@ -159,11 +179,16 @@ func TestLost(t *testing.T) {
 			t.Fatalf("id after the end: got %+v, %v; want %v", r, err, model.ErrNotFound)
 		}
 
-		// Ids no request of the campaign has.
+		// A campaign Redis does not hold: the caller decides whether it
+		// should (a restore) or the id is unknown.
 		other := newOpenCampaign(t, 1, 1) // not loaded
+		if r, err := s.Lost(t.Context(), requestIDAt(other.ID, old), "gina", lostGrace, 0); !errors.Is(err, model.ErrNotLoaded) {
+			t.Errorf("not loaded: got %+v, %v; want %v", r, err, model.ErrNotLoaded)
+		}
+
+		// Ids no request of the campaign has.
 		for name, rid := range map[string]string{
 			"malformed":    c.ID + ".xyz",
-			"not loaded":   requestIDAt(other.ID, old),
 			"before start": requestIDAt(c.ID, time.Now().Add(-4*time.Hour)),
 			"future":       requestIDAt(c.ID, time.Now().Add(time.Hour)),
 		} {
