@@ -20,8 +20,13 @@ import (
 // order stored under an earlier epoch committed before the bump (its
 // insert's locking read held the bump back), so the orders returned are
 // every order that will ever exist under an earlier epoch.
+//
+// The same UPDATE hands a campaign MySQL decides back to Redis
+// (decided_in_mysql = false): a Decide that locked the row first committed
+// first, so its orders are among those returned, and every Decide after it
+// is refused (model.ErrLedgerMoved).
 func (db *DB) BumpEpoch(ctx context.Context, id string) (model.Campaign, []model.Order, error) {
-	c, err := db.updateCampaign(ctx, id, "`ledger_epoch` = `ledger_epoch` + 1")
+	c, err := db.updateCampaign(ctx, id, "`ledger_epoch` = `ledger_epoch` + 1, `decided_in_mysql` = FALSE")
 	if err != nil {
 		return model.Campaign{}, nil, fmt.Errorf("bump epoch: %w", err)
 	}

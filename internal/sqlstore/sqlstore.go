@@ -46,6 +46,11 @@ type campaignRow struct {
 	Buckets    int  `gorm:"column:buckets;not null;default:1"`
 	Paused     bool `gorm:"not null;default:false"`
 	EndedEarly bool `gorm:"column:ended_early;not null;default:false"`
+	// DecidedInMySQL and UnitsHeld are model.Campaign's: TakeOver sets
+	// them, Decide and ReturnUnits keep UnitsHeld, BumpEpoch clears
+	// DecidedInMySQL (decide.go).
+	DecidedInMySQL bool  `gorm:"column:decided_in_mysql;not null;default:false"`
+	UnitsHeld      int64 `gorm:"column:units_held;not null;default:0"`
 }
 
 func (campaignRow) TableName() string { return "campaigns" }
@@ -176,7 +181,7 @@ func Open(ctx context.Context, driver, dsn string) (*DB, error) {
 const binaryCollation = "utf8mb4_bin"
 
 // migratedTables are the tables Open migrates.
-var migratedTables = []string{"campaigns", "orders", "payments"}
+var migratedTables = []string{"campaigns", "orders", "payments", "decisions"}
 
 // migrate creates or updates the schema. On MySQL new tables are created
 // with binaryCollation, and tables created before with another collation
@@ -196,7 +201,7 @@ func (db *DB) migrate(ctx context.Context) error {
 	if keep {
 		orders = &legacyOrderRow{}
 	}
-	if err := gdb.AutoMigrate(&campaignRow{}, orders, &paymentRow{}); err != nil {
+	if err := gdb.AutoMigrate(&campaignRow{}, orders, &paymentRow{}, &decisionRow{}); err != nil {
 		return err
 	}
 	if !keep {
@@ -355,7 +360,8 @@ func (r campaignRow) toModel() model.Campaign {
 	return model.Campaign{ID: r.ID, Name: r.Name, Stock: r.Stock, PerUserLimit: r.PerUserLimit,
 		Price: r.Price, PaymentWindow: time.Duration(r.PaymentWindowMS) * time.Millisecond,
 		StartAt: r.StartAt.UTC(), EndAt: r.EndAt.UTC(), CreatedAt: r.CreatedAt.UTC(),
-		Epoch: model.Epoch(r.LedgerEpoch), Paused: r.Paused, EndedEarly: r.EndedEarly, ChallengeBits: r.ChallengeBits, Buckets: max(r.Buckets, 1)}
+		Epoch: model.Epoch(r.LedgerEpoch), Paused: r.Paused, EndedEarly: r.EndedEarly, ChallengeBits: r.ChallengeBits, Buckets: max(r.Buckets, 1),
+		DecidedInMySQL: r.DecidedInMySQL, UnitsHeld: r.UnitsHeld}
 }
 
 // now is the time gorm and InsertOrders stamp rows with: UTC, at the
