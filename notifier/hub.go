@@ -20,7 +20,8 @@ const (
 	// subPending: registered, its stored result is being read. A final
 	// result published now is stashed, and handed over when the read ends.
 	subPending subState = iota
-	// subActive: verified as the caller's and waiting for a final result.
+	// subActive: verified as the caller's (or, Redis down, not disproved)
+	// and waiting for a final result.
 	subActive
 	// subDone: result handed over, or subscription refused or dropped.
 	subDone
@@ -152,7 +153,8 @@ func (h *hub) add(c *conn, ids []string, limit int) (added []*subscription, exis
 }
 
 // activate ends the pending state of s once its stored result r was read
-// and found to be the caller's. It returns the result to send when r is
+// and found to be the caller's (or stands in for one: decidedOrWaiting).
+// It returns the result to send when r is
 // final or a final result was published meanwhile; then s is done.
 func (h *hub) activate(s *subscription, r model.Result, now time.Time) (model.Result, bool) {
 	h.mu.Lock()
@@ -191,9 +193,10 @@ func (h *hub) cancel(s *subscription) {
 
 // publish hands the final result r to every active subscription of its
 // request, removing them, and stashes r for the pending ones. The caller
-// sends r to the returned subscriptions. Subscriptions only turn active once
-// the stored result proved them the caller's, so ownership is settled; a
-// result naming another user is still never handed over.
+// sends r to the returned subscriptions. A subscription may turn active
+// with nothing proving it the caller's (Redis was down, or had nothing for
+// its request), so a result naming another user is never handed over; the
+// re-check tells such a waiter not_found (settle).
 func (h *hub) publish(r model.Result) []*subscription {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -7,59 +7,84 @@ import (
 	"net/http"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/flashsale/flashsale/internal/sqlstore"
-	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
 )
 
-// fakeLedger is the orders in memory, failing with fail when it is set.
+var _ Ledger = (*fakeLedger)(nil)
+
+// fakeLedger is what MySQL holds as decided, in memory: orders (each its
+// request's success) and refusals decided in MySQL. It fails with fail
+// when that is set, and counts its reads.
 type fakeLedger struct {
-	mu     sync.Mutex
-	orders map[string]model.Order
-	fail   error
+	mu       sync.Mutex
+	orders   map[string]model.Order
+	refusals map[string]model.Result
+	fail     error
+	reads    int
 }
 
-func (l *fakeLedger) Order(_ context.Context, orderID string) (model.Order, error) {
+func newFakeLedger() *fakeLedger {
+	return &fakeLedger{orders: map[string]model.Order{}, refusals: map[string]model.Result{}}
+}
+
+func (l *fakeLedger) Decided(_ context.Context, requestIDs []string) (map[string]model.Result, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.reads++
 	if l.fail != nil {
-		return model.Order{}, l.fail
+		return nil, fmt.Errorf("decided: %w", l.fail)
 	}
-	o, ok := l.orders[orderID]
-	if !ok {
-		return model.Order{}, fmt.Errorf("order %s: %w", orderID, model.ErrNotFound)
+	out := map[string]model.Result{}
+	for _, id := range requestIDs {
+		if o, ok := l.orders[model.OrderIDOf(id)]; ok && o.RequestID == id {
+			out[id] = model.Result{RequestID: id, CampaignID: o.CampaignID, UserID: o.UserID, Status: model.StatusSuccess,
+				Quantity: o.Quantity, OrderID: o.ID}
+		} else if r, ok := l.refusals[id]; ok {
+			out[id] = r
+		}
 	}
-	return o, nil
+	return out, nil
+}
+
+// order stores o, as a success decided in Redis and stored, or decided in
+// MySQL.
+func (l *fakeLedger) order(o model.Order) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.orders[o.ID] = o
+}
+
+// refuse stores the refusal r, decided in MySQL.
+func (l *fakeLedger) refuse(r model.Result) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.refusals[r.RequestID] = r
+}
+
+func (l *fakeLedger) setFail(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.fail = err
+}
+
+// readCount returns how many times Decided was called.
+func (l *fakeLedger) readCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.reads
 }
 
 // ledgers are the Ledger implementations the poll's fallback must work
-// with; store puts an order in one.
+// with; store puts an order in one. *sqlstore.DB's Decided has its own
+// tests in sqlstore.
 var ledgers = []struct {
 	name string
 	make func(t *testing.T, campaign string) (l Ledger, store func(t *testing.T, o model.Order))
 }{
 	{"fake", func(t *testing.T, _ string) (Ledger, func(*testing.T, model.Order)) {
-		l := &fakeLedger{orders: map[string]model.Order{}}
-		return l, func(_ *testing.T, o model.Order) { l.orders[o.ID] = o }
-	}},
-	{"mysql", func(t *testing.T, campaign string) (Ledger, func(*testing.T, model.Order)) {
-		db, err := sqlstore.Open(mustContext(t), sqlstore.DriverMySQL, testenv.MySQLDSN(t))
-		if err != nil {
-			t.Fatalf("open MySQL: %v", err)
-		}
-		t.Cleanup(func() { _ = db.Close() })
-		c, err := db.CreateCampaign(mustContext(t), model.Campaign{ID: campaign, Name: "ledger test", Stock: 10, PerUserLimit: 10,
-			StartAt: time.Now().Add(-time.Hour), EndAt: time.Now().Add(time.Hour)})
-		if err != nil {
-			t.Fatalf("create campaign: %v", err)
-		}
-		return db, func(t *testing.T, o model.Order) {
-			if err := db.InsertOrders(mustContext(t), []model.Order{o}, model.Epochs{c.ID: c.Epoch}); err != nil {
-				t.Fatalf("insert order: %v", err)
-			}
-		}
+		l := newFakeLedger()
+		return l, func(_ *testing.T, o model.Order) { l.order(o) }
 	}},
 }
 

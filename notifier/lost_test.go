@@ -46,7 +46,7 @@ func passQueue(t *testing.T, e env) {
 // lostOptions are the options of a notifier with the lost rule on e's
 // store, and an empty ledger.
 func lostOptions(e env) Options {
-	return Options{Ledger: &fakeLedger{orders: map[string]model.Order{}}, Lost: e.src.(*store.Store), Grace: 100 * time.Millisecond}
+	return Options{Ledger: newFakeLedger(), Lost: e.src.(*store.Store), Grace: 100 * time.Millisecond}
 }
 
 // TestPollLost: a request Redis and MySQL know nothing of, which its

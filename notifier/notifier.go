@@ -1,6 +1,7 @@
 // Package notifier tells shoppers how their purchase requests ended: it pushes
 // each final result over WebSocket and serves the poll endpoint. It reads
-// results from the Redis store and never writes orders.
+// results from the Redis store, and from MySQL (Ledger) what Redis cannot
+// tell, and never writes orders.
 //
 // A sharded Redis subscription per campaign that a local shopper waits on
 // (feeds.go) feeds a hub that fans results out to the local connections by
@@ -8,7 +9,8 @@
 // subscriptions also re-read the stored result: once when they are made
 // (after registering in the hub and subscribing to the campaign, so nothing
 // slips between the two), after the campaign's channel was subscribed again,
-// and periodically while they wait.
+// and periodically while they wait. While Redis is unavailable, the results
+// MySQL decided answer polls, subscriptions and the periodic re-read.
 package notifier
 
 import (
@@ -53,13 +55,16 @@ type ResultSource interface {
 	Progress(ctx context.Context, campaignIDs []string) ([]model.QueueProgress, error)
 }
 
-// Ledger is where a poll looks for a request Redis has no result for: the
-// orders in MySQL. Redis may have lost a success whose order is stored
-// (wiped, failed over); the order still stands. *sqlstore.DB implements it.
+// Ledger is where the notifier reads what Redis cannot tell: the results
+// MySQL holds as decided. Redis may have lost a success whose order is
+// stored (wiped, failed over), and while Redis is down MySQL decides
+// (issue 28); either way MySQL's decision stands. *sqlstore.DB implements
+// it.
 type Ledger interface {
-	// Order returns the order of orderID, or an error wrapping
-	// model.ErrNotFound.
-	Order(ctx context.Context, orderID string) (model.Order, error)
+	// Decided returns what MySQL holds as decided for requestIDs: a
+	// success for each whose order is stored, or a refusal decided in
+	// MySQL. Ids it knows nothing of are missing from the map.
+	Decided(ctx context.Context, requestIDs []string) (map[string]model.Result, error)
 }
 
 // LostRequests finishes a request neither Redis nor the Ledger knows:
@@ -86,8 +91,11 @@ type Restorer interface {
 
 // Options tunes the WebSocket side. Zero values take the defaults.
 type Options struct {
-	// Ledger, when set, answers a poll for a request Redis does not know
-	// with its order's success (lookup). Nil: such a poll is not found.
+	// Ledger, when set, answers for a request Redis has no result for
+	// with what MySQL decided (unstored), and, while Redis is unavailable,
+	// polls, subscriptions and the re-check with the results MySQL
+	// decided. Nil: such a request is not found, and nothing is answered
+	// while Redis is down.
 	Ledger Ledger
 	// Lost, when set with Ledger, answers for a request neither Redis nor
 	// the Ledger knows (unstored): rejected (lost) once the queue has
@@ -489,8 +497,11 @@ func (n *Notifier) lookup(ctx context.Context, userID, requestID string) (model.
 		return model.Result{}, fmt.Errorf("result: malformed request id: %w", model.ErrNotFound)
 	}
 	r, err := n.src.Result(ctx, requestID)
-	if errors.Is(err, model.ErrNotFound) {
+	switch {
+	case errors.Is(err, model.ErrNotFound):
 		r, err = n.unstored(ctx, userID, requestID)
+	case errors.Is(err, model.ErrUnavailable) && n.opts.Ledger != nil:
+		r, err = n.decidedWhileDown(ctx, requestID, err)
 	}
 	if err != nil {
 		return model.Result{}, err
@@ -501,19 +512,46 @@ func (n *Notifier) lookup(ctx context.Context, userID, requestID string) (model.
 	return r, nil
 }
 
+// decidedWhileDown answers for requestID when Redis could not (redisErr):
+// the result MySQL decided, else redisErr, since the request may still be
+// decided, in MySQL or in Redis.
+func (n *Notifier) decidedWhileDown(ctx context.Context, requestID string, redisErr error) (model.Result, error) {
+	found, err := n.decided(ctx, []string{requestID})
+	if err != nil {
+		return model.Result{}, fmt.Errorf("%w; %w", redisErr, err)
+	}
+	if r, ok := found[requestID]; ok {
+		return r, nil
+	}
+	return model.Result{}, redisErr
+}
+
 // unstored answers for requestID, asked by userID, when Redis has no
-// result for it: its order's success in MySQL (fromLedger), else the lost
-// rule's answer (Options.Lost), else model.ErrNotFound. Lost is asked
-// only after the ledger, since a request Redis lost may have succeeded.
+// result for it: what MySQL decided (Ledger), else the lost rule's answer
+// (lostRule), else model.ErrNotFound. The lost rule is asked only after
+// the ledger, since a request Redis lost may have been decided.
 func (n *Notifier) unstored(ctx context.Context, userID, requestID string) (model.Result, error) {
 	if n.opts.Ledger == nil {
 		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
 	}
-	r, err := n.fromLedger(ctx, requestID)
-	if !errors.Is(err, model.ErrNotFound) || n.opts.Lost == nil {
-		return r, err
+	found, err := n.decided(ctx, []string{requestID})
+	if err != nil {
+		return model.Result{}, fmt.Errorf("result %s: %w", requestID, err)
 	}
-	r, err = n.opts.Lost.Lost(ctx, requestID, userID, n.opts.Grace, n.opts.MaxQueueDelay)
+	if r, ok := found[requestID]; ok {
+		return r, nil
+	}
+	return n.lostRule(ctx, userID, requestID)
+}
+
+// lostRule answers for requestID, asked by userID, which neither Redis
+// nor the Ledger knows (Options.Lost): rejected (lost) once the queue has
+// passed it, queued until then, else model.ErrNotFound.
+func (n *Notifier) lostRule(ctx context.Context, userID, requestID string) (model.Result, error) {
+	if n.opts.Lost == nil {
+		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
+	}
+	r, err := n.opts.Lost.Lost(ctx, requestID, userID, n.opts.Grace, n.opts.MaxQueueDelay)
 	if errors.Is(err, model.ErrNotLoaded) {
 		r, err = n.restoreLost(ctx, userID, requestID)
 	}
@@ -555,23 +593,22 @@ func (n *Notifier) restoreLost(ctx context.Context, userID, requestID string) (m
 	return model.Result{RequestID: requestID, CampaignID: campaignID, UserID: userID, Status: model.StatusQueued}, nil
 }
 
-// fromLedger is the success of requestID as its order in MySQL tells it,
-// or model.ErrNotFound when it has none. A MySQL that cannot answer is
-// model.ErrUnavailable: the request may have succeeded, so the shopper is
-// told to ask again rather than that it is unknown.
-func (n *Notifier) fromLedger(ctx context.Context, requestID string) (model.Result, error) {
-	o, err := n.opts.Ledger.Order(ctx, model.OrderIDOf(requestID))
-	if errors.Is(err, model.ErrNotFound) {
-		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
-	}
+// decided returns the final results MySQL holds for ids (Ledger.Decided).
+// A MySQL that cannot answer is model.ErrUnavailable: a request may have
+// been decided there, so the shopper is told to ask again rather than that
+// it is unknown.
+func (n *Notifier) decided(ctx context.Context, ids []string) (map[string]model.Result, error) {
+	found, err := n.opts.Ledger.Decided(ctx, ids)
 	if err != nil {
-		return model.Result{}, fmt.Errorf("result %s from the ledger: %w: %w", requestID, model.ErrUnavailable, err)
+		return nil, fmt.Errorf("read the results of %d requests from the ledger: %w: %w", len(ids), model.ErrUnavailable, err)
 	}
-	if o.RequestID != requestID {
-		return model.Result{}, fmt.Errorf("result %s: order %s is another request's: %w", requestID, o.ID, model.ErrNotFound)
+	for id, r := range found {
+		// Only a final result is served and cached as one.
+		if !r.Status.Final() {
+			delete(found, id)
+		}
 	}
-	return model.Result{RequestID: requestID, CampaignID: o.CampaignID, UserID: o.UserID, Status: model.StatusSuccess,
-		Quantity: o.Quantity, OrderID: o.ID}, nil
+	return found, nil
 }
 
 // Shutdown refuses new WebSocket connections, closes the open ones with a

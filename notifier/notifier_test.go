@@ -261,7 +261,12 @@ func successResult(requestID, userID string) model.Result {
 
 func redisEnv(t *testing.T) env {
 	t.Helper()
-	rdb := testenv.Redis(t)
+	return redisEnvOn(t, testenv.Redis(t))
+}
+
+// redisEnvOn is redisEnv on the client rdb of the test Redis.
+func redisEnvOn(t *testing.T, rdb *redis.Client) env {
+	t.Helper()
 	st := store.New(rdb)
 	campaign := testenv.Name(t, "nt_")
 	ctx := mustContext(t)
@@ -370,10 +375,44 @@ func mustContext(t testing.TB) context.Context {
 
 // harness serves a Notifier over HTTP and runs it.
 type harness struct {
-	n   *Notifier
-	m   *metrics.Metrics
-	srv *httptest.Server
-	jwt *auth.JWT
+	n    *Notifier
+	m    *metrics.Metrics
+	srv  *httptest.Server
+	jwt  *auth.JWT
+	logs *warnings
+}
+
+// warnings is a slog.Handler that keeps the records at WARN and above.
+type warnings struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (w *warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (w *warnings) WithAttrs([]slog.Attr) slog.Handler           { return w }
+func (w *warnings) WithGroup(string) slog.Handler                { return w }
+
+func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.records = append(w.records, r.Clone())
+	return nil
+}
+
+// with returns the records whose message is msg, each as its attributes.
+func (w *warnings) with(msg string) []map[string]any {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []map[string]any
+	for _, r := range w.records {
+		if r.Message != msg {
+			continue
+		}
+		attrs := map[string]any{}
+		r.Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value.Any(); return true })
+		out = append(out, attrs)
+	}
+	return out
 }
 
 func newHarness(t testing.TB, src ResultSource, opts Options) *harness {
@@ -383,8 +422,8 @@ func newHarness(t testing.TB, src ResultSource, opts Options) *harness {
 
 func startHarness(t testing.TB, src ResultSource, opts Options, srv *httptest.Server) *harness {
 	t.Helper()
-	log := slog.New(slog.DiscardHandler)
-	h := &harness{m: metrics.New(), jwt: auth.NewJWT([]byte("notifier-test-secret-0123456789abcdef"), 0)}
+	h := &harness{m: metrics.New(), jwt: auth.NewJWT([]byte("notifier-test-secret-0123456789abcdef"), 0), logs: &warnings{}}
+	log := slog.New(h.logs)
 	if opts.ProgressInterval == 0 {
 		// Progress frames have their own tests (progress_test.go); elsewhere
 		// they would come between the frames a test expects.

@@ -239,10 +239,23 @@ func (n *Notifier) subscribe(c *conn, ids []string) {
 		n.feeds.ensure(fctx, ids)
 		cancel()
 		results, err := n.lookups.results(ids)
+		switch {
+		case err == nil:
+			users := make([]string, len(ids))
+			for i := range users {
+				users[i] = c.userID
+			}
+			n.fillUnstored(users, ids, results)
+		case errors.Is(err, model.ErrUnavailable) && n.opts.Ledger != nil:
+			var lerr error
+			if results, lerr = n.decidedOrWaiting(c.userID, ids); lerr != nil {
+				err = fmt.Errorf("%w; %w", err, lerr)
+			} else {
+				err = nil
+			}
+		}
 		if err != nil {
 			n.log.Error("read stored results", "user_id", c.userID, "requests", len(ids), "err", err)
-		} else {
-			n.fillUnstored(c.userID, ids, results)
 		}
 		for i, s := range added {
 			switch {
@@ -282,32 +295,80 @@ func (n *Notifier) subscribe(c *conn, ids []string) {
 	}
 }
 
+// decidedOrWaiting reads a subscribe frame's ids, for userID, while Redis
+// is unavailable: the results MySQL decided, and for the others a
+// placeholder that waits (queued, userID's, no sequence number), since they
+// may still be decided in MySQL or in Redis. A placeholder proves no
+// ownership and is never sent: the result that ends the request is handed
+// to its own user only, and the other waiters are told not_found
+// (hub.publish, reread).
+func (n *Notifier) decidedOrWaiting(userID string, ids []string) ([]model.Result, error) {
+	ctx, cancel := context.WithTimeout(n.life, storeTimeout)
+	defer cancel()
+	found, err := n.decided(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	results := make([]model.Result, len(ids))
+	for i, id := range ids {
+		if r, ok := found[id]; ok {
+			results[i] = r
+			continue
+		}
+		campaign, _ := model.CampaignOfRequest(id)
+		results[i] = model.Result{RequestID: id, CampaignID: campaign, UserID: userID, Status: model.StatusQueued}
+	}
+	return results, nil
+}
+
 // statusUnavailable marks, in fillUnstored's results, a request whose
 // answer could not be read; never a status of model's.
 const statusUnavailable model.Status = "-unavailable"
 
 // fillUnstored puts, at the places of results that Redis had nothing for,
-// what unstored answers userID (an order's success, rejected lost, or
+// what unstored answers users[i] (what MySQL decided, rejected lost, or
 // queued while the queue has not passed the request), so a subscription
 // to a request whose state died waits for its end rather than being
-// refused. A request unstored does not know stays empty; one it could not
-// read gets statusUnavailable. One deadline bounds the frame's reads.
-func (n *Notifier) fillUnstored(userID string, ids []string, results []model.Result) {
+// refused. A place whose user is "" is left alone, as is a request
+// unstored does not know; one it could not read gets statusUnavailable.
+// One ledger read serves every place, and one deadline bounds the reads.
+func (n *Notifier) fillUnstored(users, ids []string, results []model.Result) {
 	if n.opts.Ledger == nil {
+		return
+	}
+	var missing []string
+	for i, r := range results {
+		if r.Status == "" && users[i] != "" {
+			missing = append(missing, ids[i])
+		}
+	}
+	if len(missing) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(n.life, storeTimeout)
 	defer cancel()
+	found, err := n.decided(ctx, missing)
+	if err != nil {
+		n.log.Warn("read requests Redis has no result for", "requests", len(missing), "err", err)
+	}
 	for i, r := range results {
-		if r.Status != "" {
+		if r.Status != "" || users[i] == "" {
 			continue
 		}
-		got, err := n.unstored(ctx, userID, ids[i])
-		switch {
-		case err == nil:
+		if err != nil {
+			results[i].Status = statusUnavailable
+			continue
+		}
+		if got, ok := found[ids[i]]; ok {
 			results[i] = got
-		case !errors.Is(err, model.ErrNotFound):
-			n.log.Warn("read a request Redis has no result for", "request_id", ids[i], "user_id", userID, "err", err)
+			continue
+		}
+		got, lerr := n.lostRule(ctx, users[i], ids[i])
+		switch {
+		case lerr == nil:
+			results[i] = got
+		case !errors.Is(lerr, model.ErrNotFound):
+			n.log.Warn("read a request Redis has no result for", "request_id", ids[i], "user_id", users[i], "err", lerr)
 			results[i].Status = statusUnavailable
 		}
 	}
