@@ -52,7 +52,7 @@ func BenchmarkSubscribeFrame(b *testing.B) {
 			now := time.Now()
 			c := model.Campaign{ID: campaign, Name: "notifier bench", Stock: int64(size), PerUserLimit: int64(size),
 				StartAt: now.Add(-time.Hour), EndAt: now.Add(time.Hour)}
-			if _, err := st.Rebuild(b.Context(), c, nil); err != nil {
+			if _, err := st.Rebuild(b.Context(), c, nil, nil); err != nil {
 				b.Fatalf("load: %v", err)
 			}
 			ids := make([]string, size)

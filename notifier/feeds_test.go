@@ -44,7 +44,7 @@ func (s sale) load(t *testing.T) string {
 	now := time.Now()
 	c := model.Campaign{ID: id, Name: "feeds test", Stock: 1000, PerUserLimit: 1000,
 		StartAt: now.Add(-time.Hour), EndAt: now.Add(time.Hour)}
-	if _, err := s.st.Rebuild(mustContext(t), c, nil); err != nil {
+	if _, err := s.st.Rebuild(mustContext(t), c, nil, nil); err != nil {
 		t.Fatalf("load: %v", err)
 	}
 	return id
@@ -125,7 +125,7 @@ func (s sale) campaignsOnEveryMaster(t *testing.T) []string {
 	for _, id := range byMaster {
 		c := model.Campaign{ID: id, Name: "feeds test", Stock: 1000, PerUserLimit: 1000,
 			StartAt: now.Add(-time.Hour), EndAt: now.Add(time.Hour)}
-		if _, err := s.st.Rebuild(mustContext(t), c, nil); err != nil {
+		if _, err := s.st.Rebuild(mustContext(t), c, nil, nil); err != nil {
 			t.Fatalf("load: %v", err)
 		}
 		ids = append(ids, id)
@@ -248,7 +248,7 @@ func TestFeedsPerBucket(t *testing.T) {
 			now := time.Now()
 			c := model.Campaign{ID: id, Name: "feeds test", Stock: 1000, PerUserLimit: 1000, Buckets: n,
 				StartAt: now.Add(-time.Hour), EndAt: now.Add(time.Hour)}
-			if _, err := s.st.Rebuild(mustContext(t), c, nil); err != nil {
+			if _, err := s.st.Rebuild(mustContext(t), c, nil, nil); err != nil {
 				t.Fatalf("load: %v", err)
 			}
 			h := newHarness(t, s.st, Options{RecheckInterval: time.Hour})

@@ -7,7 +7,10 @@ import (
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/flashsale/flashsale/internal/sqlstore"
+	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -76,8 +79,7 @@ func (l *fakeLedger) readCount() int {
 }
 
 // ledgers are the Ledger implementations the poll's fallback must work
-// with; store puts an order in one. *sqlstore.DB's Decided has its own
-// tests in sqlstore.
+// with; store puts an order in one.
 var ledgers = []struct {
 	name string
 	make func(t *testing.T, campaign string) (l Ledger, store func(t *testing.T, o model.Order))
@@ -85,6 +87,23 @@ var ledgers = []struct {
 	{"fake", func(t *testing.T, _ string) (Ledger, func(*testing.T, model.Order)) {
 		l := newFakeLedger()
 		return l, func(_ *testing.T, o model.Order) { l.order(o) }
+	}},
+	{"mysql", func(t *testing.T, campaign string) (Ledger, func(*testing.T, model.Order)) {
+		db, err := sqlstore.Open(mustContext(t), sqlstore.DriverMySQL, testenv.MySQLDSN(t))
+		if err != nil {
+			t.Fatalf("open MySQL: %v", err)
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		c, err := db.CreateCampaign(mustContext(t), model.Campaign{ID: campaign, Name: "ledger test", Stock: 10, PerUserLimit: 10,
+			StartAt: time.Now().Add(-time.Hour), EndAt: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatalf("create campaign: %v", err)
+		}
+		return db, func(t *testing.T, o model.Order) {
+			if err := db.InsertOrders(mustContext(t), []model.Order{o}, model.Epochs{c.ID: c.Epoch}); err != nil {
+				t.Fatalf("insert order: %v", err)
+			}
+		}
 	}},
 }
 

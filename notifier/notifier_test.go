@@ -273,7 +273,7 @@ func redisEnvOn(t *testing.T, rdb *redis.Client) env {
 	now := time.Now()
 	c := model.Campaign{ID: campaign, Name: "notifier test", Stock: 1000, PerUserLimit: 1000,
 		StartAt: now.Add(-time.Hour), EndAt: now.Add(time.Hour)}
-	if _, err := st.Rebuild(ctx, c, nil); err != nil {
+	if _, err := st.Rebuild(ctx, c, nil, nil); err != nil {
 		t.Fatalf("load: %v", err)
 	}
 	// Counted from here: the client is this test's own.

@@ -22,8 +22,8 @@ type Restorer interface {
 // paused or never loaded one is left alone), bounds the attempt and logs
 // a failure; the hold is what the queue sees either way.
 func (w *Worker) restore(ctx context.Context, err error, campaignIDs ...string) {
-	if w.opts.Restorer == nil {
-		return
+	if w.opts.Restorer == nil || w.opts.RedisDown() {
+		return // nothing to restore into while Redis is out
 	}
 	var trigger string
 	switch {

@@ -86,6 +86,14 @@ type Options struct {
 	// Restorer rebuilds a campaign Redis lost from MySQL (restore.go);
 	// nil leaves it to an operator's preload.
 	Restorer Restorer
+	// Decider, when set, decides a campaign's batches in MySQL while
+	// Redis does not answer (degraded.go; config degrade: mysql); nil
+	// holds them until Redis is back.
+	Decider Decider
+	// RedisDown reports whether this process sees Redis out
+	// (store.Guard.Down): with a Decider, a batch then goes to MySQL
+	// without waiting for Redis's timeout first.
+	RedisDown func() bool
 }
 
 func (o Options) withDefaults() Options {
@@ -101,6 +109,9 @@ func (o Options) withDefaults() Options {
 	if o.KeyRetention <= 0 {
 		o.KeyRetention = 7 * 24 * time.Hour
 	}
+	if o.RedisDown == nil {
+		o.RedisDown = func() bool { return false }
+	}
 	return o
 }
 
@@ -112,6 +123,8 @@ type Worker struct {
 	m      *metrics.Metrics
 	opts   Options
 	terms  termsCache
+	// degraded holds the campaigns this worker decided in MySQL.
+	degraded degraded
 }
 
 // New returns a Worker.
@@ -138,6 +151,10 @@ type campaignBatch struct {
 	// made is the highest decision number of the successes decided
 	// (model.DeductReply.Made).
 	made int64
+	// results are the batch's results; inMySQL says MySQL decided them
+	// (degraded.go): their orders are stored already.
+	results []model.Result
+	inMySQL bool
 }
 
 // Decide is the queue.PipelineHandler: it decides the batch in Redis and
@@ -157,6 +174,7 @@ func (w *Worker) Decide(ctx context.Context, msgs []queue.Message) (queue.Finish
 			w.restore(ctx, err, b.campaignID)
 			return nil, w.held(err)
 		}
+		b.results = rs
 		results = append(results, rs...)
 	}
 	return func(ctx context.Context) error {
@@ -182,7 +200,17 @@ func (w *Worker) held(err error) error {
 // they were decided under, raises their tags' durable marks, publishes them
 // all and schedules the new orders' expiry.
 func (w *Worker) finish(ctx context.Context, batches []*campaignBatch, results []model.Result, epochs model.Epochs) error {
-	orders, now := ordersOf(results), time.Now()
+	// orders Redis decided, to store; those MySQL decided are stored.
+	var orders, stored []model.Order
+	inMySQL := false
+	for _, b := range batches {
+		if b.inMySQL {
+			stored, inMySQL = append(stored, ordersOf(b.results)...), true
+		} else {
+			orders = append(orders, ordersOf(b.results)...)
+		}
+	}
+	now := time.Now()
 	// Both read or write MySQL, and any failure of theirs holds the batch:
 	// the decisions are made and stored in Redis, so a MySQL that cannot
 	// take them now holds it for as long as it takes (never given up: the
@@ -190,6 +218,9 @@ func (w *Worker) finish(ctx context.Context, batches []*campaignBatch, results [
 	// is decided again once Redis is rebuilt: by a load that runs, or by
 	// the restore this starts (restore.go).
 	if err := w.applyTerms(ctx, orders, now); err != nil {
+		return fmt.Errorf("%w: %w", model.ErrHeld, err)
+	}
+	if err := w.applyTerms(ctx, stored, now); err != nil { // for their expiry only
 		return fmt.Errorf("%w: %w", model.ErrHeld, err)
 	}
 	// Successes must be in MySQL before the batch is acknowledged: the
@@ -209,11 +240,15 @@ func (w *Worker) finish(ctx context.Context, batches []*campaignBatch, results [
 		}
 	}
 	w.count(results)
-	if err := w.stock.PublishResults(ctx, results); err != nil {
-		// Results are stored in Redis; notifiers re-read what they wait on.
-		w.log.Warn("publish results", "count", len(results), "err", err)
+	// Results MySQL decided while Redis is out have nowhere to go: the
+	// notifiers read MySQL meanwhile.
+	if !inMySQL || !w.opts.RedisDown() {
+		if err := w.stock.PublishResults(ctx, results); err != nil {
+			// Results are stored in Redis (or MySQL); notifiers re-read what they wait on.
+			w.log.Warn("publish results", "count", len(results), "err", err)
+		}
 	}
-	w.scheduleExpiry(ctx, orders, now)
+	w.scheduleExpiry(ctx, append(orders, stored...), now)
 	return nil
 }
 
@@ -322,7 +357,20 @@ func (w *Worker) decide(ctx context.Context, b *campaignBatch, epochs model.Epoc
 		exhausted = exhausted || b.attempts[i] > w.opts.MaxAttempts
 	}
 	w.m.WorkerBatchSize.Observe(float64(len(deductions)))
+	if w.opts.Decider != nil {
+		if w.opts.RedisDown() {
+			return w.decideInMySQL(ctx, b, deductions)
+		}
+		if w.degraded.marked(b.campaignID) {
+			if err := w.handBack(ctx, b.campaignID); err != nil {
+				return nil, err
+			}
+		}
+	}
 	reply, err := w.stock.Deduct(ctx, b.tag, deductions)
+	if err != nil && w.degrades(err) {
+		return w.decideInMySQL(ctx, b, deductions)
+	}
 	if err != nil {
 		if errors.Is(err, model.ErrHeld) || !exhausted {
 			return nil, fmt.Errorf("worker: %w", err)

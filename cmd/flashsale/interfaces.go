@@ -26,6 +26,7 @@ var (
 	_ worker.Orders         = (*sqlstore.DB)(nil)
 	_ worker.Lifecycle      = (*lifecycle.Service)(nil)
 	_ worker.Restorer       = (*reconcile.Restorer)(nil)
+	_ worker.Decider        = (*sqlstore.DB)(nil)
 	_ notifier.Restorer     = (*reconcile.Restorer)(nil)
 	_ notifier.ResultSource = (*store.Store)(nil)
 	_ notifier.Ledger       = (*sqlstore.DB)(nil)

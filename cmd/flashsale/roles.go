@@ -388,8 +388,15 @@ func (s *system) watchBacklog() {
 // expiry sweep).
 func (s *system) mountWorker() {
 	log := s.log.With("role", "worker")
-	s.worker = worker.New(log, s.store, s.db, s.Metrics, worker.Options{MaxAttempts: s.cfg.Worker.MaxAttempts,
-		Expiry: s.pub, ExpiryTopic: s.cfg.Queue.ExpiryTopic, KeyRetention: s.cfg.Redis.KeyRetention, Restorer: s.restorer})
+	opts := worker.Options{MaxAttempts: s.cfg.Worker.MaxAttempts,
+		Expiry: s.pub, ExpiryTopic: s.cfg.Queue.ExpiryTopic, KeyRetention: s.cfg.Redis.KeyRetention, Restorer: s.restorer}
+	if s.cfg.Degrade == config.DegradeMySQL {
+		opts.Decider = s.db
+		if s.cfg.Redis.Mode != "cluster" { // as the gateway's RedisDown (mountGateway)
+			opts.RedisDown = s.redisGuard.Down
+		}
+	}
+	s.worker = worker.New(log, s.store, s.db, s.Metrics, opts)
 	s.consumer = s.newConsumer(consumerName())
 	if _, ok := s.pub.(queue.DelayPublisher); !ok {
 		log.Info("the queue driver has no delayed delivery: unpaid orders expire through the sweeper, payment.grace after their window",
@@ -561,6 +568,9 @@ func (s *system) run(ctx context.Context) {
 		g.Go(func() error { return s.worker.Run(gctx, s.consumer, s.cfg.Queue.Topic) })
 		g.Go(func() error { return s.expiry.Run(gctx, s.expiryConsumer) })
 		g.Go(func() error { return s.sweeper.Run(gctx) })
+	}
+	if s.gateway != nil || s.worker != nil {
+		g.Go(func() error { return s.handBack(gctx) })
 	}
 	for _, l := range s.listeners {
 		g.Go(func() error {

@@ -35,7 +35,17 @@ type Config struct {
 	Payment  Payment  `yaml:"payment" envPrefix:"PAYMENT_"`
 	Notifier Notifier `yaml:"notifier" envPrefix:"NOTIFIER_"`
 	Log      Log      `yaml:"log" envPrefix:"LOG_"`
+	// Degrade is what a Redis that does not answer does to the sale:
+	// DegradeMySQL decides purchases in MySQL until Redis answers again
+	// (the degraded mode), DegradeRefuse answers them 503.
+	Degrade string `yaml:"degrade" env:"DEGRADE"`
 }
+
+// The values of Config.Degrade.
+const (
+	DegradeMySQL  = "mysql"
+	DegradeRefuse = "refuse"
+)
 
 // HTTP configures the listeners.
 type HTTP struct {
@@ -340,6 +350,7 @@ func Default() Config {
 		Payment:  Payment{Provider: "fake", WebhookSecret: DevWebhookSecret, WebhookTolerance: 5 * time.Minute, Grace: 30 * time.Second, SweepInterval: 5 * time.Second},
 		Notifier: Notifier{MaxSubscriptionsPerConn: 256, PingInterval: 20 * time.Second, RecheckInterval: time.Second, MaxConnsPerUser: 8, MaxConnsPerIP: 256, FDReserve: 256, PollRate: 5, PollBurst: 20, SubscribeRate: 20, SubscribeBurst: 256},
 		Log:      Log{Level: "info", Format: "text"},
+		Degrade:  DegradeRefuse,
 	}
 }
 
@@ -411,6 +422,8 @@ func (c Config) Validate() error {
 		return c.Auth.Provider.validate()
 	case c.Redis.validate("redis") != nil:
 		return c.Redis.validate("redis")
+	case c.Degrade != DegradeMySQL && c.Degrade != DegradeRefuse:
+		return bad("degrade", "must be mysql or refuse")
 	case c.Auth.Dev && c.realServices():
 		return bad("auth.dev", "development mode is only allowed with redis.mode embedded and database.driver sqlite")
 	case c.realServices() && (c.Auth.JWTSecret == DevJWTSecret || c.Auth.AdminToken == DevAdminToken):

@@ -31,6 +31,11 @@ type Orders interface {
 	DuePending(ctx context.Context, before time.Time, limit int) ([]model.Order, error)
 	Unreturned(ctx context.Context, limit int) ([]model.Order, error)
 	MarkReturned(ctx context.Context, orderID string) error
+	// ReturnUnits gives a final order's units back to its campaign's
+	// count in MySQL, once, while MySQL decides the campaign (degraded
+	// mode), and marks the order returned; model.ErrLedgerMoved while
+	// Redis decides it.
+	ReturnUnits(ctx context.Context, orderID string) (returned bool, err error)
 	UserOrders(ctx context.Context, userID, cursor string, limit int) ([]model.Order, string, error)
 	CampaignOrderPage(ctx context.Context, campaignID string, status model.OrderStatus, cursor string, limit int) ([]model.Order, string, error)
 }
@@ -284,7 +289,9 @@ func (s *Service) transition(ctx context.Context, o model.Order, from, to model.
 // release gives a final order's units back and marks it returned, unless
 // it is marked already. A refund after the sale closed gives nothing back.
 // A campaign whose stock is not in Redis has nothing to give back to: its
-// state is rebuilt from MySQL, where this order no longer holds units.
+// state is rebuilt from MySQL, where this order no longer holds units. One
+// that MySQL decides (degraded mode) gets them back in MySQL; Redis is
+// rebuilt from MySQL before it decides the campaign again.
 func (s *Service) release(ctx context.Context, o *model.Order, now time.Time) error {
 	if o.Returned || !o.Status.Final() {
 		return nil
@@ -298,6 +305,13 @@ func (s *Service) release(ctx context.Context, o *model.Order, now time.Time) er
 		back = now.Before(c.EndAt)
 	}
 	if back {
+		switch _, err := s.db.ReturnUnits(ctx, o.ID); {
+		case err == nil:
+			o.Returned = true
+			return nil
+		case !errors.Is(err, model.ErrLedgerMoved):
+			return err
+		}
 		released, err := s.stock.Release(ctx, o.CampaignID, o.ID, o.UserID, o.Quantity)
 		switch {
 		case errors.Is(err, model.ErrNotLoaded):

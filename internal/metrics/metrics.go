@@ -38,6 +38,11 @@ type Metrics struct {
 	RequestDuration *prometheus.HistogramVec
 	RedisUp         prometheus.Gauge   // 0 during an outage (store.Guard)
 	RedisOutages    prometheus.Counter // outages begun
+	// Degraded mode (gateway, worker): campaigns decided in MySQL while
+	// Redis is out.
+	Degraded          *prometheus.GaugeVec // role
+	DegradedDecisions *CounterVec          // role, result
+	DegradedSeconds   *CounterVec          // role
 	// Gateway.
 	Refusals         *CounterVec          // reason
 	PublishLatency   prometheus.Histogram // seconds
@@ -186,13 +191,22 @@ func New(roles ...Role) *Metrics {
 		RedisOutages: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flashsale_redis_outages_total", Help: "Redis outages this process saw begin: a call got no answer within redis.timeout after the last one that did.",
 		}),
+		Degraded: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "flashsale_degraded_campaigns", Help: "Campaigns this process decides in MySQL because Redis does not answer (degraded mode), by role.",
+		}, []string{"role"}),
+		DegradedDecisions: newCounterVec(prometheus.CounterOpts{
+			Name: "flashsale_degraded_decisions_total", Help: "Purchases this process decided in MySQL while Redis was out (degraded mode), by role and result.",
+		}, []string{"role", "result"}),
+		DegradedSeconds: newCounterVec(prometheus.CounterOpts{
+			Name: "flashsale_degraded_seconds_total", Help: "Seconds campaigns spent decided in MySQL by this process, added when each is decided in Redis again, by role.",
+		}, []string{"role"}),
 		CachedCampaigns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "flashsale_gateway_cached_campaigns",
 			Help: "Campaign ids in the gateway's cache: known campaigns, and unknown ids (bounded, short-lived).",
 		}, []string{"kind"}),
 	}
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.buildInfo, m.Requests, m.RequestDuration, m.RedisUp, m.RedisOutages)
+		m.buildInfo, m.Requests, m.RequestDuration, m.RedisUp, m.RedisOutages, m.Degraded, m.DegradedDecisions, m.DegradedSeconds)
 	m.RedisUp.Set(1)
 	has := func(r Role) bool { return slices.Contains(roles, r) }
 	if has(Gateway) {

@@ -26,11 +26,15 @@ type Ledger interface {
 	Campaign(ctx context.Context, id string) (model.Campaign, error)
 	BumpEpoch(ctx context.Context, id string) (model.Campaign, []model.Order, error)
 	CampaignOrders(ctx context.Context, campaignID string) ([]model.Order, error)
+	// Refusals are the results of the requests MySQL refused while it
+	// decided the campaign (the degraded mode): a load carries them into
+	// Redis with the orders' successes.
+	Refusals(ctx context.Context, campaignID string) ([]model.Result, error)
 }
 
 // Projection is the Redis side of a load (store.Store).
 type Projection interface {
-	Rebuild(ctx context.Context, c model.Campaign, orders []model.Order) (loaded bool, err error)
+	Rebuild(ctx context.Context, c model.Campaign, orders []model.Order, refusals []model.Result) (loaded bool, err error)
 	Release(ctx context.Context, campaignID, orderID, userID string, units int64) (released bool, err error)
 	SetPaused(ctx context.Context, c model.Campaign) (written bool, err error)
 	EndEarly(ctx context.Context, c model.Campaign) (written bool, err error)
@@ -79,7 +83,13 @@ func load(ctx context.Context, ledger Ledger, proj Projection, id string) (model
 	if err != nil {
 		return model.Campaign{}, 0, fmt.Errorf("load %s: %w", id, err)
 	}
-	loaded, err := proj.Rebuild(ctx, c, orders)
+	// Read after the bump, which handed the campaign back to Redis: MySQL
+	// refuses nothing more.
+	refusals, err := ledger.Refusals(ctx, id)
+	if err != nil {
+		return model.Campaign{}, 0, fmt.Errorf("load %s: %w", id, err)
+	}
+	loaded, err := proj.Rebuild(ctx, c, orders, refusals)
 	if err != nil || !loaded {
 		return c, len(orders), err
 	}

@@ -248,12 +248,12 @@ type hookedProjection struct {
 	before func()
 }
 
-func (h *hookedProjection) Rebuild(ctx context.Context, c model.Campaign, orders []model.Order) (bool, error) {
+func (h *hookedProjection) Rebuild(ctx context.Context, c model.Campaign, orders []model.Order, refusals []model.Result) (bool, error) {
 	if h.before != nil {
 		h.before()
 		h.before = nil
 	}
-	return h.Projection.Rebuild(ctx, c, orders)
+	return h.Projection.Rebuild(ctx, c, orders, refusals)
 }
 
 // TestLoad: a load rebuilds a lost or stale Redis from the ledger, orders

@@ -25,7 +25,7 @@ import (
 // needs no row: its order is its decision.
 type decisionRow struct {
 	RequestID  string `gorm:"primaryKey;size:120"`
-	CampaignID string `gorm:"size:64;not null"`
+	CampaignID string `gorm:"size:64;not null;index"`
 	UserID     string `gorm:"size:255;not null"`
 	Status     string `gorm:"size:32;not null"`
 	Reason     string `gorm:"size:64;not null"`
@@ -34,6 +34,11 @@ type decisionRow struct {
 }
 
 func (decisionRow) TableName() string { return "decisions" }
+
+func (r decisionRow) toResult() model.Result {
+	return model.Result{RequestID: r.RequestID, CampaignID: r.CampaignID, UserID: r.UserID, Status: model.Status(r.Status),
+		Reason: r.Reason, Quantity: r.Quantity}
+}
 
 // activeStatuses are the states whose orders hold their units.
 var activeStatuses = []string{string(model.OrderPendingPayment), string(model.OrderPaid)}
@@ -403,12 +408,21 @@ func (db *DB) returnUnits(ctx context.Context, tx *sql.Tx, orderID string) (bool
 	// An order's campaign and quantity never change: they need no lock.
 	var campaignID string
 	var units int64
-	err := tx.QueryRowContext(ctx, "SELECT `campaign_id`, `quantity` FROM `orders` WHERE `id` = ?", orderID).Scan(&campaignID, &units)
+	var deciding bool
+	err := tx.QueryRowContext(ctx, "SELECT o.`campaign_id`, o.`quantity`, c.`decided_in_mysql` FROM `orders` o "+
+		"JOIN `campaigns` c ON c.`id` = o.`campaign_id` WHERE o.`id` = ?", orderID).Scan(&campaignID, &units, &deciding)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, model.ErrNotFound
 	}
 	if err != nil {
 		return false, err
+	}
+	// Redis decides nearly always: a release then takes no lock on the
+	// campaign's row, which every insert of the sale reads. A take-over
+	// after this read is safe: the order is final already, so TakeOver
+	// counts its units free and marks it returned.
+	if !deciding {
+		return false, fmt.Errorf("campaign %s is decided in Redis: %w", campaignID, model.ErrLedgerMoved)
 	}
 	c, err := db.lockDeciding(ctx, tx, campaignID)
 	if err != nil {
@@ -435,6 +449,30 @@ func (db *DB) returnUnits(ctx context.Context, tx *sql.Tx, orderID string) (bool
 		return false, fmt.Errorf("units held: %w", err)
 	}
 	return true, nil
+}
+
+// Refusals returns the results of the requests of campaign id that MySQL
+// refused while it decided the campaign, for a load to carry into Redis.
+func (db *DB) Refusals(ctx context.Context, id string) ([]model.Result, error) {
+	var rows []decisionRow
+	if err := db.gdb.WithContext(ctx).Where("campaign_id = ?", id).Find(&rows).Error; err != nil {
+		return nil, fmt.Errorf("refusals of campaign %s: %w", id, err)
+	}
+	out := make([]model.Result, len(rows))
+	for i, r := range rows {
+		out[i] = r.toResult()
+	}
+	return out, nil
+}
+
+// CampaignsDecidedInMySQL lists the campaigns MySQL decides (degraded
+// mode): those a process that sees Redis answer hands back.
+func (db *DB) CampaignsDecidedInMySQL(ctx context.Context) ([]string, error) {
+	var ids []string
+	if err := db.gdb.WithContext(ctx).Model(&campaignRow{}).Where("decided_in_mysql = ?", true).Pluck("id", &ids).Error; err != nil {
+		return nil, fmt.Errorf("campaigns decided in MySQL: %w", err)
+	}
+	return ids, nil
 }
 
 // forChunks calls fn with ids, maxIDsPerQuery at a time.

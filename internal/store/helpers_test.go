@@ -110,7 +110,7 @@ func mustLoad(t *testing.T, s *Store, c model.Campaign) {
 
 func mustRebuild(t *testing.T, s *Store, c model.Campaign, orders []model.Order) {
 	t.Helper()
-	loaded, err := s.Rebuild(t.Context(), c, orders)
+	loaded, err := s.Rebuild(t.Context(), c, orders, nil)
 	if err != nil || !loaded {
 		t.Fatalf("Rebuild(%s, epoch %d, %d orders): got %v, %v; want loaded", c.ID, c.Epoch, len(orders), loaded, err)
 	}

@@ -15,6 +15,42 @@ func ledgerOrder(ids *labels, label, orderID, user string, units int64, status m
 		Quantity: units, Status: status}
 }
 
+// TestRebuildRefusals: a load carries the refusals MySQL decided (the
+// degraded mode) with the orders' successes: each reads as it did, counts
+// as admitted and finished by its status, and a redelivery of its request
+// decides nothing again.
+func TestRebuildRefusals(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		c := newCampaign(t, 2, 1)
+		mustLoad(t, s, c)
+		ids := newLabels(c.ID)
+		orders := []model.Order{ledgerOrder(ids, "r1", model.OrderIDOf(ids.rid("r1")), "alice", 1, model.OrderPendingPayment)}
+		refusals := []model.Result{
+			{RequestID: ids.rid("r2"), CampaignID: c.ID, UserID: "alice", Status: model.StatusLimitExceeded, Quantity: 1},
+			{RequestID: ids.rid("r3"), CampaignID: c.ID, UserID: "bob", Status: model.StatusSoldOut, Quantity: 1},
+		}
+		c.Epoch = 2
+		if loaded, err := s.Rebuild(t.Context(), c, orders, refusals); err != nil || !loaded {
+			t.Fatalf("Rebuild: got %v, %v; want loaded", loaded, err)
+		}
+		want := model.Stats{Loaded: true, Stock: 2, Remaining: 1, Sold: 1, Admitted: 3,
+			FinishedByStatus: finished(map[model.Status]int64{model.StatusSuccess: 1, model.StatusLimitExceeded: 1, model.StatusSoldOut: 1})}
+		if got := mustStats(t, s, c.ID); !reflect.DeepEqual(got, want) {
+			t.Errorf("Stats: got %+v, want %+v", got, want)
+		}
+		for _, r := range refusals {
+			if got := mustResult(t, s, r.RequestID); got != r {
+				t.Errorf("result of %s: got %+v, want %+v", r.RequestID, got, r)
+			}
+		}
+		// bob's sold-out request again, with a unit left: it stays refused.
+		again := mustDeduct(t, s, c.ID, []model.Deduction{{RequestID: ids.rid("r3"), UserID: "bob", Quantity: 1, OrderID: model.OrderIDOf(ids.rid("r3"))}})
+		if got := again.Results[0]; got.Status != model.StatusSoldOut {
+			t.Errorf("redelivered refusal: got %+v, want sold_out as MySQL decided", got)
+		}
+	})
+}
+
 // TestRebuild: a campaign whose Redis state is stale (results, keys and
 // counters of the old epoch) is rebuilt from its ledger, orders in every
 // lifecycle state: only the active ones hold units, every order's request
@@ -141,7 +177,7 @@ func TestRebuildRefused(t *testing.T) {
 		for _, epoch := range []model.Epoch{3, 2} {
 			older := c
 			older.Epoch = epoch
-			if loaded, err := s.Rebuild(t.Context(), older, nil); err != nil || loaded {
+			if loaded, err := s.Rebuild(t.Context(), older, nil, nil); err != nil || loaded {
 				t.Errorf("Rebuild under epoch %d with Redis at 3: got %v, %v; want false, nil", epoch, loaded, err)
 			}
 		}
@@ -150,7 +186,7 @@ func TestRebuildRefused(t *testing.T) {
 		_, err := s.Rebuild(t.Context(), over, []model.Order{
 			ledgerOrder(ids, "r1", "o1", "alice", 2, model.OrderPaid),
 			ledgerOrder(ids, "r2", "o2", "bob", 4, model.OrderPendingPayment),
-		})
+		}, nil)
 		if !errors.Is(err, model.ErrConflict) {
 			t.Errorf("Rebuild of 6 active units into stock 5: got %v, want %v", err, model.ErrConflict)
 		}

@@ -40,10 +40,13 @@ func (s *Store) Projection(ctx context.Context, campaignID string) (model.Projec
 // one atomic step (rebuild.lua): its values and paused flag; remaining =
 // stock - units of the active orders (pending payment, paid); the
 // ended-early flag; each buyer's
-// units from them; a success result for every order's request; the ids of
+// units from them; a success result for every order's request, and the
+// result of every request MySQL refused (refusals: decided while MySQL
+// decided the campaign, the degraded mode), so that neither is decided
+// again nor reads otherwise than it did; the ids of
 // the orders no longer active in the released hash, so a release of one
 // still in flight changes nothing; the counters (sold = active units, every
-// restored result admitted and decided); the sold-out flag when nothing
+// restored result admitted and finished by its status); the sold-out flag when nothing
 // remains. Everything else Redis held of the campaign goes, the requests
 // not enqueued included (their queued markers and the admissions set go).
 // Every key of the campaign expires at expireAt.
@@ -52,10 +55,20 @@ func (s *Store) Projection(ctx context.Context, campaignID string) (model.Projec
 // it. loaded is false, with nothing changed, when Redis holds c.Epoch or a
 // later one: a concurrent load that read the ledger after this one. More
 // active units than c.Stock is model.ErrConflict, with nothing changed.
-func (s *Store) Rebuild(ctx context.Context, c model.Campaign, orders []model.Order) (loaded bool, err error) {
+func (s *Store) Rebuild(ctx context.Context, c model.Campaign, orders []model.Order, refusals []model.Result) (loaded bool, err error) {
 	n := max(c.Buckets, 1)
 	parts := make([]rebuildPart, n)
 	var sold int64
+	for _, r := range refusals {
+		b := 0
+		if tag, ok := model.TagOfRequest(r.RequestID); ok && n > 1 {
+			_, b, _ = model.SplitTag(tag)
+		}
+		if b >= n {
+			b = model.BucketOf(r.UserID, n)
+		}
+		parts[b].result(r.RequestID, storedResult{Status: r.Status, Quantity: r.Quantity, Reason: r.Reason, UserID: r.UserID})
+	}
 	for _, o := range orders {
 		// The order's request id names the bucket its result and release
 		// go to; the buyer's units go to their bucket, the same one.
@@ -67,8 +80,7 @@ func (s *Store) Rebuild(ctx context.Context, c model.Campaign, orders []model.Or
 			b = model.BucketOf(o.UserID, n)
 		}
 		p := &parts[b]
-		p.results = append(p.results, o.RequestID, storedResult{Status: model.StatusSuccess,
-			Quantity: o.Quantity, OrderID: o.ID, UserID: o.UserID}.String())
+		p.result(o.RequestID, storedResult{Status: model.StatusSuccess, Quantity: o.Quantity, OrderID: o.ID, UserID: o.UserID})
 		// An order in no final state holds its units, whatever it is.
 		if o.Status.Final() {
 			p.released = append(p.released, o.ID, o.Quantity)
@@ -111,6 +123,16 @@ type rebuildPart struct {
 	remaining, sold   int64
 	units             map[string]int64
 	results, released []any
+	// finished counts results by status (the counters' fin:<status>).
+	finished map[model.Status]int64
+}
+
+func (p *rebuildPart) result(requestID string, r storedResult) {
+	p.results = append(p.results, requestID, r.String())
+	if p.finished == nil {
+		p.finished = map[model.Status]int64{}
+	}
+	p.finished[r.Status]++
 }
 
 func (s *Store) rebuildTag(ctx context.Context, tag string, c model.Campaign, buckets int, p rebuildPart) (bool, error) {
@@ -122,7 +144,7 @@ func (s *Store) rebuildTag(ctx context.Context, tag string, c model.Campaign, bu
 	if c.EndedEarly {
 		endedEarly = "1"
 	}
-	args := make([]any, 0, 14+2*len(p.units)+len(p.results)+len(p.released))
+	args := make([]any, 0, 15+2*len(p.units)+len(p.results)+2*len(p.finished)+len(p.released))
 	args = append(args, int64(c.Epoch), c.Stock, c.PerUserLimit, c.StartAt.UnixMilli(), c.EndAt.UnixMilli(), paused,
 		p.remaining, p.sold, s.expireAt(c, time.Now()), endedEarly, buckets, len(p.units))
 	for u, n := range p.units {
@@ -130,6 +152,10 @@ func (s *Store) rebuildTag(ctx context.Context, tag string, c model.Campaign, bu
 	}
 	args = append(args, len(p.results)/2)
 	args = append(args, p.results...)
+	args = append(args, len(p.finished))
+	for st, n := range p.finished {
+		args = append(args, "fin:"+string(st), n)
+	}
 	args = append(args, p.released...)
 	k := campaignKeys(tag)
 	code, err := s.rebuild.Run(ctx, s.rdb,

@@ -23,8 +23,10 @@
 -- ARGV[11] buckets: how many buckets the campaign has (this is one of
 --   them, or the campaign's own tag holding their aggregate),
 -- ARGV[12] u, then u pairs: user id, units of their active orders,
--- then r, then r pairs: request id, its stored success result (one for
---   every order, active or not, so a polled result stays what it was),
+-- then r, then r pairs: request id, its stored result (a success for
+--   every order, active or not, so a polled result stays what it was; the
+--   refusals MySQL decided),
+-- then f, then f pairs: fin:<status>, how many of the results have it,
 -- then pairs to the end: order id, units of an order no longer active
 --   (its release, if one is still in flight, must change nothing)
 --
@@ -65,10 +67,12 @@ at = at + 2 * users + 1
 local results = tonumber(ARGV[at])
 hset_chunks(KEYS[6], ARGV, at + 1, at + 2 * results)
 at = at + 2 * results + 1
+local finished = tonumber(ARGV[at])
+-- Every restored result counts as admitted and finished, so none is queued.
+redis.call('HSET', KEYS[4], 'sold', ARGV[8], 'admitted', results)
+hset_chunks(KEYS[4], ARGV, at + 1, at + 2 * finished)
+at = at + 2 * finished + 1
 hset_chunks(KEYS[8], ARGV, at, #ARGV)
-
--- Every restored result counts as admitted and decided, so none is queued.
-redis.call('HSET', KEYS[4], 'sold', ARGV[8], 'admitted', results, 'fin:success', results)
 for i = 1, #KEYS do
   redis.call('EXPIREAT', KEYS[i], ARGV[9])
 end

@@ -20,7 +20,7 @@ func BenchmarkDeductReplicaAck(b *testing.B) {
 				s := New(rdb, WithReplicaAck(ReplicaAck{Replicas: ack, Timeout: time.Second}))
 				c := model.Campaign{ID: testenv.Name(b, "bench"), Name: "bench", Stock: model.MaxStock, PerUserLimit: model.MaxQuantity,
 					StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}
-				if _, err := s.Rebuild(b.Context(), c, nil); err != nil {
+				if _, err := s.Rebuild(b.Context(), c, nil, nil); err != nil {
 					b.Fatalf("load: %v", err)
 				}
 				batch := make([]model.Deduction, size)

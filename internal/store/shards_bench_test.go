@@ -89,7 +89,7 @@ func benchCampaigns(b *testing.B, s *Store, k int) []model.Campaign {
 			continue
 		}
 		perMaster[addr]++
-		if _, err := s.Rebuild(b.Context(), c, nil); err != nil {
+		if _, err := s.Rebuild(b.Context(), c, nil, nil); err != nil {
 			b.Fatalf("load: %v", err)
 		}
 		out = append(out, c)

@@ -17,7 +17,7 @@ func benchStore(b *testing.B) (*Store, model.Campaign) {
 	s := New(testenv.Redis(b))
 	c := model.Campaign{ID: testenv.Name(b, "bench"), Name: "bench", Stock: model.MaxStock, PerUserLimit: model.MaxQuantity,
 		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}
-	if _, err := s.Rebuild(b.Context(), c, nil); err != nil {
+	if _, err := s.Rebuild(b.Context(), c, nil, nil); err != nil {
 		b.Fatalf("load: %v", err)
 	}
 	b.Cleanup(func() {
@@ -175,7 +175,7 @@ func BenchmarkDeductBuckets(b *testing.B) {
 				b.StopTimer()
 				c := model.Campaign{ID: testenv.Name(b, "bkb"), Name: "bench", Stock: stock, PerUserLimit: 1, Buckets: n,
 					StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour), Epoch: 1}
-				if _, err := s.Rebuild(b.Context(), c, nil); err != nil {
+				if _, err := s.Rebuild(b.Context(), c, nil, nil); err != nil {
 					b.Fatalf("load: %v", err)
 				}
 				b.StartTimer()
