@@ -133,7 +133,7 @@ func New(roles ...Role) *Metrics {
 		}, []string{"script"}),
 		Restores: newCounterVec(prometheus.CounterOpts{
 			Name: "flashsale_restores_total",
-			Help: "Campaigns this process rebuilt from MySQL after Redis lost them (restart, failover to a replica a load behind), without an operator, by what noticed: admit (a gateway), deduct (a worker's batch), ledger_moved (a worker's orders refused by MySQL), poll (a notifier's poll or subscribe of a request Redis no longer knows).",
+			Help: "Campaigns this process rebuilt from MySQL after Redis lost them (restart, failover to a replica a load behind), without an operator, by what noticed: admit (a gateway), deduct (a worker's batch), ledger_moved (a worker's orders refused by MySQL), poll (a notifier's poll or subscribe of a request Redis no longer knows), handback (a campaign MySQL decided while Redis was out, given back to Redis).",
 		}, []string{"trigger"}),
 		WorkerBatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "flashsale_worker_batch_size", Help: "Requests deducted per Lua call.",
