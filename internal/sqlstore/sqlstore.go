@@ -196,7 +196,7 @@ func (db *DB) migrate(ctx context.Context) error {
 	if keep {
 		orders = &legacyOrderRow{}
 	}
-	if err := gdb.AutoMigrate(&campaignRow{}, orders, &paymentRow{}); err != nil {
+	if err := gdb.AutoMigrate(&campaignRow{}, orders, &paymentRow{}, &idempotencyKeyRow{}); err != nil {
 		return err
 	}
 	if !keep {
