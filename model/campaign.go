@@ -46,6 +46,14 @@ type Campaign struct {
 	// ChallengeBits is the proof-of-work a purchase must carry (leading
 	// zero bits of its solution's SHA-256); 0: no challenge.
 	ChallengeBits int
+	// DecidedInMySQL: MySQL decides the campaign's purchases, Redis being
+	// unreachable (degraded mode). It is a property of the campaign in
+	// MySQL, so every process agrees on who decides: a take-over sets it
+	// and moves Epoch on, the next load into Redis clears it.
+	DecidedInMySQL bool
+	// UnitsHeld is the units of the campaign's active orders while
+	// DecidedInMySQL, what MySQL decides against; otherwise stale.
+	UnitsHeld int64
 	// Buckets splits the stock into this many buckets, each with its own
 	// hash tag, queue partition and worker (BucketTag); 0 or 1: one, the
 	// campaign's own tag. Fixed at creation: a shopper's bucket is
