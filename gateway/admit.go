@@ -60,10 +60,16 @@ type admitAnswer struct {
 	err      error
 }
 
-func (s *Service) enqueue(ctx context.Context, p Purchase, pass model.ChallengePass) (Admitted, error) {
+// newRequestID mints the id of p's request: its tag (its bucket's, or its
+// campaign's) and a UUIDv7, so a gateway's ids increase (model.OrderIDOf).
+func newRequestID(p Purchase) string {
 	id := uuid.Must(uuid.NewV7())
+	return model.FormatRequestID(cmp.Or(p.tag, p.CampaignID), hex.EncodeToString(id[:]))
+}
+
+func (s *Service) enqueue(ctx context.Context, p Purchase, pass model.ChallengePass) (Admitted, error) {
 	a := model.AdmitRequest{
-		RequestID:      model.FormatRequestID(cmp.Or(p.tag, p.CampaignID), hex.EncodeToString(id[:])),
+		RequestID:      newRequestID(p),
 		CampaignID:     p.CampaignID,
 		Tag:            p.tag,
 		UserID:         p.UserID,

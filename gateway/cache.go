@@ -52,11 +52,16 @@ func (s *Service) campaign(ctx context.Context, id string) (*cachedCampaign, mod
 		return nil, model.Campaign{}, fmt.Errorf("load campaign %s: %w: %v", id, model.ErrUnavailable, err)
 	default:
 		next.campaign = c
-		if !s.opts.RedisDown() { // else the flag stays as last known
+		switch {
+		case !s.opts.RedisDown():
 			if flag, ferr := s.stock.SoldOut(ctx, id); ferr == nil {
 				cc.soldOut.Store(flag)
 			}
-		}
+		case c.DecidedInMySQL:
+			// MySQL's count is the flag while it decides (degraded.go): a
+			// unit given back lowers it.
+			cc.soldOut.Store(c.UnitsHeld >= c.Stock)
+		} // else the flag stays as last known
 	}
 	cc.snap.Store(next)
 	if next.err == nil {

@@ -98,6 +98,11 @@ type Options struct {
 	// from the cache without asking Redis, so nobody waits on a frozen
 	// Redis more than once.
 	RedisDown func() bool
+	// Degrade has the gateway decide purchases in MySQL through Decider
+	// while RedisDown reports Redis out, instead of refusing them
+	// (degraded.go). It needs Decider.
+	Degrade bool
+	Decider Decider
 	// Gate checks purchases of campaigns with ChallengeBits above 0
 	// (challenge.go); nil refuses them all.
 	Gate Gate
@@ -159,12 +164,18 @@ type Service struct {
 	list      publicList
 	// restoring holds the campaigns a restore runs for (ledger.go).
 	restoring sync.Map
+	// degraded and limits serve purchases decided in MySQL (degraded.go).
+	degraded degraded
+	limits   localLimits
 }
 
 // New returns a Service.
 func New(log *slog.Logger, stock Stock, campaigns Campaigns, pub queue.Publisher, m *metrics.Metrics, opts Options) *Service {
 	opts = opts.withDefaults()
-	return &Service{log: log, stock: stock, campaigns: campaigns, pub: pub, m: m, opts: opts,
+	if opts.Degrade && opts.Decider == nil {
+		panic("gateway: Options.Degrade without a Decider")
+	}
+	return &Service{log: log, stock: stock, campaigns: campaigns, pub: pub, m: m, opts: opts, limits: newLocalLimits(opts.RateLimits),
 		breaker: gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 			Name:    "queue-publish",
 			Timeout: opts.BreakerOpenFor,

@@ -91,7 +91,9 @@ type Admitted struct {
 	// Existing is true when the idempotency key matched an earlier request.
 	Existing bool
 	// Result is, when Existing, the earlier request's result as it stands:
-	// queued, or final once a worker decided it.
+	// queued, or final once a worker decided it. A new request decided at
+	// once (in MySQL, while Redis is out: degraded.go) carries its final
+	// result too.
 	Result model.Result
 }
 
@@ -129,6 +131,9 @@ func (s *Service) Purchase(ctx context.Context, p Purchase, read func() (quantit
 	p.tag, p.buckets = model.UserTag(c, p.UserID), c.Buckets
 	if p.Quantity > c.PerUserLimit {
 		return Admitted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("exceeds the per-user limit of %d", c.PerUserLimit)))
+	}
+	if s.inMySQL(c.ID) {
+		return s.purchaseInMySQL(ctx, cc, c, p)
 	}
 	pass, err := s.verifyChallenge(p, c)
 	if err != nil {
@@ -245,14 +250,20 @@ func fastQuantity(b []byte) (q int64, ok bool) {
 
 // writePurchaseAnswer writes the answer to an admitted purchase: 202 and
 // queued for a new request, 200 and the request's result as it stands for
-// an earlier one (a replay, rare, takes gin's renderer). A new request's
-// answer is the bytes c.JSON(http.StatusAccepted, purchaseResponse{…})
-// writes, built without reflection when the request id needs no JSON
-// escaping (ours never do; a value from elsewhere takes gin's renderer).
+// an earlier one (a replay, rare, takes gin's renderer). A new request
+// decided at once (in MySQL) is 202 with its final result, as a replay's
+// (gin's renderer too). A queued request's answer is the bytes
+// c.JSON(http.StatusAccepted, purchaseResponse{…}) writes, built without
+// reflection when the request id needs no JSON escaping (ours never do; a
+// value from elsewhere takes gin's renderer).
 func writePurchaseAnswer(c *gin.Context, adm Admitted) {
 	requestID := adm.RequestID
-	if adm.Existing {
-		c.JSON(http.StatusOK, purchaseResponse{RequestID: requestID, Status: adm.Result.Status,
+	if adm.Existing || adm.Result.Status.Final() {
+		status := http.StatusAccepted
+		if adm.Existing {
+			status = http.StatusOK
+		}
+		c.JSON(status, purchaseResponse{RequestID: requestID, Status: adm.Result.Status,
 			OrderID: adm.Result.OrderID, Reason: adm.Result.Reason, PollURL: pollPath + requestID, WSURL: wsPath})
 		return
 	}

@@ -114,7 +114,8 @@ func TestDecodePurchaseBodyTooLarge(t *testing.T) {
 
 // TestWritePurchaseAnswerMatchesGin: the hand-built answer is byte for byte
 // gin's c.JSON, headers and status included, and ids that would need
-// escaping take gin's renderer.
+// escaping take gin's renderer. A replay (200) and a new request decided at
+// once (202, in MySQL while Redis is out) carry their result.
 func TestWritePurchaseAnswerMatchesGin(t *testing.T) {
 	ids := []string{
 		model.FormatRequestID("spring-sale_1", "0193aa55bb66cc77dd88ee99ff001122"),
@@ -124,14 +125,27 @@ func TestWritePurchaseAnswerMatchesGin(t *testing.T) {
 		"tab\tid",
 		"ünï",
 	}
-	for _, status := range []int{http.StatusAccepted, http.StatusOK} {
+	answers := []struct {
+		status   int
+		existing bool
+		result   model.Result // its RequestID is set below
+	}{
+		{http.StatusAccepted, false, model.Result{}},
+		// A replay answers the request as it stands.
+		{http.StatusOK, true, model.Result{Status: model.StatusSuccess, OrderID: "0193aa55-bb66-7c77-8d88-ee99ff001122", Quantity: 1}},
+		{http.StatusOK, true, model.Result{Status: model.StatusQueued, Quantity: 1}},
+		{http.StatusAccepted, false, model.Result{Status: model.StatusSuccess, OrderID: "0193aa55-bb66-7c77-8d88-ee99ff001122", Quantity: 1}},
+		{http.StatusAccepted, false, model.Result{Status: model.StatusRejected, Reason: model.ReasonEndedEarly, Quantity: 1}},
+	}
+	for _, a := range answers {
+		status := a.status
 		for _, id := range ids {
 			resp := purchaseResponse{RequestID: id, Status: model.StatusQueued, PollURL: "/api/v1/purchases/" + id, WSURL: "/api/v1/ws"}
-			adm := Admitted{RequestID: id}
-			if status == http.StatusOK {
-				// A replay answers the request as it stands.
-				resp.Status, resp.OrderID = model.StatusSuccess, "0193aa55-bb66-7c77-8d88-ee99ff001122"
-				adm.Existing, adm.Result = true, model.Result{RequestID: id, Status: resp.Status, OrderID: resp.OrderID, Quantity: 1}
+			adm := Admitted{RequestID: id, Existing: a.existing}
+			if a.result.Status != "" {
+				resp.Status, resp.OrderID, resp.Reason = a.result.Status, a.result.OrderID, a.result.Reason
+				adm.Result = a.result
+				adm.Result.RequestID = id
 			}
 			gin.SetMode(gin.TestMode)
 			got := httptest.NewRecorder()

@@ -201,7 +201,7 @@ func (db *DB) migrate(ctx context.Context) error {
 	if keep {
 		orders = &legacyOrderRow{}
 	}
-	if err := gdb.AutoMigrate(&campaignRow{}, orders, &paymentRow{}, &decisionRow{}); err != nil {
+	if err := gdb.AutoMigrate(&campaignRow{}, orders, &paymentRow{}, &decisionRow{}, &idempotencyKeyRow{}); err != nil {
 		return err
 	}
 	if !keep {
