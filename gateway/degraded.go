@@ -82,7 +82,8 @@ type degraded struct {
 // campaignDecider is one campaign's decisions in MySQL. Its fields are
 // guarded by degraded.mu.
 type campaignDecider struct {
-	takenOver bool // TakeOver succeeded in this outage
+	takenOver bool      // TakeOver succeeded in this outage
+	since     time.Time // when, for flashsale_degraded_seconds_total
 	// handedBack: a Decide found the campaign back in Redis in this outage.
 	handedBack bool
 	deciding   bool // a decide loop runs
@@ -135,7 +136,11 @@ func (s *Service) redisBack() {
 	d.marked.Store(false)
 	for id, cd := range d.campaigns {
 		if cd.takenOver {
+			s.stoppedDeciding(cd)
 			s.log.Info("no longer deciding campaign in MySQL: Redis is back", "campaign_id", id)
+			// Redis is rebuilt from MySQL (handed back) before its
+			// workers decide from a state older than the ledger's.
+			s.restore(id, "handback")
 		}
 		cd.takenOver, cd.handedBack = false, false
 		if !cd.deciding {
@@ -147,6 +152,9 @@ func (s *Service) redisBack() {
 // purchaseInMySQL is Purchase decided in MySQL, from where the checks that
 // need no Redis end.
 func (s *Service) purchaseInMySQL(ctx context.Context, cc *cachedCampaign, c model.Campaign, p Purchase) (Admitted, error) {
+	if c.Epoch == 0 { // never preloaded: refused as the Redis path refuses it
+		return Admitted{}, s.refuse("not_loaded", fmt.Errorf("purchase of %s: %w", c.ID, model.ErrNotLoaded))
+	}
 	if c.ChallengeBits > 0 {
 		// A challenge is spent in Redis (admit.lua): without it one
 		// solution would buy any number of times.
@@ -330,6 +338,9 @@ func (s *Service) decideBatch(campaignID string, cd *campaignDecider, batch []*p
 		return fail("", fmt.Errorf("decide in %s: got %d results for %d requests", campaignID, len(results), len(ds)))
 	}
 	for _, r := range results {
+		s.m.DegradedDecisions.WithLabelValues("gateway", string(r.Status)).Inc()
+	}
+	for _, r := range results {
 		// Sold out is nothing left (fewer units than asked for is rejected).
 		if r.Status == model.StatusSoldOut {
 			if sc := s.cache.get(campaignID); sc != nil {
@@ -370,9 +381,16 @@ func (s *Service) markTakenOver(cd *campaignDecider, c model.Campaign) {
 	if cd.takenOver {
 		return
 	}
-	cd.takenOver = true
+	cd.takenOver, cd.since = true, s.opts.Now()
 	dg.marked.Store(true)
+	s.m.Degraded.WithLabelValues("gateway").Inc()
 	s.log.Warn("deciding campaign in MySQL: Redis is out", "campaign_id", c.ID, "epoch", c.Epoch)
+}
+
+// stoppedDeciding counts the end of cd's time decided in MySQL here.
+func (s *Service) stoppedDeciding(cd *campaignDecider) {
+	s.m.Degraded.WithLabelValues("gateway").Dec()
+	s.m.DegradedSeconds.WithLabelValues("gateway").Add(s.opts.Now().Sub(cd.since).Seconds())
 }
 
 // markHandedBack marks cd handed back to Redis in this outage.
@@ -382,6 +400,9 @@ func (s *Service) markHandedBack(campaignID string, cd *campaignDecider) {
 	defer dg.mu.Unlock()
 	if cd.handedBack {
 		return
+	}
+	if cd.takenOver {
+		s.stoppedDeciding(cd)
 	}
 	cd.takenOver, cd.handedBack = false, true
 	dg.marked.Store(true)

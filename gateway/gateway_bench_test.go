@@ -71,6 +71,10 @@ func (m *memCampaigns) CampaignOrders(context.Context, string) ([]model.Order, e
 	return nil, nil
 }
 
+func (m *memCampaigns) Refusals(context.Context, string) ([]model.Result, error) {
+	return nil, nil
+}
+
 func (m *memCampaigns) SetPaused(ctx context.Context, id string, paused bool) (model.Campaign, error) {
 	m.mu.Lock()
 	m.c.Paused = paused

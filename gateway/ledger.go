@@ -148,7 +148,7 @@ type Restorer interface {
 func (s *Service) notLoaded(a model.AdmitRequest) error {
 	if cc := s.cache.get(a.CampaignID); cc != nil {
 		if snap := cc.snap.Load(); snap != nil && snap.campaign.Epoch > 0 {
-			s.restore(a.CampaignID)
+			s.restore(a.CampaignID, "admit")
 			return s.refuse("lost", fmt.Errorf("admit %s: campaign state lost in Redis, being restored from MySQL: %w", a.RequestID, model.ErrUnavailable))
 		}
 	}
@@ -159,7 +159,7 @@ func (s *Service) notLoaded(a model.AdmitRequest) error {
 // per campaign at a time in this gateway (the Restorer bounds the rest),
 // and drops the cached campaign once it is rebuilt: this gateway's events
 // subscription may not be back yet after Redis restarted.
-func (s *Service) restore(id string) {
+func (s *Service) restore(id, trigger string) {
 	if s.opts.Restorer == nil {
 		return
 	}
@@ -170,7 +170,7 @@ func (s *Service) restore(id string) {
 		defer s.restoring.Delete(id)
 		// The Restorer logs a failure and bounds the attempt; the next
 		// purchase tries again.
-		if rebuilt, _ := s.opts.Restorer.Restore(context.Background(), id, "admit"); rebuilt {
+		if rebuilt, _ := s.opts.Restorer.Restore(context.Background(), id, trigger); rebuilt {
 			s.applyEvent(model.Event{Type: model.EventReset, CampaignID: id})
 		}
 	}()

@@ -28,6 +28,36 @@ type degraded struct {
 	// with when it started: each is handed back to Redis (restored)
 	// before Redis decides it again.
 	since map[string]time.Time
+	// verified holds, for each campaign Redis decided here, the count of
+	// Redis outages when MySQL last said Redis decides it. After another
+	// outage, another process may have taken it over: Redis's state of it
+	// is then older than MySQL's, and anything Redis decided from it (a
+	// refusal too) would be wiped by the load that hands it back.
+	verified map[string]int64
+}
+
+// stale reports whether campaign id must be checked against MySQL (and
+// handed back if MySQL decides it) before Redis decides it: this worker
+// decided it in MySQL, or Redis was out since it was last checked.
+func (d *degraded) stale(id string, outages int64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.since[id]; ok {
+		return true
+	}
+	v, ok := d.verified[id]
+	return ok && v < outages || !ok && outages > 0
+}
+
+// checked records that MySQL says Redis decides campaign id, as of
+// outages.
+func (d *degraded) checked(id string, outages int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.verified == nil || len(d.verified) >= maxCachedTerms {
+		d.verified = map[string]int64{}
+	}
+	d.verified[id] = outages
 }
 
 func (d *degraded) mark(id string, now time.Time) (first bool) {
@@ -41,13 +71,6 @@ func (d *degraded) mark(id string, now time.Time) (first bool) {
 	}
 	d.since[id] = now
 	return true
-}
-
-func (d *degraded) marked(id string) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	_, ok := d.since[id]
-	return ok
 }
 
 // forget drops id and returns how long it was marked (0 if it was not).

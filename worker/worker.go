@@ -92,8 +92,11 @@ type Options struct {
 	Decider Decider
 	// RedisDown reports whether this process sees Redis out
 	// (store.Guard.Down): with a Decider, a batch then goes to MySQL
-	// without waiting for Redis's timeout first.
-	RedisDown func() bool
+	// without waiting for Redis's timeout first. RedisOutages counts the
+	// outages this process saw begin (store.Guard.Outages): after one,
+	// each campaign is checked against MySQL before Redis decides it.
+	RedisDown    func() bool
+	RedisOutages func() int64
 }
 
 func (o Options) withDefaults() Options {
@@ -111,6 +114,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.RedisDown == nil {
 		o.RedisDown = func() bool { return false }
+	}
+	if o.RedisOutages == nil {
+		o.RedisOutages = func() int64 { return 0 }
 	}
 	return o
 }
@@ -361,10 +367,11 @@ func (w *Worker) decide(ctx context.Context, b *campaignBatch, epochs model.Epoc
 		if w.opts.RedisDown() {
 			return w.decideInMySQL(ctx, b, deductions)
 		}
-		if w.degraded.marked(b.campaignID) {
+		if outages := w.opts.RedisOutages(); w.degraded.stale(b.campaignID, outages) {
 			if err := w.handBack(ctx, b.campaignID); err != nil {
 				return nil, err
 			}
+			w.degraded.checked(b.campaignID, outages)
 		}
 	}
 	reply, err := w.stock.Deduct(ctx, b.tag, deductions)

@@ -20,6 +20,7 @@ var (
 	_ gateway.Gate          = (*challenge.PoW)(nil)
 	_ gateway.Orders        = (*lifecycle.Service)(nil)
 	_ gateway.Restorer      = (*reconcile.Restorer)(nil)
+	_ gateway.Decider       = (*sqlstore.DB)(nil)
 	_ lifecycle.DB          = (*sqlstore.DB)(nil)
 	_ lifecycle.Stock       = (*store.Store)(nil)
 	_ worker.Stock          = (*store.Store)(nil)

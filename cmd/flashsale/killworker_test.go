@@ -38,6 +38,9 @@ func processEnv(cfg config.Config) []string {
 	if cfg.Redis.Mode == "cluster" {
 		env = append(env, "FLASHSALE_REDIS_ADDRS="+strings.Join(cfg.Redis.Addrs, ","))
 	}
+	if cfg.Degrade != "" {
+		env = append(env, "FLASHSALE_DEGRADE="+cfg.Degrade)
+	}
 	return append(env,
 		"FLASHSALE_HTTP_ADDR=127.0.0.1:0",
 		"FLASHSALE_REDIS_MODE="+cfg.Redis.Mode,

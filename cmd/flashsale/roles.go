@@ -395,6 +395,7 @@ func (s *system) mountWorker() {
 		if s.cfg.Redis.Mode != "cluster" { // as the gateway's RedisDown (mountGateway)
 			opts.RedisDown = s.redisGuard.Down
 		}
+		opts.RedisOutages = s.redisGuard.Outages
 	}
 	s.worker = worker.New(log, s.store, s.db, s.Metrics, opts)
 	s.consumer = s.newConsumer(consumerName())
@@ -469,6 +470,9 @@ func (s *system) mountGateway(jwt *auth.JWT) {
 		opts.RedisDown = s.redisGuard.Down
 	}
 	opts.Restorer = s.restorer
+	if s.cfg.Degrade == config.DegradeMySQL {
+		opts.Degrade, opts.Decider = true, s.db
+	}
 	s.gateway = gateway.New(s.log.With("role", "gateway"), s.store, s.db, s.pub, s.Metrics, opts)
 	s.watchStock()
 	log := s.log.With("role", "gateway")

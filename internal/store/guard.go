@@ -40,6 +40,7 @@ type Guard struct {
 	Observe func(up bool)
 
 	down     atomic.Bool
+	outages  atomic.Int64 // outages begun
 	lastFail atomic.Int64 // unix ns of the last call without an answer
 	mu       sync.Mutex
 	since    time.Time // the outage's start
@@ -101,6 +102,11 @@ func (g *Guard) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 // then none has, or failures went on within the timeout.
 func (g *Guard) Down() bool { return g.down.Load() }
 
+// Outages is how many outages this guard saw begin: a caller that
+// remembers it can tell whether Redis was out since (a campaign's state
+// there may then be older than MySQL's, degraded mode).
+func (g *Guard) Outages() int64 { return g.outages.Load() }
+
 func (g *Guard) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	if d, ok := ctx.Deadline(); ok && time.Until(d) <= g.Timeout {
 		return ctx, func() {}
@@ -137,6 +143,7 @@ func (g *Guard) fail(err error) {
 		return
 	}
 	g.down.Store(true)
+	g.outages.Add(1)
 	g.since, g.failed, g.cause = time.Now(), 1, err
 	if g.Log != nil {
 		g.Log.Warn("redis unavailable: calls that need it fail within the timeout, and requests that need it are answered 503",

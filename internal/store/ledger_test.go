@@ -16,9 +16,10 @@ func ledgerOrder(ids *labels, label, orderID, user string, units int64, status m
 }
 
 // TestRebuildRefusals: a load carries the refusals MySQL decided (the
-// degraded mode) with the orders' successes: each reads as it did, counts
-// as admitted and finished by its status, and a redelivery of its request
-// decides nothing again.
+// degraded mode) with the orders' successes, and keeps those Redis
+// decided: each reads as it did, counts as admitted and finished by its
+// status, and a redelivery of its request decides nothing again. A success
+// Redis decided without an order goes.
 func TestRebuildRefusals(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, s *Store) {
 		c := newCampaign(t, 2, 1)
@@ -29,12 +30,25 @@ func TestRebuildRefusals(t *testing.T) {
 			{RequestID: ids.rid("r2"), CampaignID: c.ID, UserID: "alice", Status: model.StatusLimitExceeded, Quantity: 1},
 			{RequestID: ids.rid("r3"), CampaignID: c.ID, UserID: "bob", Status: model.StatusSoldOut, Quantity: 1},
 		}
+		// Decided in Redis before: carol's success, never stored, goes
+		// (decided again); her refusal stays.
+		carol := mustDeduct(t, s, c.ID, []model.Deduction{
+			{RequestID: ids.rid("r4"), UserID: "carol", Quantity: 1, OrderID: model.OrderIDOf(ids.rid("r4"))},
+			{RequestID: ids.rid("r5"), UserID: "carol", Quantity: 1, OrderID: model.OrderIDOf(ids.rid("r5"))},
+		}).Results
+		if carol[1].Status != model.StatusLimitExceeded {
+			t.Fatalf("carol's second request: got %+v, want limit_exceeded", carol[1])
+		}
 		c.Epoch = 2
 		if loaded, err := s.Rebuild(t.Context(), c, orders, refusals); err != nil || !loaded {
 			t.Fatalf("Rebuild: got %v, %v; want loaded", loaded, err)
 		}
-		want := model.Stats{Loaded: true, Stock: 2, Remaining: 1, Sold: 1, Admitted: 3,
-			FinishedByStatus: finished(map[model.Status]int64{model.StatusSuccess: 1, model.StatusLimitExceeded: 1, model.StatusSoldOut: 1})}
+		mustNoResult(t, s, ids.rid("r4"))
+		if got := mustResult(t, s, ids.rid("r5")); got != carol[1] {
+			t.Errorf("carol's refusal after the rebuild: got %+v, want %+v", got, carol[1])
+		}
+		want := model.Stats{Loaded: true, Stock: 2, Remaining: 1, Sold: 1, Admitted: 4,
+			FinishedByStatus: finished(map[model.Status]int64{model.StatusSuccess: 1, model.StatusLimitExceeded: 2, model.StatusSoldOut: 1})}
 		if got := mustStats(t, s, c.ID); !reflect.DeepEqual(got, want) {
 			t.Errorf("Stats: got %+v, want %+v", got, want)
 		}

@@ -33,9 +33,10 @@
 -- Reply: 1 loaded; 0 refused, nothing changed: Redis holds this epoch or a
 --        later one (a concurrent load that read the ledger after this one).
 --
--- Everything else of the old state goes: results without an order (a
--- success among them was never stored, and its request is decided again),
--- Idempotency-Keys, buyers' units, counters, the admissions set.
+-- Everything else of the old state goes: successes without an order (never
+-- stored: their requests are decided again), queued markers,
+-- Idempotency-Keys, buyers' units, counters, the admissions set. Refusals
+-- stay (see below).
 -- Rate-limit state stays.
 --
 -- Every key gets expire_at, kept in meta for the scripts that create keys
@@ -46,6 +47,19 @@ local current = redis.call('HMGET', KEYS[1], 'stock', 'epoch', 'returns')
 local held = loaded_epoch(current)
 if held and held >= tonumber(ARGV[1]) then
   return 0
+end
+
+-- The refusals Redis decided stay: each was final when Redis made it (it
+-- decided the campaign then), a shopper may have read it, and a message
+-- of it delivered again must find it.
+local kept = {}
+local old = redis.call('HGETALL', KEYS[6])
+for i = 1, #old, 2 do
+  local v = old[i + 1]
+  if not is_queued(v) and string.sub(v, 1, 8) ~= 'success|' then
+    kept[#kept + 1] = old[i]
+    kept[#kept + 1] = v
+  end
 end
 
 redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[11], KEYS[12], KEYS[13], KEYS[14])
@@ -73,6 +87,14 @@ redis.call('HSET', KEYS[4], 'sold', ARGV[8], 'admitted', results)
 hset_chunks(KEYS[4], ARGV, at + 1, at + 2 * finished)
 at = at + 2 * finished + 1
 hset_chunks(KEYS[8], ARGV, at, #ARGV)
+-- A kept refusal yields to the ledger's result of its request (an order,
+-- or MySQL's refusal).
+for i = 1, #kept, 2 do
+  if redis.call('HSETNX', KEYS[6], kept[i], kept[i + 1]) == 1 then
+    redis.call('HINCRBY', KEYS[4], 'admitted', 1)
+    redis.call('HINCRBY', KEYS[4], 'fin:' .. string.match(kept[i + 1], '^([^|]*)|'), 1)
+  end
+end
 for i = 1, #KEYS do
   redis.call('EXPIREAT', KEYS[i], ARGV[9])
 end
