@@ -19,7 +19,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale/flashsale/internal/config"
-	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/queue/rocketmq/rmqtest"
 )
@@ -347,15 +346,7 @@ func testRedisRestart(t *testing.T, driver string) {
 // shoppers were told, which no fault may take back (checkStillTold).
 func (c *client) toldSuccesses(campaign string, n int) map[string]resultBody {
 	c.t.Helper()
-	db, err := sqlstore.Open(context.Background(), c.db.Driver, c.db.DSN)
-	if err != nil {
-		c.t.Fatalf("open db: %v", err)
-	}
-	defer db.Close()
-	orders, err := db.CampaignOrders(context.Background(), campaign)
-	if err != nil {
-		c.t.Fatalf("orders: %v", err)
-	}
+	orders := c.campaignOrders(campaign)
 	told := map[string]resultBody{}
 	for _, o := range orders[:min(n, len(orders))] {
 		if code, r := c.poll(o.UserID, o.RequestID); code == http.StatusOK && r.Status == "success" {

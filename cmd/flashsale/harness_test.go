@@ -21,6 +21,7 @@ import (
 	"github.com/flashsale/flashsale/internal/config"
 	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/testenv"
+	"github.com/flashsale/flashsale/model"
 	"github.com/flashsale/flashsale/queue"
 )
 
@@ -99,9 +100,8 @@ func startSystemWith(t *testing.T, cfg config.Config, wrap func(queue.Publisher)
 	return c
 }
 
-// ordersInDB reads the campaign's orders straight from the database:
-// request id -> order id.
-func (c *client) ordersInDB(campaign string) map[string]string {
+// campaignOrders reads the campaign's orders straight from the database.
+func (c *client) campaignOrders(campaign string) []model.Order {
 	c.t.Helper()
 	db, err := sqlstore.Open(context.Background(), c.db.Driver, c.db.DSN)
 	if err != nil {
@@ -112,8 +112,15 @@ func (c *client) ordersInDB(campaign string) map[string]string {
 	if err != nil {
 		c.t.Fatalf("orders: %v", err)
 	}
+	return orders
+}
+
+// ordersInDB reads the campaign's orders straight from the database:
+// request id -> order id.
+func (c *client) ordersInDB(campaign string) map[string]string {
+	c.t.Helper()
 	out := map[string]string{}
-	for _, o := range orders {
+	for _, o := range c.campaignOrders(campaign) {
 		if _, dup := out[o.RequestID]; dup {
 			c.t.Errorf("request %s has two orders", o.RequestID)
 		}

@@ -60,26 +60,12 @@ func (s *Store) Rebuild(ctx context.Context, c model.Campaign, orders []model.Or
 	parts := make([]rebuildPart, n)
 	var sold int64
 	for _, r := range refusals {
-		b := 0
-		if tag, ok := model.TagOfRequest(r.RequestID); ok && n > 1 {
-			_, b, _ = model.SplitTag(tag)
-		}
-		if b >= n {
-			b = model.BucketOf(r.UserID, n)
-		}
-		parts[b].result(r.RequestID, storedResult{Status: r.Status, Quantity: r.Quantity, Reason: r.Reason, UserID: r.UserID})
+		parts[bucketOfRequest(r.RequestID, r.UserID, n)].result(r.RequestID, storedResult{Status: r.Status, Quantity: r.Quantity, Reason: r.Reason, UserID: r.UserID})
 	}
 	for _, o := range orders {
 		// The order's request id names the bucket its result and release
 		// go to; the buyer's units go to their bucket, the same one.
-		b := 0
-		if tag, ok := model.TagOfRequest(o.RequestID); ok && n > 1 {
-			_, b, _ = model.SplitTag(tag)
-		}
-		if b >= n {
-			b = model.BucketOf(o.UserID, n)
-		}
-		p := &parts[b]
+		p := &parts[bucketOfRequest(o.RequestID, o.UserID, n)]
 		p.result(o.RequestID, storedResult{Status: model.StatusSuccess, Quantity: o.Quantity, OrderID: o.ID, UserID: o.UserID})
 		// An order in no final state holds its units, whatever it is.
 		if o.Status.Final() {
@@ -116,6 +102,19 @@ func (s *Store) Rebuild(ctx context.Context, c model.Campaign, orders []model.Or
 		}
 	}
 	return s.rebuildTag(ctx, c.ID, c, n, rebuildPart{remaining: rem, sold: sold})
+}
+
+// bucketOfRequest is the bucket of n a request's result goes to: the one
+// its id names, else its user's.
+func bucketOfRequest(requestID, userID string, n int) int {
+	b := 0
+	if tag, ok := model.TagOfRequest(requestID); ok && n > 1 {
+		_, b, _ = model.SplitTag(tag)
+	}
+	if b >= n {
+		b = model.BucketOf(userID, n)
+	}
+	return b
 }
 
 // rebuildPart is what one tag's rebuild.lua call writes.
