@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync"
@@ -258,4 +259,41 @@ func TestDegradedFlapping(t *testing.T) {
 		return st.Sold == total && st.UnitsInDB == total && st.Remaining == stock-total, fmt.Sprintf("%+v", st)
 	})
 	t.Logf("codes %v (while down %v); %d admitted; %d units in orders", codes, outage, len(admitted), total)
+}
+
+// TestLoadtestDegraded: `flashsale loadtest` against a system whose Redis
+// is killed part way and started again (degrade: mysql): the purchases
+// decided in MySQL are answered at once, and the report counts their
+// results apart (results_by_channel "answer"); every invariant holds.
+func TestLoadtestDegraded(t *testing.T) {
+	testenv.SkipShort(t, "a fault test: the load test through a Redis outage")
+	rs := startRedisServer(t)
+	cfg := faultConfig(t, "memqueue", rs.addr())
+	cfg.Degrade = config.DegradeMySQL
+	cfg.Gateway.UserRate, cfg.Gateway.UserBurst = 1000, 1000
+	c := startOn(t, cfg)
+	go func() {
+		time.Sleep(time.Second)
+		rs.kill()
+		time.Sleep(2 * time.Second)
+		rs.start()
+	}()
+	out, err := runLoadtestCmd(t, "--url", c.base, "--admin-token", testAdminToken, "--jwt-secret", testJWTSecret,
+		"--campaign", testenv.Name(t, "ltdegraded-"), "--results", "poll", "--shoppers", "3000", "--stock", "2000",
+		"--per-user-limit", "1", "--rate", "600", "--repeat", "0", "--idempotent-share", "0", "--settle", "30s", "--json")
+	if err != nil {
+		t.Fatalf("loadtest: got error %v, want none; output:\n%s", err, out)
+	}
+	var rep report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, out)
+	}
+	if rep.ByChannel["answer"] == 0 || rep.Delivered != rep.Admitted {
+		t.Errorf("results by channel %v, %d delivered for %d admitted: want some decided at once (in MySQL), one result each",
+			rep.ByChannel, rep.Delivered, rep.Admitted)
+	}
+	if !rep.InvariantsHolding {
+		t.Errorf("invariants: %+v", rep.Invariants)
+	}
+	t.Logf("results by channel %v, by status %v", rep.ByChannel, rep.ByStatus)
 }

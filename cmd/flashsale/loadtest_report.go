@@ -69,7 +69,7 @@ func newRecorder(o loadtestOptions, httpConns, wsCap int) *recorder {
 		refused: map[string]int{}, transport: map[string]int{},
 		admitLat: hdrhistogram.New(1, maxLatencyMicros, 3), resultLat: hdrhistogram.New(1, maxLatencyMicros, 3),
 		owner: map[string]string{}, admittedBy: map[string]int64{}, results: map[string]finalResult{},
-		byChannel: map[string]int{"ws": 0, "poll": 0}, byStatus: map[string]int{}, wsFailures: map[string]int{},
+		byChannel: map[string]int{"ws": 0, "poll": 0, "answer": 0}, byStatus: map[string]int{}, wsFailures: map[string]int{},
 		units: map[string]int64{}, settledOrders: map[string]int{},
 		routes: routeSet{}, marked: routeSet{}, retracted: map[string]string{}}
 }
