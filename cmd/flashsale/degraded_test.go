@@ -166,6 +166,7 @@ func (c *client) soldAtLeast(campaign string, n int64) {
 // Redis agrees with MySQL at the end.
 func TestDegradedFlapping(t *testing.T) {
 	testenv.SkipShort(t, "a fault test: Redis flapping mid-sale, the sale goes on in MySQL")
+	t.Parallel()
 	rs := startRedisServer(t)
 	cfg := faultConfig(t, "redisstream", rs.addr())
 	cfg.Degrade = config.DegradeMySQL
@@ -267,6 +268,7 @@ func TestDegradedFlapping(t *testing.T) {
 // results apart (results_by_channel "answer"); every invariant holds.
 func TestLoadtestDegraded(t *testing.T) {
 	testenv.SkipShort(t, "a fault test: the load test through a Redis outage")
+	t.Parallel()
 	rs := startRedisServer(t)
 	cfg := faultConfig(t, "memqueue", rs.addr())
 	cfg.Degrade = config.DegradeMySQL
@@ -296,4 +298,110 @@ func TestLoadtestDegraded(t *testing.T) {
 		t.Errorf("invariants: %+v", rep.Invariants)
 	}
 	t.Logf("results by channel %v, by status %v", rep.ByChannel, rep.ByStatus)
+}
+
+// TestDegradedTwoSystems (issue 28): two systems (each a gateway and a
+// worker) share MySQL, the campaign and a Redis-Streams queue in a Redis
+// of its own, and reach the stock's Redis each through a proxy of its
+// own, cut and restored at different moments: for a while one decides in
+// MySQL while the other still reaches Redis, and the campaign goes back
+// and forth between them, each move fenced by the ledger's epoch. Every
+// unit is sold once, nobody passes the limit, every 202 ends final, and
+// Redis agrees with MySQL at the end.
+func TestDegradedTwoSystems(t *testing.T) {
+	testenv.SkipShort(t, "a fault test: two systems lose Redis at different moments")
+	t.Parallel()
+	rs := startRedisServer(t)
+	cfg := faultConfig(t, "redisstream-own", rs.addr())
+	cfg.Degrade = config.DegradeMySQL
+	cfg.Worker.MaxQueueDelay = 10 * time.Second // as in testDegradedSale
+	var proxies [2]*proxy
+	var systems [2]*client
+	for i := range systems {
+		proxies[i] = newProxy(t, rs.addr())
+		c := cfg
+		c.Redis.Addr = proxies[i].addr()
+		systems[i] = startOn(t, c)
+	}
+	campaign := testenv.Name(t, "twosys-")
+	const stock, limit, users = 1200, 2, 900
+	systems[0].openCampaign(campaign, stock, limit)
+
+	var (
+		mu       sync.Mutex
+		admitted = map[string]string{}
+		by       = map[string]*client{} // the system a request was admitted by
+		codes    = map[int]int{}
+	)
+	cuts := make(chan struct{})
+	go func() {
+		defer close(cuts)
+		step := func(i int, down bool) {
+			time.Sleep(700 * time.Millisecond)
+			proxies[i].setDown(down)
+		}
+		step(0, true)  // A out, B in
+		step(1, true)  // both out
+		step(0, false) // A in, B out
+		step(1, false) // both in
+		step(1, true)  // B out, A in
+		step(1, false)
+	}()
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(60 * time.Second)
+	for w := range 16 {
+		wg.Go(func() {
+			c := systems[w%2]
+			for i := w; time.Now().Before(deadline); i = (i + 16) % users {
+				user := fmt.Sprintf("t%05d", i)
+				code, rid := c.tryBuy(campaign, user)
+				mu.Lock()
+				codes[code]++
+				if code == http.StatusAccepted {
+					admitted[rid], by[rid] = user, c
+				}
+				mu.Unlock()
+				select {
+				case <-cuts:
+					if code == http.StatusGone {
+						return
+					}
+				default:
+				}
+				time.Sleep(30 * time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	for rid, user := range admitted {
+		r := by[rid].waitFinal(user, rid, cfg.Worker.MaxQueueDelay+60*time.Second)
+		switch {
+		case r.Status == "success", r.Status == "sold_out", r.Status == "limit_exceeded":
+		case r.Status == "rejected" && (r.Reason == model.ReasonLost || r.Reason == model.ReasonNotEnqueued):
+			// Its publish met a cut: see testDegradedSale.
+		default:
+			t.Errorf("request %s: got %s (%s), want success, sold_out, limit_exceeded or rejected (not enqueued)", rid, r.Status, r.Reason)
+		}
+	}
+	perUser, total := unitsByUser(t, cfg.Database, campaign)
+	if total != stock {
+		t.Errorf("orders hold %d units, stock %d: demand outlasted the stock, so want exactly the stock", total, stock)
+	}
+	for user, n := range perUser {
+		if n > limit {
+			t.Errorf("%s holds %d units, limit %d", user, n, limit)
+		}
+	}
+	testenv.Eventually(t, 30*time.Second, "Redis agrees with MySQL", func() (bool, string) {
+		st := systems[0].stats(campaign)
+		return st.Sold == total && st.UnitsInDB == total && st.Remaining == stock-total, fmt.Sprintf("%+v", st)
+	})
+	var decided float64
+	for _, c := range systems {
+		decided += c.metricSum("flashsale_degraded_decisions_total", `result="success"`)
+	}
+	if decided == 0 {
+		t.Errorf("no success decided in MySQL")
+	}
+	t.Logf("codes %v; %d admitted; %.0f successes decided in MySQL; %d units in orders", codes, len(admitted), decided, total)
 }
