@@ -51,6 +51,10 @@ func realConfig(t *testing.T, queueDriver string) config.Config {
 	// request), and
 	// the delay still covers a RocketMQ broker restart's rebalance (20 s).
 	cfg.Worker.MaxQueueDelay = 30 * time.Second
+	// The fault tests hold the refuse mode to its guarantees (503 while
+	// Redis is out); degraded_test.go sets the default, mysql, and holds
+	// the degraded mode to the same.
+	cfg.Degrade = config.DegradeRefuse
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("test config: %v", err)
 	}

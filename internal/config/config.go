@@ -350,7 +350,7 @@ func Default() Config {
 		Payment:  Payment{Provider: "fake", WebhookSecret: DevWebhookSecret, WebhookTolerance: 5 * time.Minute, Grace: 30 * time.Second, SweepInterval: 5 * time.Second},
 		Notifier: Notifier{MaxSubscriptionsPerConn: 256, PingInterval: 20 * time.Second, RecheckInterval: time.Second, MaxConnsPerUser: 8, MaxConnsPerIP: 256, FDReserve: 256, PollRate: 5, PollBurst: 20, SubscribeRate: 20, SubscribeBurst: 256},
 		Log:      Log{Level: "info", Format: "text"},
-		Degrade:  DegradeRefuse,
+		Degrade:  DegradeMySQL,
 	}
 }
 
