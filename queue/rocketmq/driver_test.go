@@ -174,6 +174,11 @@ func wantQueue(key string, n int) int {
 // TestPublishOutcome checks how Publish reports failures: a send the broker
 // refused is a plain error (nothing stored); a send whose answer never came
 // back within the caller's deadline is queue.ErrUnknown, stored or not.
+// Stored more than once, even: the library retries a send whose answer it
+// has not had (Options.SendAttempts), and on a loaded machine its retries
+// can reach the broker after the caller's deadline (seen once in CI: r1
+// stored three times). The queue delivers at least once, and the worker
+// decides each request once whatever its copies.
 func TestPublishOutcome(t *testing.T) {
 	tests := []struct {
 		name        string
@@ -181,7 +186,7 @@ func TestPublishOutcome(t *testing.T) {
 		fault       func(srv *rmqtest.Server)
 		timeout     time.Duration
 		wantUnknown bool
-		wantStored  int // the warm-up message included
+		wantStored  int // the warm-up message included; with wantUnknown, at least
 	}{
 		{name: "broker refuses", fault: func(srv *rmqtest.Server) {
 			srv.InjectFault(remoting.SendMessage, rmqtest.Fault{Code: remoting.SystemBusy, Remark: "busy"})
@@ -227,9 +232,13 @@ func TestPublishOutcome(t *testing.T) {
 			if tc.wantStored < 0 {
 				return
 			}
+			most := tc.wantStored
+			if tc.wantUnknown {
+				most = 1 + rocketmq.DefaultSendAttempts // the warm-up, and r1 once per attempt
+			}
 			testenv.Eventually(t, 3*time.Second, "the broker to settle", func() (bool, string) {
 				n := len(srv.AllMessages(topic))
-				return n == tc.wantStored, fmt.Sprintf("got %d stored, want %d", n, tc.wantStored)
+				return n >= tc.wantStored && n <= most, fmt.Sprintf("got %d stored, want %d to %d", n, tc.wantStored, most)
 			})
 		})
 	}
