@@ -111,40 +111,7 @@ func testDegradedSale(t *testing.T, driver string, empty bool) {
 		t.Errorf("flashsale_degraded_decisions_total{result=\"success\"} is 0: nothing was decided in MySQL")
 	}
 
-	byStatus := map[string]int{}
-	for rid, user := range admitted {
-		r := c.waitFinal(user, rid, cfg.Worker.MaxQueueDelay+60*time.Second)
-		byStatus[r.Status+"/"+r.Reason]++
-		switch {
-		case r.Status == "success", r.Status == "sold_out", r.Status == "limit_exceeded":
-		// A purchase whose publish met the kill was answered 202 with the
-		// outcome unknown; its message never stored, it ends rejected
-		// (not_enqueued, or lost once a load dropped its queued marker).
-		// Restarted empty, Redis also took the refusals it decided.
-		case r.Status == "rejected" && (r.Reason == model.ReasonLost || r.Reason == model.ReasonNotEnqueued):
-		default:
-			t.Errorf("request %s: got %s (%s), want success, sold_out or limit_exceeded", rid, r.Status, r.Reason)
-		}
-	}
-	perUser, total := unitsByUser(t, cfg.Database, campaign)
-	if total != stock {
-		t.Errorf("orders hold %d units, stock %d: demand outlasted the stock, so want exactly the stock", total, stock)
-	}
-	for user, n := range perUser {
-		if n > limit {
-			t.Errorf("%s holds %d units, limit %d", user, n, limit)
-		}
-	}
-	orders := c.ordersInDB(campaign)
-	for rid, user := range admitted {
-		if _, r := c.poll(user, rid); (r.Status == "success") != (orders[rid] != "") || (r.Status == "success" && r.OrderID != orders[rid]) {
-			t.Errorf("request %s: polled %s (order %q), MySQL's order %q", rid, r.Status, r.OrderID, orders[rid])
-		}
-	}
-	testenv.Eventually(t, 30*time.Second, "Redis agrees with MySQL", func() (bool, string) {
-		st := c.stats(campaign)
-		return st.Sold == total && st.UnitsInDB == total && st.Remaining == stock-total, fmt.Sprintf("%+v", st)
-	})
+	byStatus, total := checkDegradedSettled(t, cfg, campaign, stock, limit, admitted, func(string) *client { return c })
 	t.Logf("codes by phase %v; results %v; %d units in orders", codes, byStatus, total)
 }
 
@@ -236,29 +203,7 @@ func TestDegradedFlapping(t *testing.T) {
 	if outage[http.StatusAccepted] == 0 {
 		t.Errorf("no purchase admitted while Redis was down (codes then %v)", outage)
 	}
-	for rid, user := range admitted {
-		r := c.waitFinal(user, rid, cfg.Worker.MaxQueueDelay+60*time.Second)
-		switch {
-		case r.Status == "success", r.Status == "sold_out", r.Status == "limit_exceeded":
-		case r.Status == "rejected" && (r.Reason == model.ReasonLost || r.Reason == model.ReasonNotEnqueued):
-			// Its publish met a kill: see testDegradedSale.
-		default:
-			t.Errorf("request %s: got %s (%s), want success, sold_out, limit_exceeded or rejected (not enqueued)", rid, r.Status, r.Reason)
-		}
-	}
-	perUser, total := unitsByUser(t, cfg.Database, campaign)
-	if total != stock {
-		t.Errorf("orders hold %d units, stock %d: demand outlasted the stock, so want exactly the stock", total, stock)
-	}
-	for user, n := range perUser {
-		if n > limit {
-			t.Errorf("%s holds %d units, limit %d", user, n, limit)
-		}
-	}
-	testenv.Eventually(t, 30*time.Second, "Redis agrees with MySQL", func() (bool, string) {
-		st := c.stats(campaign)
-		return st.Sold == total && st.UnitsInDB == total && st.Remaining == stock-total, fmt.Sprintf("%+v", st)
-	})
+	_, total := checkDegradedSettled(t, cfg, campaign, stock, limit, admitted, func(string) *client { return c })
 	t.Logf("codes %v (while down %v); %d admitted; %d units in orders", codes, outage, len(admitted), total)
 }
 
@@ -373,12 +318,38 @@ func TestDegradedTwoSystems(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	_, total := checkDegradedSettled(t, cfg, campaign, stock, limit, admitted, func(rid string) *client { return by[rid] })
+	var decided float64
+	for _, c := range systems {
+		decided += c.metricSum("flashsale_degraded_decisions_total", `result="success"`)
+	}
+	if decided == 0 {
+		t.Errorf("no success decided in MySQL")
+	}
+	t.Logf("codes %v; %d admitted; %.0f successes decided in MySQL; %d units in orders", codes, len(admitted), decided, total)
+}
+
+// checkDegradedSettled checks a sale through Redis outages once it is
+// over. Every 202 ends final: success, sold_out or limit_exceeded, or
+// rejected (not_enqueued, or lost once a load dropped its queued marker)
+// for a purchase whose publish met a kill, answered 202 with the outcome
+// unknown and its message never stored (restarted empty, Redis also took
+// the refusals it decided). Each poll agrees with MySQL's orders, exactly
+// the stock is sold (demand outlasts it), nobody passes the limit, and
+// Redis agrees with MySQL. via names the system a request was admitted
+// by. It returns the results by status and reason, and the units sold.
+func checkDegradedSettled(t *testing.T, cfg config.Config, campaign string, stock, limit int64, admitted map[string]string,
+	via func(rid string) *client) (map[string]int, int64) {
+	t.Helper()
+	byStatus := map[string]int{}
+	var c *client
 	for rid, user := range admitted {
-		r := by[rid].waitFinal(user, rid, cfg.Worker.MaxQueueDelay+60*time.Second)
+		c = via(rid)
+		r := c.waitFinal(user, rid, cfg.Worker.MaxQueueDelay+60*time.Second)
+		byStatus[r.Status+"/"+r.Reason]++
 		switch {
 		case r.Status == "success", r.Status == "sold_out", r.Status == "limit_exceeded":
 		case r.Status == "rejected" && (r.Reason == model.ReasonLost || r.Reason == model.ReasonNotEnqueued):
-			// Its publish met a cut: see testDegradedSale.
 		default:
 			t.Errorf("request %s: got %s (%s), want success, sold_out, limit_exceeded or rejected (not enqueued)", rid, r.Status, r.Reason)
 		}
@@ -392,16 +363,18 @@ func TestDegradedTwoSystems(t *testing.T) {
 			t.Errorf("%s holds %d units, limit %d", user, n, limit)
 		}
 	}
+	if c == nil {
+		t.Fatal("nothing admitted")
+	}
+	orders := c.ordersInDB(campaign)
+	for rid, user := range admitted {
+		if _, r := via(rid).poll(user, rid); (r.Status == "success") != (orders[rid] != "") || (r.Status == "success" && r.OrderID != orders[rid]) {
+			t.Errorf("request %s: polled %s (order %q), MySQL's order %q", rid, r.Status, r.OrderID, orders[rid])
+		}
+	}
 	testenv.Eventually(t, 30*time.Second, "Redis agrees with MySQL", func() (bool, string) {
-		st := systems[0].stats(campaign)
+		st := c.stats(campaign)
 		return st.Sold == total && st.UnitsInDB == total && st.Remaining == stock-total, fmt.Sprintf("%+v", st)
 	})
-	var decided float64
-	for _, c := range systems {
-		decided += c.metricSum("flashsale_degraded_decisions_total", `result="success"`)
-	}
-	if decided == 0 {
-		t.Errorf("no success decided in MySQL")
-	}
-	t.Logf("codes %v; %d admitted; %.0f successes decided in MySQL; %d units in orders", codes, len(admitted), decided, total)
+	return byStatus, total
 }
