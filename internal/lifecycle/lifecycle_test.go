@@ -141,6 +141,32 @@ func TestExpire(t *testing.T) {
 	})
 }
 
+// TestExpireWhileMySQLDecides (issue 28): an order that expires while MySQL
+// decides its campaign (the degraded mode) gives its units back to MySQL's
+// count once, however often it is expired, and nothing to Redis, which is
+// rebuilt from MySQL before it decides again.
+func TestExpireWhileMySQLDecides(t *testing.T) {
+	forEachEnv(t, func(t *testing.T, b *testBundle) {
+		deadline := time.Now().Add(time.Minute).Truncate(time.Millisecond)
+		o := b.sell(t, "alice", 2, deadline)
+		c, err := b.db.TakeOver(t.Context(), b.campaign.ID)
+		if err != nil || c.UnitsHeld != 2 {
+			t.Fatalf("take over: got %+v, %v; want 2 units held", c, err)
+		}
+		for range 3 {
+			if got, err := b.svc.Expire(t.Context(), o.ID, deadline); err != nil || got.Status != model.OrderExpired || !got.Returned {
+				t.Fatalf("expiry: got %+v, %v; want expired, returned", got, err)
+			}
+		}
+		if c, err := b.db.Campaign(t.Context(), b.campaign.ID); err != nil || c.UnitsHeld != 0 {
+			t.Errorf("units held after the expiry: got %+v, %v; want 0", c, err)
+		}
+		if n := b.stock.releases(o.ID); n != 0 {
+			t.Errorf("releases to Redis: got %d, want 0 while MySQL decides", n)
+		}
+	})
+}
+
 // TestRefund: only a paid order is refundable; its units come back while
 // the sale is open, and not after it closed.
 func TestRefund(t *testing.T) {
