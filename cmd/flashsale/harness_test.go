@@ -250,6 +250,7 @@ type statsBody struct {
 	Remaining        int64            `json:"remaining"`
 	Sold             int64            `json:"sold"`
 	SoldOut          bool             `json:"sold_out"`
+	Preloaded        bool             `json:"preloaded"`
 	Admitted         int64            `json:"admitted"`
 	Queued           int64            `json:"queued"`
 	FinishedByStatus map[string]int64 `json:"finished_by_status"`
