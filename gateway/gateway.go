@@ -13,7 +13,6 @@ package gateway
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -162,8 +161,6 @@ type Service struct {
 	breaker   *gobreaker.CircuitBreaker[struct{}]
 	cache     *campaignCache
 	list      publicList
-	// restoring holds the campaigns a restore runs for (ledger.go).
-	restoring sync.Map
 	// degraded and limits serve purchases decided in MySQL (degraded.go).
 	degraded degraded
 	limits   localLimits

@@ -137,9 +137,11 @@ func (s *Service) Pause(ctx context.Context, id string, paused bool) (model.Camp
 }
 
 // Restorer rebuilds a campaign Redis lost from MySQL
-// (reconcile.Restorer): rebuilt says whether this call did.
+// (reconcile.Restorer): in the background, at most one attempt per
+// campaign at a time in this process, calling rebuilt if that attempt
+// rebuilt it.
 type Restorer interface {
-	Restore(ctx context.Context, campaignID, trigger string) (rebuilt bool, err error)
+	RestoreInBackground(ctx context.Context, campaignID, trigger string, rebuilt func())
 }
 
 // notLoaded is the refusal of an admitted purchase whose campaign has no
@@ -155,23 +157,15 @@ func (s *Service) notLoaded(a model.AdmitRequest) error {
 	return s.refuse("not_loaded", fmt.Errorf("admit %s: %w", a.RequestID, model.ErrNotLoaded))
 }
 
-// restore rebuilds campaign id from MySQL in the background, one restore
-// per campaign at a time in this gateway (the Restorer bounds the rest),
+// restore rebuilds campaign id from MySQL in the background (the Restorer
+// logs a failure and bounds the attempts; the next purchase tries again),
 // and drops the cached campaign once it is rebuilt: this gateway's events
 // subscription may not be back yet after Redis restarted.
 func (s *Service) restore(id, trigger string) {
 	if s.opts.Restorer == nil {
 		return
 	}
-	if _, running := s.restoring.LoadOrStore(id, struct{}{}); running {
-		return
-	}
-	go func() {
-		defer s.restoring.Delete(id)
-		// The Restorer logs a failure and bounds the attempt; the next
-		// purchase tries again.
-		if rebuilt, _ := s.opts.Restorer.Restore(context.Background(), id, trigger); rebuilt {
-			s.applyEvent(model.Event{Type: model.EventReset, CampaignID: id})
-		}
-	}()
+	s.opts.Restorer.RestoreInBackground(context.Background(), id, trigger, func() {
+		s.applyEvent(model.Event{Type: model.EventReset, CampaignID: id})
+	})
 }

@@ -86,7 +86,9 @@ type Restorer interface {
 	// NeedsRestore reports whether Redis lost campaign id: it was loaded,
 	// its sale is not over, and Redis lacks its current load.
 	NeedsRestore(ctx context.Context, id string) (bool, error)
-	Restore(ctx context.Context, id, trigger string) (rebuilt bool, err error)
+	// RestoreInBackground rebuilds campaign id from MySQL without
+	// waiting, at most one attempt per campaign at a time in this process.
+	RestoreInBackground(ctx context.Context, id, trigger string, rebuilt func())
 }
 
 // Options tunes the WebSocket side. Zero values take the defaults.
@@ -283,8 +285,6 @@ type Notifier struct {
 	endLife context.CancelFunc
 	// lookups reads the stored results subscribe frames ask for.
 	lookups *lookups
-	// restoring holds the campaigns a restore runs for (restoreLost).
-	restoring sync.Map
 
 	// Per-user budgets, shared by the user's connections and polls.
 	polls      *buckets
@@ -582,14 +582,9 @@ func (n *Notifier) restoreLost(ctx context.Context, userID, requestID string) (m
 	if !lost {
 		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
 	}
-	if _, running := n.restoring.LoadOrStore(campaignID, struct{}{}); !running {
-		go func() {
-			defer n.restoring.Delete(campaignID)
-			// The Restorer logs a failure and bounds the attempts; the
-			// next poll tries again.
-			_, _ = n.opts.Restorer.Restore(n.life, campaignID, "poll")
-		}()
-	}
+	// The Restorer logs a failure and bounds the attempts; the next poll
+	// tries again.
+	n.opts.Restorer.RestoreInBackground(n.life, campaignID, "poll", nil)
 	return model.Result{RequestID: requestID, CampaignID: campaignID, UserID: userID, Status: model.StatusQueued}, nil
 }
 

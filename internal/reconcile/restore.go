@@ -99,6 +99,30 @@ func (r *Restorer) Restore(ctx context.Context, id, trigger string) (rebuilt boo
 		return false, nil
 	}
 	defer r.end(id)
+	return r.attempt(ctx, id, trigger)
+}
+
+// RestoreInBackground is Restore without waiting for it, for a caller that
+// must answer at once (a purchase, a poll): the attempt runs in a
+// goroutine of its own, and rebuilt is called there if it rebuilt the
+// campaign. It starts no goroutine when Restore would return at once, so
+// this process runs at most one per campaign however many callers notice
+// the loss.
+func (r *Restorer) RestoreInBackground(ctx context.Context, id, trigger string, rebuilt func()) {
+	if !r.begin(id) {
+		return
+	}
+	go func() {
+		defer r.end(id)
+		// attempt logs a failure; the next caller tries again.
+		if ok, _ := r.attempt(ctx, id, trigger); ok && rebuilt != nil {
+			rebuilt()
+		}
+	}()
+}
+
+// attempt is one restore of campaign id, begun (begin) by the caller.
+func (r *Restorer) attempt(ctx context.Context, id, trigger string) (rebuilt bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
 	defer cancel()
 	start := time.Now()

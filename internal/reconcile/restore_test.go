@@ -296,3 +296,133 @@ func TestRestoreRechecks(t *testing.T) {
 		t.Errorf("loads by the restore: got %d, want 0", got)
 	}
 }
+
+// heldLedger is the ledgers of several campaigns, each in its own
+// database, behind one Ledger; the first read of campaign held waits for
+// release, so that an attempt on it stays running.
+type heldLedger struct {
+	byCampaign map[string]*countingLedger
+	held       string
+	entered    chan struct{} // closed at the first read of held
+	release    chan struct{}
+	enter      sync.Once
+}
+
+func (l *heldLedger) Campaign(ctx context.Context, id string) (model.Campaign, error) {
+	if id == l.held {
+		first := false
+		l.enter.Do(func() { first = true; close(l.entered) })
+		if first {
+			select {
+			case <-l.release:
+			case <-ctx.Done():
+				return model.Campaign{}, ctx.Err()
+			}
+		}
+	}
+	return l.byCampaign[id].Campaign(ctx, id)
+}
+
+func (l *heldLedger) BumpEpoch(ctx context.Context, id string) (model.Campaign, []model.Order, error) {
+	return l.byCampaign[id].BumpEpoch(ctx, id)
+}
+
+func (l *heldLedger) CampaignOrders(ctx context.Context, id string) ([]model.Order, error) {
+	return l.byCampaign[id].CampaignOrders(ctx, id)
+}
+
+func (l *heldLedger) Refusals(ctx context.Context, id string) ([]model.Result, error) {
+	return l.byCampaign[id].Refusals(ctx, id)
+}
+
+// TestRestoreInBackground: callers of a lost campaign return at once while
+// one attempt runs; that one attempt loads the campaign and calls its
+// rebuilt once, and no other starts meanwhile. Another campaign is not
+// held up by it, and once the attempt ended (and the interval passed) a
+// new loss is restored again.
+func TestRestoreInBackground(t *testing.T) {
+	a, b := newRestoreBundle(t, 24*time.Hour, false), newRestoreBundle(t, 24*time.Hour, false)
+	a.lose(t)
+	b.lose(t)
+	ledger := &heldLedger{byCampaign: map[string]*countingLedger{a.c.ID: a.ledger, b.c.ID: b.ledger},
+		held: a.c.ID, entered: make(chan struct{}), release: make(chan struct{})}
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	const interval = time.Second
+	r := NewRestorer(slog.New(slog.NewJSONHandler(&a.log, nil)), ledger, a.st, a.m, RestorerOptions{Interval: interval, Now: clock})
+
+	rebuiltA := make(chan int, 16)
+	const callers = 8
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() { r.RestoreInBackground(t.Context(), a.c.ID, "admit", func() { rebuiltA <- i }) })
+	}
+	returned := make(chan struct{})
+	go func() { wg.Wait(); close(returned) }()
+	select {
+	case <-returned:
+	case <-time.After(30 * time.Second):
+		t.Fatal("RestoreInBackground waited for the restore")
+	}
+	select {
+	case <-ledger.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no attempt on the lost campaign started")
+	}
+
+	// While a's attempt is held: b restores, a's later callers start nothing.
+	rebuiltB := make(chan struct{}, 2)
+	r.RestoreInBackground(t.Context(), b.c.ID, "poll", func() { rebuiltB <- struct{}{} })
+	select {
+	case <-rebuiltB:
+	case <-time.After(30 * time.Second):
+		t.Fatal("another campaign was not restored while the first one's attempt ran")
+	}
+	mu.Lock()
+	now = now.Add(interval) // only a's running attempt holds these off
+	mu.Unlock()
+	for range callers {
+		r.RestoreInBackground(t.Context(), a.c.ID, "admit", func() { rebuiltA <- -1 })
+	}
+	if got := a.ledger.bumps.Load(); got != 0 {
+		t.Fatalf("loads of the held campaign before its release: got %d, want 0", got)
+	}
+
+	close(ledger.release)
+	select {
+	case i := <-rebuiltA:
+		if i < 0 {
+			t.Errorf("rebuilt called for a caller that came while an attempt ran")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the lost campaign was not rebuilt")
+	}
+	// The attempt ends right after its rebuilt; a loss after that, once
+	// the interval passed, is restored by a new one.
+	a.lose(t)
+	testenv.Eventually(t, 30*time.Second, "a new attempt restores a new loss", func() (bool, string) {
+		if n := a.ledger.bumps.Load(); n == 2 {
+			return true, ""
+		}
+		mu.Lock()
+		now = now.Add(interval)
+		mu.Unlock()
+		r.RestoreInBackground(t.Context(), a.c.ID, "admit", func() { rebuiltA <- -2 })
+		return false, fmt.Sprintf("%d loads", a.ledger.bumps.Load())
+	})
+	select {
+	case i := <-rebuiltA:
+		if i != -2 {
+			t.Errorf("rebuilt: got a second call from caller %d, want one per rebuild", i)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the second loss was not reported rebuilt")
+	}
+	if len(rebuiltA) != 0 || len(rebuiltB) != 0 {
+		t.Errorf("rebuilt called more than once per rebuild: %d more for the first campaign, %d for the second", len(rebuiltA), len(rebuiltB))
+	}
+	if got := b.ledger.bumps.Load(); got != 1 {
+		t.Errorf("loads of the other campaign: got %d, want 1", got)
+	}
+}
