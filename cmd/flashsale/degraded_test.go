@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -146,11 +147,8 @@ func TestDegradedFlapping(t *testing.T) {
 	c.openCampaign(campaign, stock, limit)
 
 	var (
-		mu       sync.Mutex
-		admitted = map[string]string{}
-		codes    = map[int]int{}
-		down     bool
-		outage   = map[int]int{} // codes while Redis was down
+		down   atomic.Bool
+		outage = map[int]int{} // codes while Redis was down
 	)
 	flapped := make(chan struct{})
 	go func() {
@@ -158,48 +156,21 @@ func TestDegradedFlapping(t *testing.T) {
 		for range 3 {
 			time.Sleep(700 * time.Millisecond)
 			rs.kill()
-			mu.Lock()
-			down = true
-			mu.Unlock()
+			down.Store(true)
 			time.Sleep(time.Second)
 			rs.start()
-			mu.Lock()
-			down = false
-			mu.Unlock()
+			down.Store(false)
 		}
 	}()
-	// Shoppers of a pool of users buy, each as often as it likes, until
-	// Redis has flapped three times and the sale is sold out (demand, two
-	// units for each of 1,000 users, outlasts the stock; the per-user
+	// Until Redis has flapped three times and the sale is sold out (demand,
+	// two units for each of 1,000 users, outlasts the stock; the per-user
 	// limit decides who gets more).
-	var wg sync.WaitGroup
-	deadline := time.Now().Add(60 * time.Second)
-	for w := range 16 {
-		wg.Go(func() {
-			for i := w; time.Now().Before(deadline); i = (i + 16) % users {
-				user := fmt.Sprintf("f%05d", i)
-				code, rid := c.tryBuy(campaign, user)
-				mu.Lock()
-				codes[code]++
-				if down {
-					outage[code]++
-				}
-				if code == http.StatusAccepted {
-					admitted[rid] = user
-				}
-				mu.Unlock()
-				select {
-				case <-flapped:
-					if code == http.StatusGone {
-						return
-					}
-				default:
-				}
-				time.Sleep(30 * time.Millisecond)
+	admitted, codes := shopUntilOver(campaign, "f", users, flapped, func(int) *client { return c },
+		func(code int, _ string, _ *client) {
+			if down.Load() {
+				outage[code]++
 			}
 		})
-	}
-	wg.Wait()
 	if outage[http.StatusAccepted] == 0 {
 		t.Errorf("no purchase admitted while Redis was down (codes then %v)", outage)
 	}
@@ -272,12 +243,7 @@ func TestDegradedTwoSystems(t *testing.T) {
 	const stock, limit, users = 1200, 2, 900
 	systems[0].openCampaign(campaign, stock, limit)
 
-	var (
-		mu       sync.Mutex
-		admitted = map[string]string{}
-		by       = map[string]*client{} // the system a request was admitted by
-		codes    = map[int]int{}
-	)
+	by := map[string]*client{} // the system a request was admitted by
 	cuts := make(chan struct{})
 	go func() {
 		defer close(cuts)
@@ -292,22 +258,52 @@ func TestDegradedTwoSystems(t *testing.T) {
 		step(1, true)  // B out, A in
 		step(1, false)
 	}()
+	admitted, codes := shopUntilOver(campaign, "t", users, cuts, func(shopper int) *client { return systems[shopper%2] },
+		func(code int, rid string, c *client) {
+			if code == http.StatusAccepted {
+				by[rid] = c
+			}
+		})
+	_, total := checkDegradedSettled(t, cfg, campaign, stock, limit, admitted, func(rid string) *client { return by[rid] })
+	var decided float64
+	for _, c := range systems {
+		decided += c.metricSum("flashsale_degraded_decisions_total", `result="success"`)
+	}
+	if decided == 0 {
+		t.Errorf("no success decided in MySQL")
+	}
+	t.Logf("codes %v; %d admitted; %.0f successes decided in MySQL; %d units in orders", codes, len(admitted), decided, total)
+}
+
+// shopUntilOver runs 16 shoppers over a pool of users (prefix and a
+// number below users), shopper w buying through via(w) as users w, w+16,
+// … in turn, 30 ms apart, until a minute has passed or, once faultsDone is
+// closed, it is answered 410 (the sale is over): so purchases are in
+// flight through every fault, and demand that outlasts the stock sells it
+// out. note is told each answer (code, request id, the system it came
+// from), one at a time. It returns the admitted requests (request id →
+// user) and the count of each status code.
+func shopUntilOver(campaign, prefix string, users int, faultsDone <-chan struct{}, via func(shopper int) *client,
+	note func(code int, rid string, c *client)) (admitted map[string]string, codes map[int]int) {
+	var mu sync.Mutex
+	admitted, codes = map[string]string{}, map[int]int{}
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(60 * time.Second)
 	for w := range 16 {
 		wg.Go(func() {
-			c := systems[w%2]
+			c := via(w)
 			for i := w; time.Now().Before(deadline); i = (i + 16) % users {
-				user := fmt.Sprintf("t%05d", i)
+				user := fmt.Sprintf("%s%05d", prefix, i)
 				code, rid := c.tryBuy(campaign, user)
 				mu.Lock()
 				codes[code]++
 				if code == http.StatusAccepted {
-					admitted[rid], by[rid] = user, c
+					admitted[rid] = user
 				}
+				note(code, rid, c)
 				mu.Unlock()
 				select {
-				case <-cuts:
+				case <-faultsDone:
 					if code == http.StatusGone {
 						return
 					}
@@ -318,15 +314,7 @@ func TestDegradedTwoSystems(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	_, total := checkDegradedSettled(t, cfg, campaign, stock, limit, admitted, func(rid string) *client { return by[rid] })
-	var decided float64
-	for _, c := range systems {
-		decided += c.metricSum("flashsale_degraded_decisions_total", `result="success"`)
-	}
-	if decided == 0 {
-		t.Errorf("no success decided in MySQL")
-	}
-	t.Logf("codes %v; %d admitted; %.0f successes decided in MySQL; %d units in orders", codes, len(admitted), decided, total)
+	return admitted, codes
 }
 
 // checkDegradedSettled checks a sale through Redis outages once it is
