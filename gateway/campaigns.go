@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -186,6 +187,9 @@ type CampaignStats struct {
 	Store      model.Stats
 	OrdersInDB int64
 	UnitsInDB  int64
+	// InMySQL: Redis did not answer and MySQL decides the campaign
+	// (degraded mode), so Store is Decider.DecidedStats's count.
+	InMySQL bool
 }
 
 // statsWait bounds Stats's Redis read: the counters come back in a
@@ -205,14 +209,21 @@ func (s *Service) Stats(ctx context.Context, id string) (CampaignStats, error) {
 	rctx, cancel := context.WithTimeout(ctx, statsWait)
 	st, err := s.stock.Stats(rctx, id)
 	cancel()
-	if err != nil {
+	inMySQL := false
+	if err != nil && errors.Is(err, model.ErrUnavailable) && s.opts.Degrade {
+		var derr error
+		if st, inMySQL, derr = s.opts.Decider.DecidedStats(ctx, id); derr != nil {
+			err = fmt.Errorf("%w; from MySQL: %w", err, derr)
+		}
+	}
+	if err != nil && !inMySQL {
 		return CampaignStats{}, err
 	}
 	os, err := s.campaigns.CampaignOrderStats(ctx, id)
 	if err != nil {
 		return CampaignStats{}, err
 	}
-	return CampaignStats{Store: st, OrdersInDB: os.Orders, UnitsInDB: os.Units}, nil
+	return CampaignStats{Store: st, OrdersInDB: os.Orders, UnitsInDB: os.Units, InMySQL: inMySQL}, nil
 }
 
 // PublicCampaign is what anyone may know about a campaign. Remaining is

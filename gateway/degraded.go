@@ -58,6 +58,9 @@ type Decider interface {
 	// KeyHolder returns the request holding the key and its quantity, or
 	// model.ErrNotFound.
 	KeyHolder(ctx context.Context, campaignID, userID, key string) (requestID string, quantity int64, err error)
+	// DecidedStats counts campaign id as MySQL holds it while MySQL
+	// decides it; decided is false while Redis does.
+	DecidedStats(ctx context.Context, id string) (st model.Stats, decided bool, err error)
 }
 
 // maxDecideBatch caps the purchases of one Decide: one transaction holds

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -141,6 +142,24 @@ func (m *memDecider) KeyHolder(_ context.Context, campaignID, userID, key string
 	return h.requestID, h.quantity, nil
 }
 
+func (m *memDecider) DecidedStats(_ context.Context, id string) (model.Stats, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.campaigns.mu.Lock()
+	defer m.campaigns.mu.Unlock()
+	c := m.campaigns.c
+	if c.ID != id || !c.DecidedInMySQL {
+		return model.Stats{}, false, nil
+	}
+	st := model.Stats{Loaded: true, Stock: c.Stock, Sold: c.UnitsHeld, Remaining: c.Stock - c.UnitsHeld,
+		SoldOut: c.UnitsHeld >= c.Stock, FinishedByStatus: map[model.Status]int64{}}
+	for _, r := range m.results {
+		st.Admitted++
+		st.FinishedByStatus[r.Status]++
+	}
+	return st, true, nil
+}
+
 // handBack is a load of Redis from MySQL (BumpEpoch): Redis decides again.
 func (m *memDecider) handBack() {
 	m.campaigns.mu.Lock()
@@ -179,6 +198,13 @@ func (d downStock) Admit(ctx context.Context, campaignID string, batch []model.A
 		return nil, fmt.Errorf("admit: %w: i/o timeout", model.ErrUnavailable)
 	}
 	return d.Store.Admit(ctx, campaignID, batch, limits)
+}
+
+func (d downStock) Stats(ctx context.Context, campaignID string) (model.Stats, error) {
+	if d.down.Load() {
+		return model.Stats{}, fmt.Errorf("stats: %w: i/o timeout", model.ErrUnavailable)
+	}
+	return d.Store.Stats(ctx, campaignID)
 }
 
 // syncBuffer is a log destination for concurrent writers.
@@ -557,6 +583,33 @@ func TestDegradedSoldOutFlag(t *testing.T) {
 		if flag() != st.wantFlag {
 			t.Fatalf("%s: got flag %v, want %v", st.name, flag(), st.wantFlag)
 		}
+	}
+}
+
+// TestDegradedStats: while Redis is out the admin's stats of a campaign
+// MySQL decides are MySQL's count; of one it does not, Redis's error.
+func TestDegradedStats(t *testing.T) {
+	b := newDegraded(t, model.Campaign{Stock: 3, PerUserLimit: 2}, Options{Degrade: true})
+	if st, err := b.svc.Stats(t.Context(), b.c.ID); !errors.Is(err, model.ErrUnavailable) {
+		t.Fatalf("before MySQL decides: got %+v, %v; want %v", st, err, model.ErrUnavailable)
+	}
+	for _, p := range []struct {
+		user string
+		want model.Status
+	}{{"u1", model.StatusSuccess}, {"u2", model.StatusRejected}} {
+		if adm, err := b.buy(t, p.user, "", 2); err != nil || adm.Result.Status != p.want {
+			t.Fatalf("%s buys 2: got %+v, %v; want %s", p.user, adm, err, p.want)
+		}
+	}
+	st, err := b.svc.Stats(t.Context(), b.c.ID)
+	want := model.Stats{Loaded: true, Stock: 3, Sold: 2, Remaining: 1, Admitted: 2,
+		FinishedByStatus: map[model.Status]int64{model.StatusSuccess: 1, model.StatusRejected: 1}}
+	if err != nil || !st.InMySQL || !reflect.DeepEqual(st.Store, want) {
+		t.Fatalf("while MySQL decides: got %+v, %v; want %+v from MySQL", st, err, want)
+	}
+	b.down.Store(false)
+	if st, err := b.svc.Stats(t.Context(), b.c.ID); err != nil || st.InMySQL || st.Store.Stock != 3 {
+		t.Fatalf("Redis back: got %+v, %v; want Redis's count", st, err)
 	}
 }
 

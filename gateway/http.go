@@ -140,6 +140,9 @@ type statsResponse struct {
 	FinishedByStatus map[model.Status]int64 `json:"finished_by_status"`
 	OrdersInDB       int64                  `json:"orders_in_db"`
 	UnitsInDB        int64                  `json:"units_in_db"`
+	// DecidedIn is where the counts come from: "redis", or "mysql" while
+	// Redis is out and MySQL decides the campaign (degraded mode).
+	DecidedIn string `json:"decided_in"`
 }
 
 func (h *Handlers) stats(c *gin.Context) {

@@ -127,7 +127,12 @@ func (s *StatsStream) send(c *gin.Context, rc *http.ResponseController, st Campa
 }
 
 func toStatsResponse(st CampaignStats) statsResponse {
-	return statsResponse{Stock: st.Store.Stock, Remaining: st.Store.Remaining, Sold: st.Store.Sold,
+	r := statsResponse{Stock: st.Store.Stock, Remaining: st.Store.Remaining, Sold: st.Store.Sold,
 		SoldOut: st.Store.SoldOut, Preloaded: st.Store.Loaded, Admitted: st.Store.Admitted, Queued: st.Store.Queued(),
-		FinishedByStatus: st.Store.FinishedByStatus, OrdersInDB: st.OrdersInDB, UnitsInDB: st.UnitsInDB}
+		FinishedByStatus: st.Store.FinishedByStatus, OrdersInDB: st.OrdersInDB, UnitsInDB: st.UnitsInDB,
+		DecidedIn: "redis"}
+	if st.InMySQL {
+		r.DecidedIn = "mysql"
+	}
+	return r
 }

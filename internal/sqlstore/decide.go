@@ -498,3 +498,40 @@ func scanRows(rows *sql.Rows, scan func() error) error {
 	}
 	return rows.Err()
 }
+
+// DecidedStats counts campaign id as MySQL holds it while it decides the
+// campaign (degraded mode), for the admin's stats while Redis cannot
+// answer; decided is false, and st empty, while Redis decides it. Sold is
+// units_held; a success is an order (those Redis decided before the
+// outage among them) and a refusal a decisions row (Redis's own refusals
+// stay in Redis): Admitted is the requests MySQL holds a result of, and
+// none of them is queued.
+func (db *DB) DecidedStats(ctx context.Context, id string) (st model.Stats, decided bool, err error) {
+	c, err := db.Campaign(ctx, id)
+	if err != nil || !c.DecidedInMySQL {
+		return model.Stats{}, false, err
+	}
+	os, err := db.CampaignOrderStats(ctx, id)
+	if err != nil {
+		return model.Stats{}, false, err
+	}
+	var refusals []struct {
+		Status string
+		N      int64
+	}
+	if err := db.gdb.WithContext(ctx).Model(&decisionRow{}).Where("campaign_id = ?", id).
+		Select("status, COUNT(*) AS n").Group("status").Scan(&refusals).Error; err != nil {
+		return model.Stats{}, false, fmt.Errorf("refusals of campaign %s: %w", id, err)
+	}
+	st = model.Stats{Loaded: true, Stock: c.Stock, Sold: c.UnitsHeld, Remaining: max(c.Stock-c.UnitsHeld, 0),
+		Admitted: os.Orders, FinishedByStatus: map[model.Status]int64{}}
+	st.SoldOut = st.Remaining == 0
+	if os.Orders > 0 {
+		st.FinishedByStatus[model.StatusSuccess] = os.Orders
+	}
+	for _, r := range refusals {
+		st.FinishedByStatus[model.Status(r.Status)] += r.N
+		st.Admitted += r.N
+	}
+	return st, true, nil
+}

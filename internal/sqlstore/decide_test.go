@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -868,4 +869,37 @@ func BenchmarkConditionalUpdate(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(units.Load())/b.Elapsed().Seconds(), "units/s")
+}
+
+// TestDecidedStats: while MySQL decides a campaign its stats count the
+// orders (Redis's before the take-over among them) as successes, the
+// refusals MySQL decided by status, and units_held as sold; while Redis
+// decides it there are none.
+func TestDecidedStats(t *testing.T) {
+	for driver, open := range openDBs(t) {
+		t.Run(driver, func(t *testing.T) {
+			db := open(t)
+			const id = "ds"
+			decideCampaign(t, db, id, 4, 2)
+			before := ded(id, 1, "u1", 1)
+			mustInsert(t, db, []model.Order{orderOf(id, before, model.OrderPaid)})
+			if _, decided, err := db.DecidedStats(t.Context(), id); err != nil || decided {
+				t.Fatalf("decided in Redis: got decided %v, %v; want false", decided, err)
+			}
+			mustTakeOver(t, db, id)
+			// u1 passes its limit, u2 buys 2 (3 sold), u3 wants more than
+			// is left, u4 buys the last unit, u5 finds none.
+			ds := []model.Deduction{ded(id, 3, "u1", 2), ded(id, 2, "u2", 2), ded(id, 4, "u3", 2), ded(id, 5, "u4", 1), ded(id, 6, "u5", 1)}
+			if _, err := db.Decide(t.Context(), id, ds, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			st, decided, err := db.DecidedStats(t.Context(), id)
+			want := model.Stats{Loaded: true, Stock: 4, Sold: 4, Remaining: 0, SoldOut: true, Admitted: 6,
+				FinishedByStatus: map[model.Status]int64{model.StatusSuccess: 3, model.StatusRejected: 1,
+					model.StatusLimitExceeded: 1, model.StatusSoldOut: 1}}
+			if err != nil || !decided || !reflect.DeepEqual(st, want) {
+				t.Errorf("got %+v, %v, %v; want %+v", st, decided, err, want)
+			}
+		})
+	}
 }
