@@ -128,6 +128,16 @@ func (s *Service) inMySQL(campaignID string) bool {
 	return cd == nil || !cd.handedBack
 }
 
+// RedisAnswers tells the gateway that Redis answers again (the process's
+// hand-back loop does, each second): a gateway nobody buys from after an
+// outage ends it too, so its campaigns stop being counted as decided in
+// MySQL (the degraded gauge, the alert) and are handed back.
+func (s *Service) RedisAnswers() {
+	if s.opts.Degrade && s.degraded.marked.Load() && !s.opts.RedisDown() {
+		s.redisBack()
+	}
+}
+
 // redisBack ends the outage for this gateway: a later one takes its
 // campaigns over again. A campaign stays decided in MySQL until Redis is
 // rebuilt from it (a purchase on the Redis path gets there: the orders its

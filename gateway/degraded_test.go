@@ -586,6 +586,29 @@ func TestDegradedSoldOutFlag(t *testing.T) {
 	}
 }
 
+// TestDegradedRedisAnswers: a gateway nobody buys from after an outage
+// ends it when told Redis answers: the campaign stops counting as decided
+// in MySQL here. Told while Redis is still out, it changes nothing.
+func TestDegradedRedisAnswers(t *testing.T) {
+	b := newDegraded(t, model.Campaign{}, Options{Degrade: true})
+	gauge := func() float64 { return testutil.ToFloat64(b.svc.m.Degraded.WithLabelValues("gateway")) }
+	if adm, err := b.buy(t, "u1", "", 1); err != nil || adm.Result.Status != model.StatusSuccess {
+		t.Fatalf("purchase in the outage: got %+v, %v; want success", adm, err)
+	}
+	b.svc.RedisAnswers()
+	if g := gauge(); g != 1 {
+		t.Fatalf("Redis still out: got gauge %v, want 1", g)
+	}
+	b.down.Store(false)
+	b.svc.RedisAnswers()
+	if g := gauge(); g != 0 || b.svc.degraded.marked.Load() {
+		t.Fatalf("Redis back: got gauge %v, marked %v; want 0, false", g, b.svc.degraded.marked.Load())
+	}
+	if n := b.log.count("no longer deciding campaign in MySQL: Redis is back"); n != 1 {
+		t.Errorf("got %d hand-back logs, want 1", n)
+	}
+}
+
 // TestDegradedStats: while Redis is out the admin's stats of a campaign
 // MySQL decides are MySQL's count; of one it does not, Redis's error.
 func TestDegradedStats(t *testing.T) {

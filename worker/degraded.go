@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -73,6 +75,13 @@ func (d *degraded) mark(id string, now time.Time) (first bool) {
 	return true
 }
 
+// marked lists the campaigns marked.
+func (d *degraded) marked() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Collect(maps.Keys(d.since))
+}
+
 // forget drops id and returns how long it was marked (0 if it was not).
 func (d *degraded) forget(id string, now time.Time) time.Duration {
 	d.mu.Lock()
@@ -140,6 +149,19 @@ func (w *Worker) handBack(ctx context.Context, campaignID string) error {
 	}
 	w.handedBack(campaignID)
 	return nil
+}
+
+// RedisAnswers tells the worker that Redis answers again and which
+// campaigns MySQL still decides (the process's hand-back loop does, each
+// second): those it decided in MySQL and MySQL no longer decides stop
+// being counted as such even when no batch of theirs comes. Their next
+// batch is still checked (handBack) before Redis decides it.
+func (w *Worker) RedisAnswers(decidedInMySQL []string) {
+	for _, id := range w.degraded.marked() {
+		if !slices.Contains(decidedInMySQL, id) {
+			w.handedBack(id)
+		}
+	}
 }
 
 func (w *Worker) handedBack(campaignID string) {

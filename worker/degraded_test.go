@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flashsale/flashsale/internal/metrics"
@@ -43,7 +44,9 @@ func TestDegradedWorker(t *testing.T) {
 	down.AddHook(guard)
 	t.Cleanup(func() { _ = down.Close() })
 	restorer := reconcile.NewRestorer(discard(), f.db, f.st, metrics.New(), reconcile.RestorerOptions{Interval: time.Millisecond})
-	degraded := New(discard(), store.New(down), f.db, metrics.New(), Options{Decider: f.db, RedisDown: guard.Down, Restorer: restorer})
+	dm := metrics.New()
+	degraded := New(discard(), store.New(down), f.db, dm, Options{Decider: f.db, RedisDown: guard.Down, Restorer: restorer})
+	gauge := func() float64 { return testutil.ToFloat64(dm.Degraded.WithLabelValues("worker")) }
 
 	if err := decideAll(t, degraded, msgs[:10]); err != nil {
 		t.Fatalf("degraded batch: %v", err)
@@ -55,6 +58,11 @@ func TestDegradedWorker(t *testing.T) {
 	inMySQL, err := f.db.Decided(t.Context(), ids(msgs[:10]))
 	if err != nil || len(inMySQL) != 10 {
 		t.Fatalf("Decided: got %d results, %v; want all 10", len(inMySQL), err)
+	}
+
+	degraded.RedisAnswers([]string{f.campaign.ID})
+	if g := gauge(); g != 1 {
+		t.Fatalf("campaign still decided in MySQL: got gauge %v, want 1", g)
 	}
 
 	// Redis answers again: its state is the old epoch's. The first batch
@@ -69,6 +77,12 @@ func TestDegradedWorker(t *testing.T) {
 	}
 	if c, err := f.db.Campaign(t.Context(), f.campaign.ID); err != nil || c.DecidedInMySQL {
 		t.Fatalf("campaign after Redis decided again: %+v, %v; want decided in Redis", c, err)
+	}
+	// The worker that decided in MySQL gets no batch of the campaign:
+	// told MySQL decides it no longer, it stops counting it.
+	degraded.RedisAnswers(nil)
+	if g := gauge(); g != 0 {
+		t.Errorf("campaign handed back: got gauge %v, want 0", g)
 	}
 	// The batch MySQL decided, delivered again to the worker on Redis.
 	if err := decideAll(t, back, msgs[:10]); err != nil {

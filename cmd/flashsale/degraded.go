@@ -16,7 +16,10 @@ const handBackEvery = time.Second
 // MySQL under a new epoch, which counts the units MySQL sold and makes
 // Redis the decider again. Purchases and batches hand back the campaigns
 // they touch themselves; this covers one nobody touches (sold out in MySQL:
-// the gateways refuse from memory), so Redis agrees with MySQL again.
+// the gateways refuse from memory), so Redis agrees with MySQL again, and
+// ends the outage for this process's gateway and worker, whose campaigns
+// would otherwise count as decided in MySQL until a purchase or batch
+// came.
 func (s *system) handBack(ctx context.Context) error {
 	if s.cfg.Degrade != config.DegradeMySQL || s.restorer == nil {
 		return nil
@@ -38,6 +41,17 @@ func (s *system) handBack(ctx context.Context) error {
 		}
 		for _, id := range ids {
 			_, _ = s.restorer.Restore(ctx, id, "handback") // logs its failure, bounds its attempts
+		}
+		if s.gateway != nil {
+			s.gateway.RedisAnswers()
+		}
+		if s.worker != nil {
+			if len(ids) > 0 {
+				if ids, err = s.db.CampaignsDecidedInMySQL(ctx); err != nil {
+					continue
+				}
+			}
+			s.worker.RedisAnswers(ids)
 		}
 	}
 }
