@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -216,6 +217,58 @@ func TestLoadtestDegraded(t *testing.T) {
 	t.Logf("results by channel %v, by status %v", rep.ByChannel, rep.ByStatus)
 }
 
+// TestLoadtestSaleInMySQL (issue 28): the whole sale of a campaign
+// preloaded before its Redis died, by `flashsale loadtest --existing`
+// (the degraded stage of .ci/bench.sh): every purchase is decided in MySQL
+// and answered with its result, the admin's stats come from MySQL, and the
+// invariants hold. A campaign bought from already is refused.
+func TestLoadtestSaleInMySQL(t *testing.T) {
+	testenv.SkipShort(t, "a fault test: a sale while Redis is down")
+	t.Parallel()
+	rs := startRedisServer(t)
+	cfg := faultConfig(t, "redisstream", rs.addr()) // the queue dies with Redis: the gateway decides
+	cfg.Degrade = config.DegradeMySQL
+	cfg.Gateway.UserRate, cfg.Gateway.UserBurst = 1000, 1000
+	c := startOn(t, cfg)
+	campaign, bought := testenv.Name(t, "ltmysql-"), testenv.Name(t, "ltbought-")
+	c.openCampaign(campaign, 400, 1)
+	c.openCampaign(bought, 10, 1)
+	if code, rid := c.tryBuy(bought, "early"); code != http.StatusAccepted {
+		t.Fatalf("purchase before the outage: got %d, want 202", code)
+	} else if r := c.waitFinal("early", rid, 30*time.Second); r.Status != "success" {
+		t.Fatalf("purchase before the outage: got %+v, want success", r)
+	}
+	rs.kill()
+	testenv.Eventually(t, 30*time.Second, "the system to notice Redis is gone", func() (bool, string) {
+		n := c.metricSum("flashsale_redis_up", "")
+		return n == 0, fmt.Sprint(n)
+	})
+	args := []string{"--url", c.base, "--admin-token", testAdminToken, "--jwt-secret", testJWTSecret, "--existing",
+		"--results", "poll", "--shoppers", "500", "--repeat", "0", "--idempotent-share", "0", "--settle", "30s", "--json"}
+	if out, err := runLoadtestCmd(t, append(args, "--campaign", bought)...); err == nil || !strings.Contains(err.Error(), "nobody bought from") {
+		t.Errorf("a campaign bought from: got %v, want refused; output:\n%s", err, out)
+	}
+	out, err := runLoadtestCmd(t, append(args, "--campaign", campaign)...)
+	if err != nil {
+		t.Fatalf("loadtest: got error %v, want none; output:\n%s", err, out)
+	}
+	var rep report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, out)
+	}
+	// Past the stock the sold-out flag refuses (410), not admitted.
+	if rep.Stock != 400 || rep.ByChannel["answer"] != rep.Admitted || rep.Admitted < 400 || rep.ByStatus["success"] != 400 {
+		t.Errorf("stock %d, admitted %d, results by channel %v, by status %v: want stock 400 read from the campaign, each admitted request answered at once, 400 successes",
+			rep.Stock, rep.Admitted, rep.ByChannel, rep.ByStatus)
+	}
+	if !rep.InvariantsHolding {
+		t.Errorf("invariants: %+v", rep.Invariants)
+	}
+	if st := c.stats(campaign); st.DecidedIn != "mysql" || st.Sold != 400 || st.UnitsInDB != 400 || st.Admitted != int64(rep.Admitted) || st.Queued != 0 {
+		t.Errorf("stats while Redis is down: got %+v, want MySQL's: 400 sold and stored, %d admitted, none queued", st, rep.Admitted)
+	}
+}
+
 // TestDegradedTwoSystems (issue 28): two systems (each a gateway and a
 // worker) share MySQL, the campaign and a Redis-Streams queue in a Redis
 // of its own, and reach the stock's Redis each through a proxy of its
@@ -331,8 +384,10 @@ func checkDegradedSettled(t *testing.T, cfg config.Config, campaign string, stoc
 	t.Helper()
 	byStatus := map[string]int{}
 	var c *client
+	systems := map[*client]bool{}
 	for rid, user := range admitted {
 		c = via(rid)
+		systems[c] = true
 		r := c.waitFinal(user, rid, cfg.Worker.MaxQueueDelay+60*time.Second)
 		byStatus[r.Status+"/"+r.Reason]++
 		switch {
@@ -362,7 +417,15 @@ func checkDegradedSettled(t *testing.T, cfg config.Config, campaign string, stoc
 	}
 	testenv.Eventually(t, 30*time.Second, "Redis agrees with MySQL", func() (bool, string) {
 		st := c.stats(campaign)
-		return st.Sold == total && st.UnitsInDB == total && st.Remaining == stock-total, fmt.Sprintf("%+v", st)
+		return st.DecidedIn == "redis" && st.Sold == total && st.UnitsInDB == total && st.Remaining == stock-total, fmt.Sprintf("%+v", st)
 	})
+	// Once Redis answers, no process counts a campaign decided in MySQL,
+	// bought from since or not.
+	for sys := range systems {
+		testenv.Eventually(t, 30*time.Second, "the degraded gauge back to 0", func() (bool, string) {
+			n := sys.metricSum("flashsale_degraded_campaigns", "")
+			return n == 0, fmt.Sprint(n)
+		})
+	}
 	return byStatus, total
 }

@@ -256,6 +256,7 @@ type statsBody struct {
 	FinishedByStatus map[string]int64 `json:"finished_by_status"`
 	OrdersInDB       int64            `json:"orders_in_db"`
 	UnitsInDB        int64            `json:"units_in_db"`
+	DecidedIn        string           `json:"decided_in"`
 }
 
 func (c *client) stats(id string) statsBody {

@@ -41,6 +41,7 @@ type loadtestOptions struct {
 	resultsURL      string // the notifier: WebSocket and polling (default: url)
 	configPath      string
 	campaign        string
+	existing        bool // sell campaign as it stands: no create or preload
 	stock           int64
 	perUserLimit    int64
 	buckets         int // the campaign's stock buckets (model.Campaign.Buckets)
@@ -126,6 +127,10 @@ buyer pays with probability --pay-ratio and otherwise lets the order expire,
 shoppers left without an order keep retrying while units come back, and the run
 waits until every order is paid or ended and reports the units resold.
 
+With --existing it sells a campaign created and preloaded before, as it
+stands, instead of creating one: for example one whose Redis was killed
+since, to measure the sale decided in MySQL (degraded mode).
+
 Without --url it starts the embedded serve in this process (or the roles of
 --config) and runs against that. Against separate processes, --url is a
 gateway (purchases, the admin API, payments) and --results-url a notifier
@@ -156,6 +161,7 @@ func parseLoadtestFlags(args []string, stdout io.Writer, env map[string]string) 
 	fs.StringVar(&o.resultsURL, "results-url", "", "notifier base URL for WebSocket and polled results (default: --url)")
 	fs.StringVar(&o.configPath, "config", "", "config of the in-process serve (only without --url)")
 	fs.StringVar(&o.campaign, "campaign", "", "campaign id to create (default: a fresh random id)")
+	fs.BoolVar(&o.existing, "existing", false, "sell the campaign --campaign names as it stands, created and preloaded before (say, then Redis killed): nothing is created or preloaded; its stock, limit, buckets and challenge come from the admin API, and nobody may have bought from it yet")
 	fs.Int64Var(&o.stock, "stock", 1000, "units on sale")
 	fs.Int64Var(&o.perUserLimit, "per-user-limit", 1, "units one shopper may buy")
 	fs.IntVar(&o.buckets, "buckets", 1, "stock buckets of the campaign (1 to 64): each its own Redis hash tag, queue partition and worker")
@@ -195,16 +201,26 @@ func parseLoadtestFlags(args []string, stdout io.Writer, env map[string]string) 
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	crowdFlag := ""
+	crowdFlag, campaignFlag, campaignSet := "", "", false
 	fs.Visit(func(f *flag.Flag) {
 		o.lifecycle = o.lifecycle || f.Name == "pay-ratio" || f.Name == "payment-window"
 		switch f.Name {
 		case "connect-window", "hold", "metrics-url":
 			crowdFlag = f.Name
+		case "stock", "per-user-limit", "buckets", "challenge-bits", "pay-ratio", "payment-window":
+			campaignFlag = f.Name
+		case "campaign":
+			campaignSet = true
 		}
 	})
 	if crowdFlag != "" && !o.wsPerShopper {
 		return o, fmt.Errorf("--%s: goes with --ws-per-shopper", crowdFlag)
+	}
+	switch {
+	case o.existing && campaignFlag != "":
+		return o, fmt.Errorf("--%s: not with --existing (the campaign has its own)", campaignFlag)
+	case o.existing && (!campaignSet || o.url == ""):
+		return o, errors.New("--existing: goes with --campaign and --url (the campaign of a running server)")
 	}
 	o.metricsURLSet = o.metricsURL != ""
 	if o.adminToken == "" {

@@ -422,6 +422,9 @@ func (lt *loadtest) setUp(ctx context.Context) error {
 	if err := lt.checkRoutes(ctx); err != nil {
 		return err
 	}
+	if lt.o.existing {
+		return lt.adopt(ctx)
+	}
 	now := time.Now().UTC()
 	c := map[string]any{"id": lt.o.campaign, "name": "loadtest " + lt.o.campaign, "stock": lt.o.stock,
 		"per_user_limit": lt.o.perUserLimit, "start_at": now.Add(-time.Second), "end_at": now.Add(24 * time.Hour)}
@@ -444,6 +447,46 @@ func (lt *loadtest) setUp(ctx context.Context) error {
 		return fmt.Errorf("preload campaign: %w", err)
 	}
 	return nil
+}
+
+// adopt makes the campaign of --existing the run's: its stock, limit,
+// buckets and challenge become the run's options. A campaign somebody
+// bought from already is refused, since the invariants count this run's
+// shoppers alone: its stats say so, or, while they cannot be read (Redis
+// out, MySQL not deciding the campaign yet), its orders.
+func (lt *loadtest) adopt(ctx context.Context) error {
+	var c existingCampaign
+	if err := lt.adminCall(ctx, http.MethodGet, "/admin/v1/campaigns/"+lt.o.campaign, nil, &c); err != nil {
+		return fmt.Errorf("read campaign: %w", err)
+	}
+	var st serverStats
+	if err := lt.adminCall(ctx, http.MethodGet, "/admin/v1/campaigns/"+lt.o.campaign+"/stats", nil, &st); err != nil {
+		// Redis is out and MySQL does not decide the campaign yet: its
+		// orders tell, though not the refusals Redis alone held.
+		var orders struct {
+			Orders []json.RawMessage `json:"orders"`
+		}
+		if err := lt.adminCall(ctx, http.MethodGet, "/admin/v1/campaigns/"+lt.o.campaign+"/orders?limit=1", nil, &orders); err != nil {
+			return fmt.Errorf("read the orders of campaign %s: %w", lt.o.campaign, err)
+		}
+		st.OrdersInDB = int64(len(orders.Orders))
+		lt.say("campaign %s: no stats (%v); %d orders in MySQL", lt.o.campaign, err, st.OrdersInDB)
+	}
+	if st.Admitted > 0 || st.OrdersInDB > 0 {
+		return fmt.Errorf("campaign %s: %d requests admitted and %d orders already; --existing sells a campaign nobody bought from",
+			lt.o.campaign, st.Admitted, st.OrdersInDB)
+	}
+	lt.o.stock, lt.o.perUserLimit, lt.o.buckets, lt.o.challenge.bits = c.Stock, c.PerUserLimit, max(c.Buckets, 1), c.ChallengeBits
+	lt.rec.o = lt.o
+	return nil
+}
+
+// existingCampaign is what the run reads of the campaign of --existing.
+type existingCampaign struct {
+	Stock         int64 `json:"stock"`
+	PerUserLimit  int64 `json:"per_user_limit"`
+	Buckets       int   `json:"buckets"`
+	ChallengeBits int   `json:"challenge_bits"`
 }
 
 // route is one route the run needs, probed without a token: a server that

@@ -626,6 +626,9 @@ func TestLoadtestBadInvocation(t *testing.T) {
 		{"mark after without a span", []string{"--mark-after", "10s"}, "--mark-after: goes with --mark-for"},
 		{"negative span", []string{"--mark-for", "-1s"}, "--mark-for: must not be negative"},
 		{"results url without scheme", []string{"--url", "http://127.0.0.1:1", "--results-url", "notifier:8080"}, "--results-url:"},
+		{"existing without a campaign", []string{"--existing", "--url", "http://127.0.0.1:1"}, "--existing: goes with --campaign and --url"},
+		{"existing in-process", []string{"--existing", "--campaign", "c1"}, "--existing: goes with --campaign and --url"},
+		{"existing with a stock", []string{"--existing", "--campaign", "c1", "--url", "http://127.0.0.1:1", "--stock", "5"}, "--stock: not with --existing"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
