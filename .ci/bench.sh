@@ -42,7 +42,11 @@
 # Not in the default stages, "ack" (with BENCH_REDIS_CLUSTER=1): the e2e
 # stage on the cluster with redis.min_replicas_ack 0 and 1 in turn,
 # BENCH_ACK_ROUNDS (3) rounds; with BENCH_SHOPPERS = BENCH_STOCK every
-# purchase is a deduction the worker waits on.
+# purchase is a deduction the worker waits on. Not in the default stages,
+# "degraded": the sale decided in MySQL while Redis is down (issue 28),
+# beside a bare conditional UPDATE loop and the Redis path, in
+# BENCH_DEGRADED_ROUNDS (3) rounds of BENCH_DEGRADED_STOCK (20000) units
+# (see the stage).
 #
 # BENCH_REVS="A B" compares two git revisions instead: each is checked out
 # (git worktree, in the run's temporary folder, removed by the clean-up) and
@@ -474,7 +478,7 @@ e2e_stage() {
   if [ -n "${BENCH_E2E_PROFILE_SECONDS:-}" ]; then profile "$name" "$BENCH_E2E_PROFILE_SECONDS" 0; else profile "$name" 3; fi
   set +e
   # shellcheck disable=SC2086 # BENCH_LOADTEST_ARGS is a list of flags
-  "$WORK/flashsale" loadtest --url "$BASE" --campaign "bench-$RUN_ID-$name" --stock "$STOCK" --shoppers "$SHOPPERS" \
+  "$WORK/flashsale" loadtest --url "$BASE" --campaign "bench-$RUN_ID-$name" ${E2E_CAMPAIGN_FLAGS:---stock $STOCK} --shoppers "$SHOPPERS" \
     --concurrency 256 --repeat 0 --idempotent-share 0 --results ws --settle 30 --progress=false --json \
     ${BENCH_LOADTEST_ARGS:-} >"$WORK/$name.json"
   status=$?
@@ -489,6 +493,76 @@ e2e_stage() {
 }
 if want e2e; then
   e2e_stage e2e
+fi
+
+# An all-success sale decided in MySQL (degraded mode, issue 28) beside the
+# bound of that design, a bare conditional UPDATE on one hot row
+# (BenchmarkConditionalUpdate: 16 callers, autocommit, as many updates as
+# the sale has units), and the same sale on the Redis path: each of
+# BENCH_DEGRADED_ROUNDS rounds (3) runs the three, in turn. The serve has a
+# Redis of its own, its queue in it too (the embedded default's shape:
+# the gateway decides and answers each purchase itself): a campaign of
+# BENCH_DEGRADED_STOCK units (20000) is created and preloaded, that Redis
+# SIGKILLed, and the loadtest sells the campaign (--existing) to as many
+# shoppers. Then the Redis starts again, empty, and the serve hands the
+# campaign back before the next round.
+if want degraded; then
+  DSTOCK=${BENCH_DEGRADED_STOCK:-20000}
+  (cd internal/sqlstore && go test -c -o "$WORK/sqlstore.test" .) || die "could not build the sqlstore benchmarks"
+  DREDIS_PORT=$(free_port)
+  DPORT=$(free_port)
+  start_degraded_redis() {
+    redis-server --port "$DREDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" --logfile redis-degraded.log &
+    DREDIS=$!
+    PIDS+=("$DREDIS")
+    for _ in $(seq 1 50); do redis-cli -p "$DREDIS_PORT" ping 2>/dev/null | grep -q PONG && return 0; sleep 0.1; done
+    die "the degraded stage's Redis did not start"
+  }
+  # metric NAME: its sum over the serve's series.
+  metric() { curl -fs "http://127.0.0.1:$DPORT/metrics" | awk -v n="$1" '$1 == n || index($1, n "{") == 1 {s += $2} END {print s + 0}'; }
+  # wait_metric NAME VALUE WHAT: until the serve's metric NAME is VALUE.
+  wait_metric() {
+    for _ in $(seq 1 300); do [ "$(metric "$1")" = "$2" ] && return 0; sleep 0.1; done
+    tail -20 "$WORK/serve-degraded.log" >&2
+    die "the serve did not $3 within 30 s (metric $1: $(metric "$1"), want $2; the end of its log above)"
+  }
+  # sold_per_second NAME: the units sold per second from the sale's start
+  # to its last result (the Redis path answers 202 at once and decides
+  # after; in MySQL the answer is the decision).
+  declare -A SOLD
+  sold_per_second() { awk -v n="$(json successes "$1")" -v ms="$(json all_results_ms "$1")" 'BEGIN{if(ms>0) printf "%.0f", 1000*n/ms}'; }
+  start_degraded_redis
+  FLASHSALE_HTTP_ADDR=127.0.0.1:$DPORT FLASHSALE_REDIS_ADDR=127.0.0.1:$DREDIS_PORT FLASHSALE_DEGRADE=mysql \
+    "$WORK/flashsale" serve --config "$CONFIG" >"$WORK/serve-degraded.log" 2>&1 &
+  PIDS+=($!)
+  DSRV=${PIDS[-1]}
+  wait_http "http://127.0.0.1:$DPORT/healthz" "$DSRV"
+  SAVED=("$BASE" "${SRV:-}" "$REDIS_PIDS")
+  BASE=http://127.0.0.1:$DPORT SRV=$DSRV
+  DEGRADED_RUNS=()
+  for round in $(seq 1 "${BENCH_DEGRADED_ROUNDS:-3}"); do
+    say "degraded round $round: the bare conditional UPDATE, $DSTOCK times"
+    (cd internal/sqlstore && CI=true FLASHSALE_TEST_MYSQL_DSN="root@tcp(127.0.0.1:3306)/test" "$WORK/sqlstore.test" \
+      -test.run '^$' -test.bench '^BenchmarkConditionalUpdate$' -test.benchtime "${DSTOCK}x") >"$WORK/bare-$round.txt" 2>&1 \
+      || { cat "$WORK/bare-$round.txt" >&2; die "BenchmarkConditionalUpdate failed"; }
+    RPS[bare-$round]=$(awk '{for (i = 1; i < NF; i++) if ($(i+1) == "units/s") printf "%.0f", $i}' "$WORK/bare-$round.txt")
+    REDIS_PIDS=$DREDIS SHOPPERS=$DSTOCK STOCK=$DSTOCK e2e_stage "redis-$round"
+    SOLD[redis-$round]=$(sold_per_second "redis-$round")
+    id=bench-$RUN_ID-degraded-$round
+    campaign "$id" "$DSTOCK"
+    kill -9 "$DREDIS"
+    wait "$DREDIS" 2>/dev/null || true
+    wait_metric flashsale_redis_up 0 "notice its Redis is gone"
+    REDIS_PIDS='' SHOPPERS=$DSTOCK STOCK=$DSTOCK E2E_CAMPAIGN_FLAGS=--existing e2e_stage "degraded-$round"
+    SOLD[degraded-$round]=$(sold_per_second "degraded-$round")
+    DEGRADED_RUNS+=("$round")
+    start_degraded_redis
+    wait_metric flashsale_redis_up 1 "notice its Redis is back"
+    wait_metric flashsale_degraded_campaigns 0 "hand the campaign back to Redis"
+  done
+  BASE=${SAVED[0]} SRV=${SAVED[1]} REDIS_PIDS=${SAVED[2]}
+  kill "$DSRV"
+  wait "$DSRV" 2>/dev/null || true
 fi
 
 # The same admit and e2e stages on the cluster: a gateway, then a serve of
@@ -584,6 +658,21 @@ if [ "$CLUSTER" = 1 ]; then
   want e2e && printf '%-34s %10s %8s  %s\n' "e2e, cluster" "${RPS[e2e-cluster]}" "$(ratio "${RPS[e2e-cluster]}")" "${CPU[e2e-cluster]}"
   want deduct && printf '%-34s %10s %8s  %s\n' "deduct.lua deductions/s, one Redis" "${DEDUCT[redis]}" "" "BenchmarkDeductShards (median of 3, interleaved): 6 campaigns, 8 callers, batches of 128; all: $(awk '/deductions\/s/{for(i=1;i<NF;i++) if($(i+1)=="deductions/s") printf "%s ", $i}' "$WORK/deduct.txt")" &&
     printf '%-34s %10s %8s  %s\n' "deduct.lua deductions/s, cluster" "${DEDUCT[cluster]}" "" "$(awk -v a="${DEDUCT[cluster]}" -v b="${DEDUCT[redis]}" 'BEGIN{if(b>0) printf "%.2f x one Redis", a/b}')"
+fi
+if want degraded; then
+  echo
+  echo "degraded mode (issue 28): an all-success sale of $DSTOCK units to $DSTOCK shoppers, by round;"
+  echo "units sold per second: bare, BenchmarkConditionalUpdate; redis and mysql, the sale's successes over the time to its last result"
+  printf '  %-6s %8s %8s %8s %11s %12s\n' round "bare/s" "redis/s" "mysql/s" "mysql/bare" "mysql/redis"
+  for round in "${DEGRADED_RUNS[@]}"; do
+    printf '  %-6s %8s %8s %8s %11s %12s\n' "$round" "${RPS[bare-$round]}" "${SOLD[redis-$round]}" "${SOLD[degraded-$round]}" \
+      "$(awk -v a="${SOLD[degraded-$round]}" -v b="${RPS[bare-$round]}" 'BEGIN{if(b>0) printf "%.2f", a/b}')" \
+      "$(awk -v a="${SOLD[degraded-$round]}" -v b="${SOLD[redis-$round]}" 'BEGIN{if(b>0) printf "%.2f", a/b}')"
+  done
+  for round in "${DEGRADED_RUNS[@]}"; do
+    echo "  round $round, CPU: redis path ${CPU[redis-$round]}"
+    echo "  round $round, CPU: in MySQL   ${CPU[degraded-$round]}"
+  done
 fi
 if want gate; then
   echo
