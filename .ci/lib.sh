@@ -6,14 +6,19 @@ die() { say "FATAL: $*"; exit 1; }
 
 # answers PORT: something accepts connections on 127.0.0.1:PORT.
 answers() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-# free_port: a port nothing listens on, picked at random above the
-# ephemeral range's usual start, so runs side by side and a stray server
-# left on a fixed port cannot answer for this run's processes.
+# free_port: a port nothing listens on, picked at random from 20000 up to
+# the kernel's ephemeral range (net.ipv4.ip_local_port_range; 32768 on by
+# default): a free port inside it can be an outgoing connection's by the
+# time the server binds it, which a run that opened ~20k sockets makes
+# likely. At random, so runs side by side and a stray server left on a
+# fixed port cannot answer for this run's processes.
 TAKEN=" "
+EPHEMERAL_START=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
 free_port() {
-  local p
+  local p span=$((EPHEMERAL_START - 20000))
+  [ "$span" -ge 1000 ] || die "the kernel's ephemeral ports start at $EPHEMERAL_START: free_port needs 20000-20999 outside them (sysctl net.ipv4.ip_local_port_range)"
   for _ in $(seq 1 200); do
-    p=$((20000 + RANDOM % 12000))
+    p=$((20000 + RANDOM % span))
     if [[ $TAKEN != *" $p "* ]] && ! answers "$p"; then
       TAKEN+="$p "
       echo "$p"
