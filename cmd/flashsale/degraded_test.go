@@ -264,6 +264,9 @@ func TestLoadtestSaleInMySQL(t *testing.T) {
 	if !rep.InvariantsHolding {
 		t.Errorf("invariants: %+v", rep.Invariants)
 	}
+	if cpu := rep.ServerCPUPerRequest; cpu == nil || *cpu <= 0 {
+		t.Errorf("server CPU per request: got %v, want a figure read from the server's metrics", cpu)
+	}
 	if st := c.stats(campaign); st.DecidedIn != "mysql" || st.Sold != 400 || st.UnitsInDB != 400 || st.Admitted != int64(rep.Admitted) || st.Queued != 0 {
 		t.Errorf("stats while Redis is down: got %+v, want MySQL's: 400 sold and stored, %d admitted, none queued", st, rep.Admitted)
 	}

@@ -474,6 +474,7 @@ func (lt *loadtest) run(ctx context.Context, embedded bool) (*report, error) {
 	bar := lt.progressBar()
 
 	var waiters sync.WaitGroup
+	cpuBefore, cpuKnown := lt.serverCPU(ctx, embedded)
 	start := time.Now()
 	lt.rec.start(start)
 	done := func() { _ = bar.Add(1) }
@@ -489,6 +490,9 @@ func (lt *loadtest) run(ctx context.Context, embedded bool) (*report, error) {
 	}
 	// Waiters stop by themselves at the settle deadline.
 	waiters.Wait()
+	if cpuAfter, ok := lt.serverCPU(ctx, embedded); ok && cpuKnown {
+		lt.rec.saleCPU = cpuAfter - cpuBefore // read by report, once the run is over
+	}
 	_ = bar.Finish()
 	if lt.o.progress {
 		fmt.Fprintln(os.Stderr)
@@ -523,6 +527,17 @@ func (lt *loadtest) run(ctx context.Context, embedded bool) (*report, error) {
 	}
 	lt.reread(ctx, shoppers)
 	return lt.rec.report(stats, &state), nil
+}
+
+// serverCPU reads the CPU seconds the process at --metrics-url has used:
+// known is false when it cannot be read, or when the server runs in this
+// process, whose CPU is the tool's too.
+func (lt *loadtest) serverCPU(ctx context.Context, embedded bool) (seconds float64, known bool) {
+	if embedded {
+		return 0, false
+	}
+	r, err := lt.readNotifier(ctx)
+	return r.cpuSeconds, err == nil
 }
 
 // say tells the operator, on stderr with the progress bar, where a long

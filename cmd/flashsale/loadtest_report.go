@@ -22,6 +22,10 @@ type recorder struct {
 	httpConns int
 	wsCap     int
 
+	// saleCPU is the CPU seconds of the process at --metrics-url from the
+	// sale's start until every result was in; -1 when unknown.
+	saleCPU float64
+
 	mu           sync.Mutex
 	t0, firedAt  time.Time
 	lastAnswerAt time.Time
@@ -65,7 +69,7 @@ type recorder struct {
 const maxLatencyMicros = int64(10 * time.Minute / time.Microsecond)
 
 func newRecorder(o loadtestOptions, httpConns, wsCap int) *recorder {
-	return &recorder{o: o, httpConns: httpConns, wsCap: wsCap,
+	return &recorder{o: o, httpConns: httpConns, wsCap: wsCap, saleCPU: -1,
 		refused: map[string]int{}, transport: map[string]int{},
 		admitLat: hdrhistogram.New(1, maxLatencyMicros, 3), resultLat: hdrhistogram.New(1, maxLatencyMicros, 3),
 		owner: map[string]string{}, admittedBy: map[string]int64{}, results: map[string]finalResult{},
@@ -273,6 +277,12 @@ type report struct {
 	AdmitLatency    percentiles    `json:"admit_latency_ms"`
 	ResultLatency   percentiles    `json:"time_to_result_ms"`
 	Delivered       int            `json:"results_delivered"`
+	// ServerCPUPerRequest is the CPU, in µs per purchase request, of the
+	// process at --metrics-url (a serve: every role; else the notifier)
+	// from the sale's start until every result was in: the settle and the
+	// re-read are not in it. Absent when the metrics could not be read or
+	// the server runs in this process.
+	ServerCPUPerRequest *float64 `json:"server_cpu_us_per_request,omitempty"`
 	// Polls counts the polls sent while waiting (the re-read's are in
 	// HTTP only): a polled result's cost grows with how long it takes, a
 	// WebSocket's does not.
@@ -428,6 +438,10 @@ func (r *recorder) report(st serverStats, lc *lifecycleState) *report {
 	}
 	if secs := fire.Seconds(); secs > 0 {
 		rep.RequestsPerSec, rep.AdmittedPerSec = float64(r.requests)/secs, float64(r.admittedN)/secs
+	}
+	if r.saleCPU >= 0 && r.requests > 0 {
+		v := 1e6 * r.saleCPU / float64(r.requests)
+		rep.ServerCPUPerRequest = &v
 	}
 	// In a lifecycle run units come back and successes pass the stock.
 	if (r.successes == r.o.stock || r.o.lifecycle && r.successes > r.o.stock) && !r.soldOutAt.IsZero() {
@@ -591,6 +605,9 @@ func (rep *report) writeText(w io.Writer) {
 	p("  sale            %d units in %d bucket(s), limit %d per user, %d shoppers, %s", rep.Stock, max(rep.Buckets, 1), rep.PerUserLimit, rep.Shoppers, rep.Mode)
 	p("  requests        %d in %.2f s: %.0f req/s, admitted %d (%.0f/s), replays answered %d", rep.Requests,
 		rep.FireSeconds, rep.RequestsPerSec, rep.Admitted, rep.AdmittedPerSec, rep.Replayed)
+	if rep.ServerCPUPerRequest != nil {
+		p("  server CPU      %.0f µs per request from the start to the last result (--metrics-url's process)", *rep.ServerCPUPerRequest)
+	}
 	p("  refused         %s", countsText(rep.Refused))
 	if len(rep.TransportErrors) > 0 {
 		p("  transport errs  %s", countsText(rep.TransportErrors))
