@@ -216,13 +216,16 @@ func TestPollRestoresSoldOutCampaign(t *testing.T) {
 	c := startOn(t, cfg)
 	campaign := testenv.Name(t, "pollrestore-")
 	c.openCampaign(campaign, 2, 1)
-	rids := map[string]string{}
-	for _, user := range []string{"a", "b", "c"} {
+	// a buys twice (the second passes the limit), then b: each purchase
+	// finds a unit left whenever the worker decides the ones before it, so
+	// none meets the sold-out flag.
+	rids := map[string]string{} // request id -> user
+	for _, user := range []string{"a", "a", "b"} {
 		code, rid := c.tryBuy(campaign, user)
 		if code != http.StatusAccepted {
 			t.Fatalf("buy as %s: got %d, want 202", user, code)
 		}
-		rids[user] = rid
+		rids[rid] = user
 	}
 	// Known from MySQL, not polled: a notifier keeps the final results
 	// it served, which would answer the poll below without Redis.
@@ -232,9 +235,9 @@ func TestPollRestoresSoldOutCampaign(t *testing.T) {
 	})
 	orders := c.ordersInDB(campaign)
 	var refused string // the request whose result dies with Redis
-	for user, rid := range rids {
+	for rid := range rids {
 		if _, ok := orders[rid]; !ok {
-			refused = user
+			refused = rid
 		}
 	}
 	if len(orders) != 2 || refused == "" {
@@ -242,7 +245,7 @@ func TestPollRestoresSoldOutCampaign(t *testing.T) {
 	}
 	flushAll(t, rs.addr())
 
-	code, r := c.poll(refused, rids[refused])
+	code, r := c.poll(rids[refused], refused)
 	if code != http.StatusOK || r.Status != "queued" {
 		t.Fatalf("poll after the loss: got %d %+v, want 200 queued while the campaign is restored", code, r)
 	}
@@ -250,15 +253,15 @@ func TestPollRestoresSoldOutCampaign(t *testing.T) {
 		n := c.metricSum("flashsale_restores_total", `trigger="poll"`)
 		return n == 1, fmt.Sprintf("flashsale_restores_total{trigger=\"poll\"} %v", n)
 	})
-	for user, rid := range rids {
-		if user == refused {
+	for rid, user := range rids {
+		if rid == refused {
 			continue
 		}
 		if got := c.waitFinal(user, rid, 10*time.Second); got.Status != "success" || got.OrderID != orders[rid] {
 			t.Errorf("%s's success after the loss: got %+v, want order %s", user, got, orders[rid])
 		}
 	}
-	if got := c.waitFinal(refused, rids[refused], cfg.Worker.MaxQueueDelay+30*time.Second); got.Status != "rejected" || got.Reason != model.ReasonLost {
+	if got := c.waitFinal(rids[refused], refused, cfg.Worker.MaxQueueDelay+30*time.Second); got.Status != "rejected" || got.Reason != model.ReasonLost {
 		t.Errorf("the refused request after the loss: got %+v, want rejected (%s)", got, model.ReasonLost)
 	}
 }
