@@ -12,12 +12,15 @@ func TestGCPercent(t *testing.T) {
 		want    int
 		wantSet bool
 	}{
-		{"gateway", roleSet{gateway: true}, nil, gatewayGCPercent, true},
+		{"gateway", roleSet{gateway: true}, nil, busyGCPercent, true},
 		{"gateway with GOGC", roleSet{gateway: true}, map[string]string{"GOGC": "100"}, 0, false},
 		{"gateway with empty GOGC", roleSet{gateway: true}, map[string]string{"GOGC": ""}, 0, false},
+		{"worker", roleSet{worker: true}, nil, busyGCPercent, true},
+		{"gateway and worker", roleSet{gateway: true, worker: true}, nil, busyGCPercent, true},
 		{"serve", roleSet{gateway: true, worker: true, notifier: true}, nil, 0, false},
 		{"notifier", roleSet{notifier: true}, nil, 0, false},
-		{"worker", roleSet{worker: true}, nil, 0, false},
+		{"serve with GOMEMLIMIT", roleSet{gateway: true, worker: true, notifier: true}, map[string]string{"GOMEMLIMIT": "2GiB"}, busyGCPercent, true},
+		{"notifier with GOMEMLIMIT and GOGC", roleSet{notifier: true}, map[string]string{"GOMEMLIMIT": "2GiB", "GOGC": "200"}, 0, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
