@@ -137,6 +137,7 @@ type statsResponse struct {
 	Preloaded        bool                   `json:"preloaded"`
 	Admitted         int64                  `json:"admitted"`
 	Queued           int64                  `json:"queued"`
+	Lost             int64                  `json:"lost"`
 	FinishedByStatus map[model.Status]int64 `json:"finished_by_status"`
 	OrdersInDB       int64                  `json:"orders_in_db"`
 	UnitsInDB        int64                  `json:"units_in_db"`

@@ -128,7 +128,7 @@ func (s *StatsStream) send(c *gin.Context, rc *http.ResponseController, st Campa
 
 func toStatsResponse(st CampaignStats) statsResponse {
 	r := statsResponse{Stock: st.Store.Stock, Remaining: st.Store.Remaining, Sold: st.Store.Sold,
-		SoldOut: st.Store.SoldOut, Preloaded: st.Store.Loaded, Admitted: st.Store.Admitted, Queued: st.Store.Queued(),
+		SoldOut: st.Store.SoldOut, Preloaded: st.Store.Loaded, Admitted: st.Store.Admitted, Queued: st.Store.Queued(), Lost: st.Store.Lost,
 		FinishedByStatus: st.Store.FinishedByStatus, OrdersInDB: st.OrdersInDB, UnitsInDB: st.UnitsInDB,
 		DecidedIn: "redis"}
 	if st.InMySQL {

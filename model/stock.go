@@ -58,6 +58,11 @@ type Stats struct {
 	SoldOut          bool
 	Admitted         int64
 	FinishedByStatus map[Status]int64
+	// Lost counts the requests given rejected (lost) because Redis lost
+	// their queued marker (lost.lua): never counted admitted in this load,
+	// so apart from Admitted and FinishedByStatus. A rebuild counts them
+	// admitted and finished, as every result it keeps, and sets this to 0.
+	Lost int64
 }
 
 // Queued is the number of admitted requests without a final result yet.

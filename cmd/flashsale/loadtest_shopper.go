@@ -570,6 +570,7 @@ type serverStats struct {
 	SoldOut          bool             `json:"sold_out"`
 	Admitted         int64            `json:"admitted"`
 	Queued           int64            `json:"queued"`
+	Lost             int64            `json:"lost"`
 	FinishedByStatus map[string]int64 `json:"finished_by_status"`
 	OrdersInDB       int64            `json:"orders_in_db"`
 	UnitsInDB        int64            `json:"units_in_db"`

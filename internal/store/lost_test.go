@@ -132,6 +132,9 @@ func TestLost(t *testing.T) {
 			t.Fatalf("late Deduct: got %+v, want rejected (lost)", got)
 		}
 		after := mustStats(t, s, c.ID)
+		if after.Lost != before.Lost+1 {
+			t.Fatalf("stats' lost: got %d, want %d", after.Lost, before.Lost+1)
+		}
 		if after.Remaining != before.Remaining || after.Admitted != before.Admitted || mustUserUnits(t, s, c.ID, "dave") != 0 {
 			t.Fatalf("after lost and the late message: remaining %d, admitted %d, dave %d; want %d, %d, 0",
 				after.Remaining, after.Admitted, mustUserUnits(t, s, c.ID, "dave"), before.Remaining, before.Admitted)

@@ -283,6 +283,8 @@ func addCounters(st *model.Stats, tag string, counters map[string]string) error 
 			st.Admitted += n
 		case f == "sold":
 			st.Sold += n
+		case f == "lost":
+			st.Lost += n
 		case strings.HasPrefix(f, "fin:"):
 			st.FinishedByStatus[model.Status(strings.TrimPrefix(f, "fin:"))] += n
 		}
