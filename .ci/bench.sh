@@ -27,7 +27,8 @@
 # A/B of the server's CPU per purchase, '--ws-per-shopper' for a crowd, whose
 # CPU per request then includes its connects and the wait after it leaves). Settings of flashsale pass through the
 # environment, e.g. FLASHSALE_GATEWAY_ADMIT_LINGER=0 for an A/B. BENCH_PROFILE=DIR also writes a CPU profile of the server
-# during each stage to DIR/<stage>.pb.gz (`go tool pprof -top -cum FILE`;
+# during each stage to DIR/<stage>.pb.gz, and of the loadtest during an
+# end-to-end stage to DIR/<stage>-loadtest.pb.gz (`go tool pprof -top -cum FILE`;
 # BENCH_E2E_PROFILE_SECONDS=N: e2e's over its first N seconds, not 3 from 1):
 # the binaries then get net/http/pprof through `go build -overlay` from a file
 # made in the run's temporary folder, so nothing in the tree imports it.
@@ -309,11 +310,12 @@ evalsha_calls() {
 reset_stats() { local n; for n in $REDIS_NODES; do redis-cli -h "${n%:*}" -p "${n#*:}" config resetstat >/dev/null; done; }
 MARIADB_PID=$(pgrep -o -x mariadbd || true)
 
-# profile NAME SECONDS [DELAY]: with BENCH_PROFILE, a CPU profile of the
-# server in the background, starting DELAY seconds (1) into the stage.
+# profile NAME SECONDS [DELAY] [ADDR]: with BENCH_PROFILE, a CPU profile of
+# the server (or of the process serving pprof on ADDR) in the background,
+# starting DELAY seconds (1) into the stage.
 profile() {
   [ -n "${BENCH_PROFILE:-}" ] || return 0
-  (sleep "${3:-1}"; curl -fs -o "$BENCH_PROFILE/$1.pb.gz" "http://$PPROF_ADDR/debug/pprof/profile?seconds=$2" \
+  (sleep "${3:-1}"; curl -fs -o "$BENCH_PROFILE/$1.pb.gz" "http://${4:-$PPROF_ADDR}/debug/pprof/profile?seconds=$2" \
     || say "no profile for $1") &
   PROFILE_PIDS+=($!)
 }
@@ -475,10 +477,18 @@ e2e_stage() {
   t0=$(all_ticks) s0=$(cpu_ticks "$SRV") r0=$(cpu_ticks $REDIS_PIDS) m0=$(cpu_ticks "$MARIADB_PID")
   # BENCH_E2E_PROFILE_SECONDS: a profile from the stage's start over that
   # many seconds (the whole run when longer), else 3 s from its second one.
-  if [ -n "${BENCH_E2E_PROFILE_SECONDS:-}" ]; then profile "$name" "$BENCH_E2E_PROFILE_SECONDS" 0; else profile "$name" 3; fi
+  # The loadtest shares the cores: its own profile is NAME-loadtest.
+  local lt_pprof=127.0.0.1:$(free_port)
+  if [ -n "${BENCH_E2E_PROFILE_SECONDS:-}" ]; then
+    profile "$name" "$BENCH_E2E_PROFILE_SECONDS" 0
+    profile "$name-loadtest" "$BENCH_E2E_PROFILE_SECONDS" 0 "$lt_pprof"
+  else
+    profile "$name" 3
+    profile "$name-loadtest" 3 1 "$lt_pprof"
+  fi
   set +e
   # shellcheck disable=SC2086 # BENCH_LOADTEST_ARGS is a list of flags
-  "$WORK/flashsale" loadtest --url "$BASE" --campaign "bench-$RUN_ID-$name" ${E2E_CAMPAIGN_FLAGS:---stock $STOCK} --shoppers "$SHOPPERS" \
+  BENCH_PPROF_ADDR=$lt_pprof "$WORK/flashsale" loadtest --url "$BASE" --campaign "bench-$RUN_ID-$name" ${E2E_CAMPAIGN_FLAGS:---stock $STOCK} --shoppers "$SHOPPERS" \
     --concurrency 256 --repeat 0 --idempotent-share 0 --results ws --settle 30 --progress=false --json \
     ${BENCH_LOADTEST_ARGS:-} >"$WORK/$name.json"
   status=$?
