@@ -36,12 +36,7 @@ func TestDegradedSale(t *testing.T) {
 }
 
 func testDegradedSale(t *testing.T, driver string, empty bool) {
-	rs := startRedisServer(t)
-	cfg := faultConfig(t, driver, rs.addr())
-	cfg.Degrade = config.DegradeMySQL
-	// The lost rule's bound: with the queue in the Redis that restarts
-	// empty, requests queued at the kill died with it.
-	cfg.Worker.MaxQueueDelay = 10 * time.Second
+	rs, cfg := degradedConfig(t, driver)
 	c := startOn(t, cfg)
 	campaign := testenv.Name(t, "degraded-")
 	const stock, limit, users, tries = 300, 2, 400, 3
@@ -117,6 +112,19 @@ func testDegradedSale(t *testing.T, driver string, empty bool) {
 	t.Logf("codes by phase %v; results %v; %d units in orders", codes, byStatus, total)
 }
 
+// degradedConfig is the config of a sale through Redis outages, on a
+// Redis of the test's own, with degrade: mysql. The lost rule's bound is
+// short: with the queue in a Redis that restarts empty, requests queued at
+// the kill died with it, and end rejected (lost) once it passed.
+func degradedConfig(t *testing.T, driver string) (*redisServer, config.Config) {
+	t.Helper()
+	rs := startRedisServer(t)
+	cfg := faultConfig(t, driver, rs.addr())
+	cfg.Degrade = config.DegradeMySQL
+	cfg.Worker.MaxQueueDelay = 10 * time.Second
+	return rs, cfg
+}
+
 // soldAtLeast waits until Redis says campaign sold n units.
 func (c *client) soldAtLeast(campaign string, n int64) {
 	c.t.Helper()
@@ -136,10 +144,7 @@ func (c *client) soldAtLeast(campaign string, n int64) {
 func TestDegradedFlapping(t *testing.T) {
 	testenv.SkipShort(t, "a fault test: Redis flapping mid-sale, the sale goes on in MySQL")
 	t.Parallel()
-	rs := startRedisServer(t)
-	cfg := faultConfig(t, "redisstream", rs.addr())
-	cfg.Degrade = config.DegradeMySQL
-	cfg.Worker.MaxQueueDelay = 10 * time.Second // as in testDegradedSale
+	rs, cfg := degradedConfig(t, "redisstream")
 	c := startOn(t, cfg)
 	campaign := testenv.Name(t, "flapping-")
 	// Sized to sell out only after the third outage, at this machine's
@@ -283,10 +288,7 @@ func TestLoadtestSaleInMySQL(t *testing.T) {
 func TestDegradedTwoSystems(t *testing.T) {
 	testenv.SkipShort(t, "a fault test: two systems lose Redis at different moments")
 	t.Parallel()
-	rs := startRedisServer(t)
-	cfg := faultConfig(t, "redisstream-own", rs.addr())
-	cfg.Degrade = config.DegradeMySQL
-	cfg.Worker.MaxQueueDelay = 10 * time.Second // as in testDegradedSale
+	rs, cfg := degradedConfig(t, "redisstream-own")
 	var proxies [2]*proxy
 	var systems [2]*client
 	for i := range systems {
