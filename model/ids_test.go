@@ -1,9 +1,11 @@
 package model
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 	"unicode/utf8"
 )
@@ -97,5 +99,16 @@ func TestCheckUserID(t *testing.T) {
 				t.Fatalf("CheckUserID(%q) = %q, want %q", tt.id, got, tt.want)
 			}
 		})
+	}
+}
+
+func TestAdmittedAt(t *testing.T) {
+	at := time.UnixMilli(1_790_000_123_456)
+	id := FormatRequestID("c:3", fmt.Sprintf("%012x", at.UnixMilli())+"7abc8def0123456789ab")
+	if got, ok := AdmittedAt(id); !ok || !got.Equal(at) {
+		t.Fatalf("AdmittedAt(%s): got %v, %v; want %v", id, got, ok, at)
+	}
+	if _, ok := AdmittedAt("c.xyz"); ok {
+		t.Fatal("AdmittedAt of a malformed id: ok")
 	}
 }

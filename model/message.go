@@ -149,3 +149,33 @@ func CampaignOfRequest(requestID string) (string, bool) {
 	c, _, _ := SplitTag(tag)
 	return c, true
 }
+
+// AdmissionSkew is what a rule that reads a request's admission from its
+// id (AdmittedAt) allows for it: the UUIDv7's millisecond is the gateway's
+// clock, taken before its batch's admit.lua call, while Redis's clock
+// judges. A gateway whose clock runs this much behind Redis's (or whose
+// batch waited this long) would have a request judged lost up to this
+// much early.
+const AdmissionSkew = time.Second
+
+// AdmittedAt returns when the gateway admitted a request: the millisecond
+// of the UUIDv7 in its id's tail (its first 48 bits), by the gateway's
+// clock. ok is false for anything but a request id.
+func AdmittedAt(requestID string) (at time.Time, ok bool) {
+	if _, ok := TagOfRequest(requestID); !ok {
+		return time.Time{}, false
+	}
+	var ms int64
+	for _, c := range requestID[len(requestID)-requestIDTailLen:][:12] {
+		ms = ms<<4 | int64(hexDigit(byte(c)))
+	}
+	return time.UnixMilli(ms), true
+}
+
+// hexDigit is the value of a lowercase hex digit.
+func hexDigit(c byte) byte {
+	if c >= 'a' {
+		return c - 'a' + 10
+	}
+	return c - '0'
+}

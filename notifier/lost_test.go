@@ -1,9 +1,11 @@
 package notifier
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"testing"
@@ -113,4 +115,90 @@ func TestWSLost(t *testing.T) {
 		t.Fatalf("subscribe: got %v, errors %+v; want subscribed", got, errs)
 	}
 	checkResult(t, mustReadResult(t, ws), model.Result{RequestID: again, CampaignID: e.campaign, Status: model.StatusRejected, Reason: model.ReasonLost})
+}
+
+// fakeRestorer answers NeedsRestore with a campaign as MySQL would hold
+// it, and records the restores asked for.
+type fakeRestorer struct {
+	campaign model.Campaign
+	lost     bool
+	restores chan string // the triggers
+}
+
+func (f *fakeRestorer) NeedsRestore(context.Context, string) (model.Campaign, bool, error) {
+	return f.campaign, f.lost, nil
+}
+
+func (f *fakeRestorer) RestoreInBackground(_ context.Context, _, trigger string, _ func()) {
+	f.restores <- trigger
+}
+
+// TestPollAfterSale: a request of a campaign Redis does not hold whose
+// sale is over (lost after the end, or archived), which neither Redis nor
+// MySQL decided, reads queued until the sale ended the longest queue delay
+// ago, then rejected (lost), computed, not stored; an id the campaign
+// cannot have issued to the user stays 404. A campaign whose sale runs is
+// restored, and its requests read queued meanwhile.
+func TestPollAfterSale(t *testing.T) {
+	t.Parallel()
+	e := redisEnv(t)
+	now := time.Now()
+	c := model.Campaign{ID: e.campaign + "-gone", Stock: 10, PerUserLimit: 1, Buckets: 2, Epoch: 3,
+		StartAt: now.Add(-time.Hour), EndAt: now.Add(-10 * time.Minute)}
+	restorer := &fakeRestorer{campaign: c, restores: make(chan string, 8)}
+	opts := lostOptions(e)
+	opts.MaxQueueDelay = 5 * time.Minute
+	opts.Restorer = restorer
+	h := newHarness(t, e.src, opts)
+	idOf := func(user string, at time.Time) string {
+		return requestIDAt(t, model.UserTag(c, user), at)
+	}
+	otherBucket := func(user string) string {
+		return model.BucketTag(c.ID, 1-model.BucketOf(user, 2), 2)
+	}
+	status := func(user, id string) (int, string) {
+		t.Helper()
+		code, body := mustGet(t, h, user, "/api/v1/purchases/"+id)
+		return code, fmt.Sprint(body["status"], "/", body["reason"])
+	}
+	// Each case its own id: a final answer is kept a second (finals).
+	inSale := func() string { return idOf("alice", now.Add(-30*time.Minute)) }
+	lostID := inSale()
+	for _, tc := range []struct {
+		name     string
+		endedAgo time.Duration
+		epoch    model.Epoch
+		id       string
+		want     int
+		result   string
+	}{
+		{"ended the delay ago", 10 * time.Minute, 3, lostID, http.StatusOK, "rejected/lost"},
+		{"ended less than the delay ago", time.Minute, 3, inSale(), http.StatusOK, "queued/<nil>"},
+		{"never loaded", 10 * time.Minute, 0, inSale(), http.StatusNotFound, "<nil>/<nil>"},
+		{"another user's bucket", 10 * time.Minute, 3, requestIDAt(t, otherBucket("alice"), now.Add(-30*time.Minute)), http.StatusNotFound, "<nil>/<nil>"},
+		{"admitted before the start", 10 * time.Minute, 3, idOf("alice", now.Add(-2*time.Hour)), http.StatusNotFound, "<nil>/<nil>"},
+		{"admitted after the end", 40 * time.Minute, 3, inSale(), http.StatusNotFound, "<nil>/<nil>"},
+	} {
+		restorer.campaign.EndAt, restorer.campaign.Epoch = now.Add(-tc.endedAgo), tc.epoch
+		if code, got := status("alice", tc.id); code != tc.want || got != tc.result {
+			t.Errorf("%s: got %d %s, want %d %s", tc.name, code, got, tc.want, tc.result)
+		}
+	}
+	// Computed, not stored: nothing in Redis answers for it.
+	if _, err := e.src.Result(mustContext(t), lostID); !errors.Is(err, model.ErrNotFound) {
+		t.Errorf("after-sale answer stored: Result got %v, want %v", err, model.ErrNotFound)
+	}
+	// A sale that runs: restored by the poll, queued meanwhile.
+	restorer.campaign.EndAt, restorer.campaign.Epoch, restorer.lost = now.Add(time.Hour), 3, true
+	if code, got := status("alice", inSale()); code != http.StatusOK || got != "queued/<nil>" {
+		t.Errorf("lost while the sale runs: got %d %s, want 200 queued", code, got)
+	}
+	select {
+	case trigger := <-restorer.restores:
+		if trigger != "poll" {
+			t.Errorf("restore trigger: got %q, want poll", trigger)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("lost while the sale runs: no restore started")
+	}
 }

@@ -84,8 +84,9 @@ type LostRequests interface {
 // (reconcile.Restorer).
 type Restorer interface {
 	// NeedsRestore reports whether Redis lost campaign id: it was loaded,
-	// its sale is not over, and Redis lacks its current load.
-	NeedsRestore(ctx context.Context, id string) (bool, error)
+	// its sale is not over, and Redis lacks its current load. c is the
+	// campaign as MySQL holds it, zero when MySQL has none.
+	NeedsRestore(ctx context.Context, id string) (c model.Campaign, lost bool, err error)
 	// RestoreInBackground rebuilds campaign id from MySQL without
 	// waiting, at most one attempt per campaign at a time in this process.
 	RestoreInBackground(ctx context.Context, id, trigger string, rebuilt func())
@@ -568,24 +569,50 @@ func (n *Notifier) lostRule(ctx context.Context, userID, requestID string) (mode
 // restoreLost answers for requestID, asked by userID, when Redis does not
 // hold its campaign: if Redis lost it (Options.Restorer), a restore starts
 // in the background and the request reads queued until the lost rule can
-// tell; else (never loaded, its sale over) the id is model.ErrNotFound.
-// A sold-out campaign nobody buys from is noticed here first.
+// tell; if its sale is over, what afterSale says; else (never loaded) the
+// id is model.ErrNotFound. A sold-out campaign nobody buys from is noticed
+// here first.
 func (n *Notifier) restoreLost(ctx context.Context, userID, requestID string) (model.Result, error) {
 	campaignID, _ := model.CampaignOfRequest(requestID)
 	if n.opts.Restorer == nil {
 		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
 	}
-	lost, err := n.opts.Restorer.NeedsRestore(ctx, campaignID)
+	c, lost, err := n.opts.Restorer.NeedsRestore(ctx, campaignID)
 	if err != nil {
 		return model.Result{}, fmt.Errorf("result %s: campaign %s: %w: %w", requestID, campaignID, model.ErrUnavailable, err)
 	}
 	if !lost {
-		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
+		return n.afterSale(c, userID, requestID)
 	}
 	// The Restorer logs a failure and bounds the attempts; the next poll
 	// tries again.
 	n.opts.Restorer.RestoreInBackground(n.life, campaignID, "poll", nil)
 	return model.Result{RequestID: requestID, CampaignID: campaignID, UserID: userID, Status: model.StatusQueued}, nil
+}
+
+// afterSale answers for requestID, asked by userID, of campaign c, which
+// Redis does not hold and no restore rebuilds since its sale is over
+// (Redis lost it after the end, or an operator archived it), and which
+// neither Redis nor MySQL decided. It reads queued until the sale ended
+// MaxQueueDelay ago, when a message stored at all has come, then rejected
+// (lost): what lost.lua's ended rule stores for a campaign Redis holds.
+// Nothing is stored or counted here, since Redis does not hold the
+// campaign; a later load of it lets lost.lua store the same. An id c
+// cannot have issued to userID (never loaded, a bucket not the user's,
+// admitted outside the sale) is model.ErrNotFound.
+func (n *Notifier) afterSale(c model.Campaign, userID, requestID string) (model.Result, error) {
+	tag, _ := model.TagOfRequest(requestID)
+	at, _ := model.AdmittedAt(requestID)
+	now := time.Now()
+	if c.Epoch == 0 || now.Before(c.EndAt) || n.opts.MaxQueueDelay <= 0 || model.UserTag(c, userID) != tag ||
+		at.Before(c.StartAt.Add(-model.AdmissionSkew)) || at.After(c.EndAt.Add(model.AdmissionSkew)) {
+		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
+	}
+	r := model.Result{RequestID: requestID, CampaignID: c.ID, UserID: userID, Status: model.StatusQueued}
+	if !now.Before(c.EndAt.Add(n.opts.MaxQueueDelay)) {
+		r.Status, r.Reason = model.StatusRejected, model.ReasonLost
+	}
+	return r, nil
 }
 
 // decided returns the final results MySQL holds for ids (Ledger.Decided).

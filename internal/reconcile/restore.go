@@ -142,8 +142,10 @@ func (r *Restorer) attempt(ctx context.Context, id, trigger string) (rebuilt boo
 // NeedsRestore reports whether campaign id is one Restore would rebuild
 // now: it was loaded before, its sale is not over, and Redis lacks its
 // current load. A reader that finds nothing in Redis asks it to tell a
-// lost campaign (restore it, and wait) from one never loaded or archived.
-func (r *Restorer) NeedsRestore(ctx context.Context, id string) (bool, error) {
+// lost campaign (restore it, and wait) from one never loaded or whose
+// sale is over; c is the campaign as MySQL holds it (zero when MySQL has
+// none), for the reader to tell those apart.
+func (r *Restorer) NeedsRestore(ctx context.Context, id string) (c model.Campaign, lost bool, err error) {
 	return r.lost(ctx, id)
 }
 
@@ -179,7 +181,7 @@ func (r *Restorer) end(id string) {
 // the usual case of a worker's held batch (a paused or never loaded
 // campaign).
 func (r *Restorer) restore(ctx context.Context, id string) (rebuilt bool, epoch model.Epoch, orders int, err error) {
-	if lost, err := r.lost(ctx, id); err != nil || !lost {
+	if _, lost, err := r.lost(ctx, id); err != nil || !lost {
 		return false, 0, 0, err
 	}
 	token, err := r.redis.LockRestore(ctx, id, r.opts.LockTTL)
@@ -196,7 +198,7 @@ func (r *Restorer) restore(ctx context.Context, id string) (rebuilt bool, epoch 
 		}
 	}()
 	// Under the lock: another process may have loaded it since.
-	if lost, err := r.lost(ctx, id); err != nil || !lost {
+	if _, lost, err := r.lost(ctx, id); err != nil || !lost {
 		return false, 0, 0, err
 	}
 	c, n, err := load(ctx, r.ledger, r.redis, id)
@@ -212,21 +214,21 @@ func (r *Restorer) restore(ctx context.Context, id string) (rebuilt bool, epoch 
 }
 
 // lost reports whether campaign id was loaded before, its sale is not
-// over, and Redis lacks its current load.
-func (r *Restorer) lost(ctx context.Context, id string) (bool, error) {
-	c, err := r.ledger.Campaign(ctx, id)
+// over, and Redis lacks its current load; c is the campaign MySQL holds.
+func (r *Restorer) lost(ctx context.Context, id string) (c model.Campaign, lost bool, err error) {
+	c, err = r.ledger.Campaign(ctx, id)
 	if errors.Is(err, model.ErrNotFound) {
-		return false, nil
+		return model.Campaign{}, false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("restore %s: %w", id, err)
+		return model.Campaign{}, false, fmt.Errorf("restore %s: %w", id, err)
 	}
 	if c.Epoch == 0 || !r.opts.Now().Before(c.EndAt) {
-		return false, nil
+		return c, false, nil
 	}
 	behind, err := r.redis.Behind(ctx, c)
 	if err != nil {
-		return false, fmt.Errorf("restore %s: %w", id, err)
+		return c, false, fmt.Errorf("restore %s: %w", id, err)
 	}
-	return behind, nil
+	return c, behind, nil
 }

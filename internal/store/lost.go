@@ -2,24 +2,18 @@ package store
 
 import (
 	"context"
-	"encoding/hex"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/flashsale/flashsale/model"
 )
 
-// LostSkew is what the lost rule allows for a request's admission read
-// from its id: the UUIDv7's millisecond is the gateway's clock, taken
-// before the batch's admit.lua call, while passed_ms is Redis's. A gateway
-// whose clock runs this much behind Redis's (or whose batch waited this
-// long) would have a request judged lost up to this much early.
-const LostSkew = time.Second
-
 // Lost finishes a request whose state died with Redis (lost.lua): when
 // requestID has no result, the caller found no order for it in MySQL, and
 // the queue has passed it (a request admitted the grace after it was
-// decided; or it was admitted, or its sale ended, maxDelay ago), it
+// decided; or it was admitted, or its sale ended, maxDelay ago; or its
+// bucket is empty and no other can refill it), it
 // stores a final rejected result with reason model.ReasonLost owned by
 // userID, counted in the tag's lost counter. It returns the result that
 // stands, as a shopper may see it: the stored one (whoever owns it), the
@@ -29,14 +23,25 @@ const LostSkew = time.Second
 // (never, or Redis lost it) is model.ErrNotLoaded.
 func (s *Store) Lost(ctx context.Context, requestID, userID string, grace, maxDelay time.Duration) (model.Result, error) {
 	tag, ok := model.TagOfRequest(requestID)
+	admitted, _ := model.AdmittedAt(requestID)
 	if !ok {
 		return model.Result{}, fmt.Errorf("lost %q: %w", requestID, model.ErrNotFound)
 	}
 	campaignID, _, _ := model.SplitTag(tag)
+	soldOut := "0"
+	if tag != campaignID {
+		// A bucket of several: only the campaign's sold-out flag says no
+		// other bucket can refill this one, and it lives in another slot.
+		n, err := s.rdb.Exists(ctx, campaignKeys(campaignID).soldout).Result()
+		if err != nil {
+			return model.Result{}, fmt.Errorf("lost %s: sold-out flag: %w", requestID, unavailable(err))
+		}
+		soldOut = strconv.FormatInt(n, 10)
+	}
 	k := campaignKeys(tag)
 	reply, err := s.lost.Run(ctx, s.rdb, []string{k.results, k.counters, k.meta, k.stock},
-		requestID, userID, admittedMs(requestID), grace.Milliseconds(), maxDelay.Milliseconds(), LostSkew.Milliseconds(),
-		model.ReasonLost).Slice()
+		requestID, userID, admitted.UnixMilli(), grace.Milliseconds(), maxDelay.Milliseconds(), model.AdmissionSkew.Milliseconds(),
+		model.ReasonLost, soldOut).Slice()
 	if err != nil {
 		return model.Result{}, fmt.Errorf("lost %s: %w", requestID, unavailable(err))
 	}
@@ -45,19 +50,6 @@ func (s *Store) Lost(ctx context.Context, requestID, userID string, grace, maxDe
 		return model.Result{}, fmt.Errorf("lost %s: %w", requestID, err)
 	}
 	return r, nil
-}
-
-// admittedMs is the millisecond of the UUIDv7 in a request id's tail (its
-// first 48 bits), the gateway's clock when it admitted the request. The
-// caller checked the id's form.
-func admittedMs(requestID string) int64 {
-	var b [8]byte
-	_, _ = hex.Decode(b[2:], []byte(requestID[len(requestID)-32:][:12]))
-	var ms int64
-	for _, x := range b {
-		ms = ms<<8 | int64(x)
-	}
-	return ms
 }
 
 // parseLostReply is the one place that reads lost.lua's reply.

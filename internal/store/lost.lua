@@ -16,7 +16,8 @@
 -- queue delay ago, or of a sale that ended that long ago, is passed too
 -- (unless a resume is more recent: a held backlog only drains then): its
 -- message, stored at all, has come by then. A request of a sale sold out
--- (one bucket, no unit left) ends at once: it could only be refused. A
+-- (its bucket empty, and the campaign of one bucket or its sold-out flag
+-- up) ends at once: it could only be refused. A
 -- rebuild deletes the counters, so after a loss only decisions made since
 -- pass anything.
 --
@@ -38,6 +39,8 @@
 -- ARGV[5] the longest possible queue delay, ms (0: its rules are off)
 -- ARGV[6] the skew, ms: the gateways' clocks against Redis's
 -- ARGV[7] the reason of the rejected result
+-- ARGV[8] "1" when the campaign's sold-out flag was up (read by the caller:
+--         in a campaign of several buckets it lives in another slot)
 --
 -- Reply:
 --   { 1, value }  a result stands (as a shopper may see it: stored_shown)
@@ -77,12 +80,14 @@ end
 -- lost even when nothing admitted later passes it (a sold-out sale).
 local settled = delay > 0 and tonumber(meta[3] or '0') + delay <= now
 local aged = settled and (at + skew + delay <= now or (end_ms > 0 and end_ms + delay <= now))
--- Sold out (a campaign of one bucket with no unit left): decided now, the
--- request would be refused sold out, so ending it refuses nothing stock
--- could serve, whether or not its message still comes. Without this a
--- lost request of a sold-out sale waits for the delay: nothing admitted
--- after it passes it. A campaign of several buckets may refill this one.
-local sold_out = tonumber(meta[5] or '1') <= 1 and tonumber(redis.call('GET', KEYS[4]) or '1') <= 0
+-- Sold out (this bucket has no unit left, and no other may refill it: the
+-- campaign has one bucket, or its sold-out flag says every bucket was
+-- found empty): decided now, the request would be refused sold out, so
+-- ending it refuses nothing stock could serve, whether or not its message
+-- still comes. Without this a lost request of a sold-out sale waits for
+-- the delay: nothing admitted after it passes it.
+local sold_out = tonumber(redis.call('GET', KEYS[4]) or '1') <= 0
+  and (tonumber(meta[5] or '1') <= 1 or ARGV[8] == '1')
 if not aged and not sold_out and at + grace + skew > passed then
   return { 0 }
 end

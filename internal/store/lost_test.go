@@ -58,13 +58,6 @@ func lostCount(t *testing.T, s *Store, tag string) int64 {
 	return n
 }
 
-func TestAdmittedMs(t *testing.T) {
-	at := time.UnixMilli(1_790_000_123_456)
-	if got := admittedMs(requestIDAt("c", at)); got != at.UnixMilli() {
-		t.Fatalf("admittedMs: got %d, want %d", got, at.UnixMilli())
-	}
-}
-
 // TestLost: each reply of lost.lua. A request with a result gets it back
 // and nothing changes; one the queue has not passed reads queued and
 // nothing is written; one it passed (a request admitted after it decided,
@@ -142,23 +135,31 @@ func TestLost(t *testing.T) {
 		checkFinished(t, after, before.FinishedByStatus)
 
 		// Sold out: a lost request could only be refused, so it ends at
-		// once, with nothing passing it and the delay rules off; not in a
-		// bucket of several, which a transfer may refill.
+		// once, with nothing passing it and the delay rules off.
 		so := newOpenCampaign(t, 1, 1)
 		mustLoad(t, s, so)
 		mustDeduct(t, s, so.ID, []model.Deduction{{RequestID: requestIDAt(so.ID, old), UserID: "alice", Quantity: 1, OrderID: "o-so"}})
-		unsold := requestIDAt(so.ID, old)
-		if err := s.rdb.HSet(t.Context(), campaignKeys(so.ID).meta, "buckets", 2).Err(); err != nil {
-			t.Fatal(err)
+		if r := mustLost(t, s, requestIDAt(so.ID, old), "gina", 0); r.Status != model.StatusRejected || r.Reason != model.ReasonLost {
+			t.Fatalf("sold out: got %+v, want rejected (lost)", r)
 		}
+		// Of several buckets, an empty one may be refilled by another
+		// until the campaign's sold-out flag says every one is empty.
+		bc := newOpenCampaign(t, 2, 100)
+		bc.Buckets = 2
+		mustLoad(t, s, bc)
+		tag := model.BucketTag(bc.ID, 0, 2)
+		buyers := usersOf(0, 2, 2, "lost-b")
+		mustDeduct(t, s, tag, []model.Deduction{{RequestID: requestIDAt(tag, old), UserID: buyers[0], Quantity: 1, OrderID: "o-b0"}})
+		wantUnits(t, s, bc, []int64{0, 1}, 0)
+		unsold := requestIDAt(tag, old)
 		if r := mustLost(t, s, unsold, "gina", 0); r.Status != model.StatusQueued {
-			t.Fatalf("an empty bucket of two: got %+v, want queued", r)
+			t.Fatalf("an empty bucket of two, the other holding a unit: got %+v, want queued", r)
 		}
-		if err := s.rdb.HSet(t.Context(), campaignKeys(so.ID).meta, "buckets", 1).Err(); err != nil {
-			t.Fatal(err)
+		if r := mustDeduct(t, s, tag, []model.Deduction{{RequestID: requestIDAt(tag, old), UserID: buyers[1], Quantity: 1, OrderID: "o-b1"}}); !r.SoldOutNow {
+			t.Fatalf("the last unit, from the other bucket: got %+v, want sold out now", r)
 		}
 		if r := mustLost(t, s, unsold, "gina", 0); r.Status != model.StatusRejected || r.Reason != model.ReasonLost {
-			t.Fatalf("sold out: got %+v, want rejected (lost)", r)
+			t.Fatalf("every bucket empty, the flag up: got %+v, want rejected (lost)", r)
 		}
 
 		// The sale ended the delay ago: everything is passed, nothing after
