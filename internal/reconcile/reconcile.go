@@ -4,9 +4,11 @@
 // the two sides, and Repair, for a finished or paused campaign, makes Redis
 // agree with MySQL.
 //
-// MySQL is the ledger. A success that Redis recorded but MySQL lacks was told
-// to a shopper (guarantee 4), so repair first inserts it — unless that would
-// exceed the stock — and then loads Redis from the orders.
+// MySQL is the ledger. A success that Redis decided but MySQL lacks stands:
+// a shopper may have been told it (guarantee 4), and one not shown yet
+// (above its tag's durable mark) was decided once, as its worker would have
+// stored it. So repair first inserts it — unless that would exceed the
+// stock — and then loads Redis from the orders, which shows it.
 package reconcile
 
 import (
@@ -301,7 +303,7 @@ func compare(st state) Report {
 
 // Repair makes Redis agree with MySQL for a campaign whose sale has ended
 // or is paused (so no worker decides meanwhile), after inserting the
-// successes shoppers were told about but MySQL lacks; it loads Redis from
+// successes Redis decided but MySQL lacks; it loads Redis from
 // the orders (Load). It returns the report from before and after the
 // repair.
 func (rc *Reconciler) Repair(ctx context.Context, id string) (before, after Report, err error) {

@@ -151,6 +151,13 @@ func TestRestore(t *testing.T) {
 			b := newRestoreBundle(t, tc.end, tc.epoch0)
 			tc.lose(b, t)
 			before := b.epoch(t)
+			// NeedsRestore tells the same, with the campaign as MySQL
+			// holds it (a reader tells a sale over from one never loaded).
+			c, lost, err := b.restorer(RestorerOptions{}).NeedsRestore(t.Context(), b.c.ID)
+			if err != nil || lost != (tc.wantRebuilt || tc.name == "locked") || c.ID != b.c.ID || c.Epoch != before || !c.EndAt.Equal(b.c.EndAt) {
+				t.Fatalf("NeedsRestore: got %v, %v, campaign %s epoch %d ending %v; want %v, %s epoch %d ending %v",
+					lost, err, c.ID, c.Epoch, c.EndAt, tc.wantRebuilt || tc.name == "locked", b.c.ID, before, b.c.EndAt)
+			}
 			rebuilt, err := b.restorer(RestorerOptions{}).Restore(t.Context(), b.c.ID, "deduct")
 			if err != nil || rebuilt != tc.wantRebuilt {
 				t.Fatalf("Restore: got %v, %v; want %v", rebuilt, err, tc.wantRebuilt)
