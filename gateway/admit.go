@@ -3,14 +3,11 @@ package gateway
 import (
 	"cmp"
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/google/uuid"
 
 	"github.com/flashsale/flashsale/internal/metrics"
 	"github.com/flashsale/flashsale/model"
@@ -60,16 +57,16 @@ type admitAnswer struct {
 	err      error
 }
 
-// newRequestID mints the id of p's request: its tag (its bucket's, or its
-// campaign's) and a UUIDv7, so a gateway's ids increase (model.OrderIDOf).
-func newRequestID(p Purchase) string {
-	id := uuid.Must(uuid.NewV7())
-	return model.FormatRequestID(cmp.Or(p.tag, p.CampaignID), hex.EncodeToString(id[:]))
+// newRequestID mints the id of p's request, issued to its buyer
+// (Options.Issuer): its tag (its bucket's, or its campaign's) and a
+// UUIDv7, so a gateway's ids increase (model.OrderIDOf).
+func (s *Service) newRequestID(p Purchase) string {
+	return s.opts.Issuer.New(cmp.Or(p.tag, p.CampaignID), p.UserID)
 }
 
 func (s *Service) enqueue(ctx context.Context, p Purchase, pass model.ChallengePass) (Admitted, error) {
 	a := model.AdmitRequest{
-		RequestID:      newRequestID(p),
+		RequestID:      s.newRequestID(p),
 		CampaignID:     p.CampaignID,
 		Tag:            p.tag,
 		UserID:         p.UserID,

@@ -16,6 +16,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/requestid"
 	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/internal/testenv"
 	"github.com/flashsale/flashsale/model"
@@ -452,5 +453,47 @@ func TestAdmitCampaignLimitSharedByBuckets(t *testing.T) {
 	if n := admitted.Load(); n > allowed || n == 0 {
 		t.Errorf("admitted %d of %d (%d rate limited); want 1 to %d: the campaign's burst of %d shared by its buckets",
 			n, len(users), limited.Load(), allowed, burst)
+	}
+}
+
+// TestRequestIDsIssued: the ids a purchase is answered with, admitted in
+// Redis or decided in MySQL, fresh or replayed, are issued to the buyer
+// under Options.Issuer's key, and to nobody else.
+func TestRequestIDsIssued(t *testing.T) {
+	issuer := requestid.NewIssuer([]byte("the deployment's secret, thirty-two bytes or more"))
+	type buyer func(user, key string) (Admitted, error)
+	tests := []struct {
+		name   string
+		newBuy func(t *testing.T) buyer
+	}{
+		{"redis", func(t *testing.T) buyer {
+			svc, _, c := newAdmitService(t, newGatePublisher(false), Options{Issuer: issuer})
+			return func(user, key string) (Admitted, error) {
+				return svc.Purchase(t.Context(), Purchase{UserID: user, CampaignID: c.ID, Quantity: 1, IdempotencyKey: key}, nil)
+			}
+		}},
+		{"degraded", func(t *testing.T) buyer {
+			b := newDegraded(t, model.Campaign{}, Options{Degrade: true, Issuer: issuer})
+			return func(user, key string) (Admitted, error) { return b.buy(t, user, key, 1) }
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			buy := tt.newBuy(t)
+			adm, err := buy("alice", "k")
+			if err != nil {
+				t.Fatalf("purchase: %v", err)
+			}
+			if !issuer.Issued(adm.RequestID, "alice") {
+				t.Errorf("Issued(%s, alice): got false, want true", adm.RequestID)
+			}
+			if issuer.Issued(adm.RequestID, "bob") {
+				t.Errorf("Issued(%s, bob): got true, want false", adm.RequestID)
+			}
+			again, err := buy("alice", "k")
+			if err != nil || !again.Existing || again.RequestID != adm.RequestID {
+				t.Fatalf("replay: got %+v, %v; want %s again", again, err, adm.RequestID)
+			}
+		})
 	}
 }

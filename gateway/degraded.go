@@ -188,7 +188,7 @@ func (s *Service) purchaseInMySQL(ctx context.Context, cc *cachedCampaign, c mod
 		retry := int((wait + time.Second - 1) / time.Second)
 		return Admitted{}, s.refuse(reason, &model.RateLimitError{RetryAfterSeconds: max(retry, 1)})
 	}
-	id := newRequestID(p)
+	id := s.newRequestID(p)
 	existing := false
 	if p.IdempotencyKey != "" {
 		// A key used while Redis decided is not known here: a retry of it

@@ -12,6 +12,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/rand"
 	"log/slog"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 
 	"github.com/flashsale/flashsale/internal/metrics"
 	"github.com/flashsale/flashsale/internal/reconcile"
+	"github.com/flashsale/flashsale/internal/requestid"
 	"github.com/flashsale/flashsale/model"
 	"github.com/flashsale/flashsale/queue"
 )
@@ -108,7 +110,12 @@ type Options struct {
 	// Restorer rebuilds a campaign Redis lost from MySQL (ledger.go); nil
 	// leaves it to an operator's preload.
 	Restorer Restorer
-	Now      func() time.Time
+	// Issuer mints the request ids, each issued to its buyer, under the key
+	// every notifier of the deployment holds: their lost rule answers only
+	// ids it recognises. Nil: a key of this process alone, so no notifier
+	// answers its ids once Redis lost them.
+	Issuer *requestid.Issuer
+	Now    func() time.Time
 }
 
 func (o Options) withDefaults() Options {
@@ -141,6 +148,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.BreakerOpenFor <= 0 {
 		o.BreakerOpenFor = 2 * time.Second
+	}
+	if o.Issuer == nil {
+		o.Issuer = requestid.NewIssuer([]byte(rand.Text()))
 	}
 	if o.Now == nil {
 		o.Now = time.Now
