@@ -69,11 +69,16 @@ func NewIssuer(secret []byte) *Issuer {
 }
 
 // New mints the id of a request of userID under tag (its bucket's tag, or
-// its campaign's id): a fresh UUIDv7, so one gateway's ids increase, whose
-// last 6 bytes are replaced by the MAC. The version and variant bits stay
-// as they are, so the id's hex digits are still a UUIDv7.
+// its campaign's id): Sign of a fresh UUIDv7, so one gateway's ids
+// increase.
 func (is *Issuer) New(tag, userID string) string {
-	id := uuid.Must(uuid.NewV7())
+	return is.Sign(tag, userID, uuid.Must(uuid.NewV7()))
+}
+
+// Sign returns the id of a request of userID under tag whose UUID is id,
+// its last 6 bytes replaced by the MAC. The version and variant bits are
+// in the first 10, so the MAC of a UUIDv7 leaves a UUIDv7.
+func (is *Issuer) Sign(tag, userID string, id [16]byte) string {
 	is.mac(id[headLen:], tag, id[:headLen], userID)
 	return model.FormatRequestID(tag, hex.EncodeToString(id[:]))
 }

@@ -96,6 +96,23 @@ func TestNewIsUUIDv7(t *testing.T) {
 	}
 }
 
+// TestSignKeepsHead: Sign replaces the last 6 bytes of the UUID alone,
+// and what it returns is issued.
+func TestSignKeepsHead(t *testing.T) {
+	is := NewIssuer(testSecret)
+	u := uuid.Must(uuid.NewV7())
+	id := is.Sign("c", "alice", u)
+	if got, want := id[:len("c.")+2*headLen], "c."+hex.EncodeToString(u[:headLen]); got != want {
+		t.Fatalf("Sign: got head %s, want %s", got, want)
+	}
+	if !is.Issued(id, "alice") {
+		t.Fatalf("Issued(%s, alice): got false, want true", id)
+	}
+	if again := is.Sign("c", "alice", u); again != id {
+		t.Fatalf("Sign again: got %s, want %s", again, id)
+	}
+}
+
 // TestIssuedConcurrently: the pooled HMACs are shared safely (run with
 // -race).
 func TestIssuedConcurrently(t *testing.T) {
