@@ -31,6 +31,7 @@ import (
 
 	"github.com/flashsale/flashsale/internal/httpapi"
 	"github.com/flashsale/flashsale/internal/metrics"
+	"github.com/flashsale/flashsale/internal/requestid"
 	"github.com/flashsale/flashsale/model"
 )
 
@@ -114,6 +115,11 @@ type Options struct {
 	// not unknown. Nil: they are not found until a purchase or a worker
 	// restores the campaign.
 	Restorer Restorer
+	// Issuer, when set, holds the gateways' request id key: the lost rule
+	// answers only ids issued to the asking user, so a forged id is not
+	// stored or counted as lost, nor another user's id claimed. Nil: the
+	// lost rule answers any id its campaign may have issued.
+	Issuer *requestid.Issuer
 
 	// AllowedOrigins lists the Origin values a WebSocket upgrade may carry.
 	// Empty allows only the request's own host; "*" allows any origin.
@@ -547,9 +553,10 @@ func (n *Notifier) unstored(ctx context.Context, userID, requestID string) (mode
 
 // lostRule answers for requestID, asked by userID, which neither Redis
 // nor the Ledger knows (Options.Lost): rejected (lost) once the queue has
-// passed it, queued until then, else model.ErrNotFound.
+// passed it, queued until then, else model.ErrNotFound. An id not issued
+// to userID (Options.Issuer) is not found before anything is read.
 func (n *Notifier) lostRule(ctx context.Context, userID, requestID string) (model.Result, error) {
-	if n.opts.Lost == nil {
+	if n.opts.Lost == nil || (n.opts.Issuer != nil && !n.opts.Issuer.Issued(requestID, userID)) {
 		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
 	}
 	r, err := n.opts.Lost.Lost(ctx, requestID, userID, n.opts.Grace, n.opts.MaxQueueDelay)
