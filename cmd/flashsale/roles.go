@@ -32,6 +32,7 @@ import (
 	"github.com/flashsale/flashsale/internal/metrics"
 	"github.com/flashsale/flashsale/internal/openapi"
 	"github.com/flashsale/flashsale/internal/reconcile"
+	"github.com/flashsale/flashsale/internal/requestid"
 	"github.com/flashsale/flashsale/internal/sqlstore"
 	"github.com/flashsale/flashsale/internal/store"
 	"github.com/flashsale/flashsale/model"
@@ -438,6 +439,7 @@ func (s *system) mountNotifier(jwt *auth.JWT) func(context.Context) error {
 		PollBurst:               c.PollBurst,
 		SubscribeRate:           c.SubscribeRate,
 		SubscribeBurst:          c.SubscribeBurst,
+		Issuer:                  requestIssuer(s.cfg),
 	}
 	if s.db != nil {
 		// A poll Redis has no result for finds its order in MySQL; without
@@ -525,8 +527,20 @@ func gatewayOptions(cfg config.Config) gateway.Options {
 		// neither can stand for the other): every deployment already
 		// holds it, at least 32 bytes, shared by all gateways and never
 		// the development value outside dev, so no new secret to manage.
-		Gate: challenge.NewPoW([]byte(cfg.Auth.JWTSecret), challenge.DefaultTTL, nil),
+		Gate:   challenge.NewPoW([]byte(cfg.Auth.JWTSecret), challenge.DefaultTTL, nil),
+		Issuer: requestIssuer(cfg),
 	}
+}
+
+// requestIssuer mints the gateways' request ids and recognises them in
+// the notifiers' lost rule. Its key is derived from jwt_secret as the
+// challenge key is (HMAC-SHA256(jwt_secret, "flashsale/request-id/v1")),
+// so every role of a deployment holds it with no new secret. Not from
+// admin_token: every shopper holds ids signed with the key, against which
+// a short admin token (8 bytes are allowed) could be searched offline;
+// jwt_secret is at least 32 bytes.
+func requestIssuer(cfg config.Config) *requestid.Issuer {
+	return requestid.NewIssuer([]byte(cfg.Auth.JWTSecret))
 }
 
 // listen binds the main address and, when http.admin_addr is set, the admin
