@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -10,8 +11,10 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -546,16 +549,49 @@ func requestIssuer(cfg config.Config) *requestid.Issuer {
 // listen binds the main address and, when http.admin_addr is set, the admin
 // one.
 func (s *system) listen() (err error) {
-	if s.addr, err = s.bind(s.cfg.HTTP.Addr, s.engine); err != nil {
+	public := httpapi.ConnBudgetOptions{MaxConns: connBudget(s.cfg.HTTP, openFileLimit()),
+		MaxConnsPerIP: cmp.Or(s.cfg.HTTP.MaxConnsPerIP, 2*s.cfg.Notifier.MaxConnsPerIP), Exempt: trusted(s.cfg.HTTP.TrustedProxies)}
+	if s.addr, err = s.bind(s.cfg.HTTP.Addr, s.engine, "main", public); err != nil {
 		return err
 	}
 	if s.cfg.HTTP.AdminAddr != "" {
-		s.adminAddr, err = s.bind(s.cfg.HTTP.AdminAddr, s.adminEngine)
+		// Operators and scrapers: a few connections, kept within the
+		// main listener's reserve.
+		admin := httpapi.ConnBudgetOptions{MaxConns: max(1, min(64, s.cfg.HTTP.FDReserve/2))}
+		s.adminAddr, err = s.bind(s.cfg.HTTP.AdminAddr, s.adminEngine, "admin", admin)
 	}
 	return err
 }
 
-func (s *system) bind(addr string, h http.Handler) (string, error) {
+// connBudget is the main listener's bound on open connections:
+// http.max_conns, or the descriptor limit less http.fd_reserve, which
+// takes at most a quarter of it (WebSockets, bounded by the larger
+// notifier.fd_reserve, leave room for plain HTTP within it).
+func connBudget(c config.HTTP, fileLimit int) int {
+	if c.MaxConns > 0 {
+		return c.MaxConns
+	}
+	return fileLimit - min(c.FDReserve, fileLimit/4)
+}
+
+// trusted reports whether an address is one of the trusted proxies
+// (addresses or CIDRs; gin checks their syntax first): exempt from the
+// per-address connection bound, since every client behind one shares it.
+func trusted(proxies []string) func(netip.Addr) bool {
+	var prefixes []netip.Prefix
+	for _, p := range proxies {
+		if pf, err := netip.ParsePrefix(p); err == nil {
+			prefixes = append(prefixes, pf.Masked())
+		} else if a, err := netip.ParseAddr(p); err == nil {
+			prefixes = append(prefixes, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+		}
+	}
+	return func(a netip.Addr) bool {
+		return slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return p.Contains(a) })
+	}
+}
+
+func (s *system) bind(addr string, h http.Handler, name string, budget httpapi.ConnBudgetOptions) (string, error) {
 	// TCP keep-alive stays on with the system's timers: Go's 15 s ones cost
 	// three setsockopt calls per accepted connection (a WebSocket per
 	// purchase pays them each time), and every connection is bounded
@@ -565,10 +601,20 @@ func (s *system) bind(addr string, h http.Handler) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("listen %s: %w", addr, err)
 	}
+	budget.Observe = func(event, reason string) {
+		if event == "refused" {
+			s.Metrics.ConnsRefused.WithLabelValues(name, reason).Inc()
+		} else {
+			s.Metrics.ConnsClosed.WithLabelValues(name, reason).Inc()
+		}
+	}
+	b := httpapi.NewConnBudget(budget)
+	s.Metrics.WatchConnections(name, b.Open)
 	c := s.cfg.HTTP
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout,
-		WriteTimeout: c.WriteTimeout, IdleTimeout: c.IdleTimeout, MaxHeaderBytes: 16 << 10}
-	s.listeners = append(s.listeners, listener{ln: ln, srv: srv})
+	srv := &http.Server{Handler: b.Handler(h), ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout,
+		WriteTimeout: c.WriteTimeout, IdleTimeout: c.IdleTimeout, MaxHeaderBytes: 16 << 10,
+		ConnState: b.ConnState, ConnContext: b.ConnContext}
+	s.listeners = append(s.listeners, listener{ln: b.Listener(ln), srv: srv})
 	return ln.Addr().String(), nil
 }
 

@@ -18,6 +18,20 @@ import (
 	"github.com/flashsale/flashsale/internal/testenv"
 )
 
+// limitedBinary returns a command that runs flashsale limited to
+// fileLimit open descriptors (soft and hard, so Go cannot raise it at
+// start).
+func limitedBinary(t *testing.T, fileLimit int) string {
+	t.Helper()
+	bin := buildBinary(t)
+	limited := filepath.Join(t.TempDir(), "flashsale-limited")
+	script := fmt.Sprintf("#!/bin/sh\nulimit -n %d || exit 1\nexec %q \"$@\"\n", fileLimit, bin)
+	if err := os.WriteFile(limited, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return limited
+}
+
 func TestWebSocketBudget(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -55,14 +69,7 @@ func TestWebSocketFloodKeepsServiceUp(t *testing.T) {
 	perUser := config.Default().Notifier.MaxConnsPerUser
 
 	cfg := realConfig(t, "memqueue")
-	bin := buildBinary(t)
-	// The process gets the limit (soft and hard, so Go cannot raise
-	// it at start).
-	limited := filepath.Join(t.TempDir(), "flashsale-limited")
-	script := fmt.Sprintf("#!/bin/sh\nulimit -n %d || exit 1\nexec %q \"$@\"\n", fileLimit, bin)
-	if err := os.WriteFile(limited, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	limited := limitedBinary(t, fileLimit)
 	env := append(processEnv(cfg),
 		"FLASHSALE_NOTIFIER_FD_RESERVE="+strconv.Itoa(reserve),
 		"FLASHSALE_NOTIFIER_MAX_CONNS_PER_IP=100000", // every socket comes from 127.0.0.1

@@ -60,6 +60,20 @@ type HTTP struct {
 	// those headers are ignored, so a client cannot pick its rate-limit key.
 	TrustedProxies  []string      `yaml:"trusted_proxies" env:"TRUSTED_PROXIES"`
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout" env:"SHUTDOWN_TIMEOUT"`
+	// MaxConns bounds the connections the main listener keeps open,
+	// WebSockets included; 0 takes the process's descriptor limit less
+	// FDReserve (at most a quarter of the limit), kept for the admin
+	// listener, the Redis and MySQL pools and files. At the bound the
+	// connection idle longest is closed for room, else one that has not
+	// sent its first request within a second, else the new one is refused
+	// (503).
+	MaxConns  int `yaml:"max_conns" env:"MAX_CONNS"`
+	FDReserve int `yaml:"fd_reserve" env:"FD_RESERVE"`
+	// MaxConnsPerIP bounds the connections one client address (the TCP
+	// peer; TrustedProxies are exempt) keeps open on the main listener
+	// (429 beyond it); 0 takes twice notifier.max_conns_per_ip: a shopper
+	// holding a WebSocket may hold a plain connection too.
+	MaxConnsPerIP int `yaml:"max_conns_per_ip" env:"MAX_CONNS_PER_IP"`
 	// DrainDelay is how long a gateway or notifier keeps serving, with
 	// /readyz answering 503, between SIGTERM and closing its listeners, so
 	// a load balancer stops sending it requests first.
@@ -333,7 +347,7 @@ const (
 func Default() Config {
 	return Config{
 		HTTP: HTTP{Addr: "127.0.0.1:8080", ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-			WriteTimeout: 10 * time.Second, IdleTimeout: 60 * time.Second, MaxBodyBytes: 4096, ShutdownTimeout: 10 * time.Second},
+			WriteTimeout: 10 * time.Second, IdleTimeout: 60 * time.Second, MaxBodyBytes: 4096, ShutdownTimeout: 10 * time.Second, FDReserve: 128},
 		Auth: Auth{JWTSecret: DevJWTSecret, JWTLeeway: 30 * time.Second, AdminToken: DevAdminToken, AdminFailuresPerMinute: 10, Dev: true,
 			Provider: Provider{JWKSRefresh: time.Hour, JWKSUnknownKID: time.Minute}},
 		Redis: Redis{Mode: "embedded", PoolSize: 64, ClusterReloadInterval: 2 * time.Second, KeyRetention: 7 * 24 * time.Hour,
@@ -408,6 +422,8 @@ func (c Config) Validate() error {
 		return bad("http.*_timeout", "every timeout must be positive")
 	case c.HTTP.ShutdownTimeout <= 0:
 		return bad("http.shutdown_timeout", "must be positive")
+	case c.HTTP.MaxConns < 0 || c.HTTP.FDReserve < 0 || c.HTTP.MaxConnsPerIP < 0:
+		return bad("http.max_conns", "max_conns, fd_reserve and max_conns_per_ip must not be negative")
 	case c.HTTP.DrainDelay < 0 || c.HTTP.DrainDelay > 5*time.Minute:
 		return bad("http.drain_delay", "must be between 0 (off) and 5m")
 	case len(c.Auth.JWTSecret) < 32:

@@ -36,8 +36,11 @@ type Metrics struct {
 	buildInfo       *prometheus.GaugeVec // version, role
 	Requests        *CounterVec          // route, code
 	RequestDuration *prometheus.HistogramVec
-	RedisUp         prometheus.Gauge   // 0 during an outage (store.Guard)
-	RedisOutages    prometheus.Counter // outages begun
+	RedisUp         prometheus.Gauge // 0 during an outage (store.Guard)
+	// The listeners' connection budgets (httpapi.ConnBudget).
+	ConnsRefused *CounterVec        // listener, reason
+	ConnsClosed  *CounterVec        // listener, reason
+	RedisOutages prometheus.Counter // outages begun
 	// Degraded mode (gateway, worker): campaigns decided in MySQL while
 	// Redis is out.
 	Degraded          *prometheus.GaugeVec // role
@@ -77,6 +80,15 @@ type Metrics struct {
 	WebSocketClients       prometheus.Gauge
 	WebSocketSubscriptions prometheus.Gauge
 	ResultsChannels        prometheus.Gauge // campaigns whose results channel the notifier subscribes to
+}
+
+// WatchConnections exports the connections a listener holds open, read
+// from open at each scrape.
+func (m *Metrics) WatchConnections(listener string, open func() int) {
+	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "flashsale_http_connections", Help: "Connections a listener holds open, WebSockets included.",
+		ConstLabels: prometheus.Labels{"listener": listener},
+	}, func() float64 { return float64(open()) }))
 }
 
 // New creates the collectors and registers, on a fresh registry, those
@@ -185,6 +197,14 @@ func New(roles ...Role) *Metrics {
 		ResultsChannels: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "flashsale_results_channels", Help: "Campaigns whose sharded results channel the notifier subscribes to: those its shoppers wait on, and for 30 s after.",
 		}),
+		ConnsRefused: newCounterVec(prometheus.CounterOpts{
+			Name: "flashsale_http_connections_refused_total",
+			Help: "Connections a listener refused, by reason: per_ip (the address holds http.max_conns_per_ip; 429), process (http.max_conns open and none to close for room; 503), fd_limit (the accept failed: the process is out of descriptors).",
+		}, []string{"listener", "reason"}),
+		ConnsClosed: newCounterVec(prometheus.CounterOpts{
+			Name: "flashsale_http_connections_closed_total",
+			Help: "Connections a listener closed to make room at http.max_conns, by reason: idle (the one idle longest between requests), slow_header (one that had not sent its first request within a second).",
+		}, []string{"listener", "reason"}),
 		RedisUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "flashsale_redis_up", Help: "1 while Redis answers this process's calls, 0 from a call that got no answer within redis.timeout to the next answer.",
 		}),
@@ -206,7 +226,7 @@ func New(roles ...Role) *Metrics {
 		}, []string{"kind"}),
 	}
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.buildInfo, m.Requests, m.RequestDuration, m.RedisUp, m.RedisOutages, m.Degraded, m.DegradedDecisions, m.DegradedSeconds)
+		m.buildInfo, m.Requests, m.RequestDuration, m.ConnsRefused, m.ConnsClosed, m.RedisUp, m.RedisOutages, m.Degraded, m.DegradedDecisions, m.DegradedSeconds)
 	m.RedisUp.Set(1)
 	has := func(r Role) bool { return slices.Contains(roles, r) }
 	if has(Gateway) {
