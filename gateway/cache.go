@@ -18,7 +18,9 @@ import (
 // bounded twice over: campaigns that exist are few and only admins create
 // them; ids that name nothing are unbounded, so they get a fixed-size ring
 // whose oldest entry makes room, and their answer (not found) is trusted
-// for the campaign cache TTL only. No insert scans the cache.
+// for the campaign cache TTL only. No insert scans the cache. Such an id
+// costs no MySQL read of its own either: the directory of every campaign
+// id answers (directory.go).
 
 // fresh reports whether snap may still be used at now.
 func (s *Service) fresh(snap *campaignSnapshot, now time.Time) bool {
@@ -39,7 +41,14 @@ func (s *Service) campaign(ctx context.Context, id string) (*cachedCampaign, mod
 	if s.fresh(old, s.opts.Now()) { // another request reloaded it meanwhile
 		return cc, old.campaign, old.err
 	}
-	c, err := s.lookup(ctx, id)
+	var c model.Campaign
+	var err error
+	if (old == nil || old.err != nil) && s.absent(ctx, id) {
+		// Never found: the directory answers for MySQL (directory.go).
+		err = model.ErrNotFound
+	} else {
+		c, err = s.lookup(ctx, id)
+	}
 	next := &campaignSnapshot{loadedAt: s.opts.Now()}
 	switch {
 	case errors.Is(err, model.ErrNotFound):

@@ -115,6 +115,8 @@ func TestCampaignCacheUnderProbing(t *testing.T) {
 		ids = append(ids, testenv.Name(t, "r"))
 	}
 	sent.n.Store(0)
+	mem.reads.Store(0)
+	start := time.Now()
 	for i, id := range ids {
 		if _, err := svc.Campaign(t.Context(), id); !errors.Is(err, model.ErrNotFound) {
 			t.Fatalf("GET campaign %s: got %v, want %v", id, err, model.ErrNotFound)
@@ -127,6 +129,11 @@ func TestCampaignCacheUnderProbing(t *testing.T) {
 	}
 	if n := sent.n.Load(); n != 0 {
 		t.Fatalf("probing sent %d Redis commands, want 0", n)
+	}
+	// MySQL: the directory of ids, once per cache TTL, and no read per id.
+	ttls := int64(time.Since(start)/svc.opts.CampaignCacheTTL) + 1
+	if n := mem.reads.Load(); n > ttls {
+		t.Fatalf("probing %d ids made %d MySQL reads, want at most %d (one directory read per campaign cache TTL)", len(ids), n, ttls)
 	}
 	known, unknown := svc.cache.len()
 	if known != 1 || unknown > svc.opts.CachedUnknownIDs {

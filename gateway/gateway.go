@@ -48,6 +48,9 @@ type Campaigns interface {
 	reconcile.Ledger
 	CreateCampaign(ctx context.Context, c model.Campaign) (model.Campaign, error)
 	CampaignOrderStats(ctx context.Context, campaignID string) (model.OrderStats, error)
+	// CampaignIDs returns the ids of the campaigns, at most limit + 1 (one
+	// more than limit says there are more).
+	CampaignIDs(ctx context.Context, limit int) ([]string, error)
 	SetPaused(ctx context.Context, id string, paused bool) (model.Campaign, error)
 	CampaignPage(ctx context.Context, state model.CampaignState, now time.Time, cursor string, limit int) ([]model.Campaign, string, error)
 	OpenCampaigns(ctx context.Context, now time.Time, limit int) ([]model.Campaign, error)
@@ -170,6 +173,7 @@ type Service struct {
 	admitter  admitter
 	breaker   *gobreaker.CircuitBreaker[struct{}]
 	cache     *campaignCache
+	dir       directory
 	list      publicList
 	// degraded and limits serve purchases decided in MySQL (degraded.go).
 	degraded degraded
@@ -229,6 +233,7 @@ func (s *Service) Run(ctx context.Context) error {
 func (s *Service) applyEvent(e model.Event) {
 	if e.Type == model.EventChanged || e.Type == model.EventReset {
 		s.list.drop()
+		s.dir.drop() // a campaign created or deleted
 	}
 	cc := s.cache.get(e.CampaignID)
 	if cc == nil {

@@ -36,8 +36,9 @@ const benchSecret = "bench-jwt-secret-0123456789abcdef0123456789"
 // memCampaigns is an in-memory Campaigns holding one campaign and no
 // orders.
 type memCampaigns struct {
-	mu sync.Mutex
-	c  model.Campaign
+	mu    sync.Mutex
+	c     model.Campaign
+	reads atomic.Int64 // Campaign and CampaignIDs calls: MySQL's reads
 }
 
 var _ Campaigns = (*memCampaigns)(nil)
@@ -47,12 +48,20 @@ func (m *memCampaigns) CreateCampaign(context.Context, model.Campaign) (model.Ca
 }
 
 func (m *memCampaigns) Campaign(_ context.Context, id string) (model.Campaign, error) {
+	m.reads.Add(1)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if id != m.c.ID {
 		return model.Campaign{}, model.ErrNotFound
 	}
 	return m.c, nil
+}
+
+func (m *memCampaigns) CampaignIDs(context.Context, int) ([]string, error) {
+	m.reads.Add(1)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return []string{m.c.ID}, nil
 }
 
 func (m *memCampaigns) CampaignOrderStats(context.Context, string) (model.OrderStats, error) {

@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"database/sql"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -140,4 +141,28 @@ func TestMigrateToBinaryCollation(t *testing.T) {
 		t.Fatalf("campaign kept: got %+v, %v", c, err)
 	}
 	checkIDsCaseSensitive(t, db)
+}
+
+// TestCampaignIDs: every campaign's id, exactly as stored, and one more
+// than the limit says there are more.
+func TestCampaignIDs(t *testing.T) {
+	for driver, open := range openDBs(t) {
+		t.Run(driver, func(t *testing.T) {
+			db := open(t)
+			for _, id := range []string{"b1", "B1", "c-2"} {
+				mustCreate(t, db, id, id)
+			}
+			ids, err := db.CampaignIDs(t.Context(), 10)
+			slices.Sort(ids)
+			if err != nil || !slices.Equal(ids, []string{"B1", "b1", "c-2"}) {
+				t.Fatalf("CampaignIDs(10): got %v, %v; want [B1 b1 c-2]", ids, err)
+			}
+			if ids, err := db.CampaignIDs(t.Context(), 2); err != nil || len(ids) != 3 {
+				t.Fatalf("CampaignIDs(2): got %v, %v; want 3 ids (the limit and one more)", ids, err)
+			}
+			if ids, err := db.CampaignIDs(t.Context(), 1); err != nil || len(ids) != 2 {
+				t.Fatalf("CampaignIDs(1): got %v, %v; want 2 ids", ids, err)
+			}
+		})
+	}
 }

@@ -343,6 +343,16 @@ func (db *DB) CreateCampaign(ctx context.Context, c model.Campaign) (model.Campa
 	return row.toModel(), nil
 }
 
+// CampaignIDs returns the ids of the campaigns, at most limit + 1 (one
+// more than limit says there are more): the primary key's index alone.
+func (db *DB) CampaignIDs(ctx context.Context, limit int) ([]string, error) {
+	var ids []string
+	if err := db.gdb.WithContext(ctx).Model(&campaignRow{}).Limit(limit+1).Pluck("id", &ids).Error; err != nil {
+		return nil, fmt.Errorf("campaign ids: %w", err)
+	}
+	return ids, nil
+}
+
 // Campaign returns a campaign or model.ErrNotFound.
 func (db *DB) Campaign(ctx context.Context, id string) (model.Campaign, error) {
 	var row campaignRow
