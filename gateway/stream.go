@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -17,6 +18,10 @@ const (
 	// maxStatsStreams bounds the admin stats streams one process serves at
 	// once: each reads Redis and MySQL every second.
 	maxStatsStreams = 16
+	// maxStatsStreamsPerIP bounds those of one client address, so one
+	// token holder (or a page left open in many tabs) cannot take them
+	// all from the console elsewhere.
+	maxStatsStreamsPerIP = 4
 	// statsInterval is how often a stream sends the campaign's stats.
 	statsInterval = time.Second
 	// statsStreamLifetime ends a stream the client will open again, so a
@@ -35,13 +40,16 @@ type StatsStream struct {
 	svc      *Service
 	slots    chan struct{}
 	stopping func() bool
+
+	mu   sync.Mutex
+	byIP map[string]int // open streams per client address
 }
 
 // NewStatsStream returns the stream over svc; stopping reports the process
 // is shutting down, which ends every stream within a second (the server's
 // graceful shutdown would otherwise wait for them).
 func NewStatsStream(log *slog.Logger, svc *Service, stopping func() bool) *StatsStream {
-	return &StatsStream{log: log, svc: svc, slots: make(chan struct{}, maxStatsStreams), stopping: stopping}
+	return &StatsStream{log: log, svc: svc, slots: make(chan struct{}, maxStatsStreams), stopping: stopping, byIP: map[string]int{}}
 }
 
 // Register mounts the stream; admin is the admin-token middleware.
@@ -57,6 +65,12 @@ type statsEvent struct {
 }
 
 func (s *StatsStream) serve(c *gin.Context) {
+	ip := c.ClientIP()
+	if !s.enter(ip) {
+		httpapi.Abort(c, s.log, model.ErrTooManyConns)
+		return
+	}
+	defer s.leave(ip)
 	select {
 	case s.slots <- struct{}{}:
 		defer func() { <-s.slots }()
@@ -98,6 +112,25 @@ func (s *StatsStream) serve(c *gin.Context) {
 			return
 		}
 		st, err = s.svc.Stats(ctx, id)
+	}
+}
+
+// enter counts a stream of ip in, unless ip holds maxStatsStreamsPerIP.
+func (s *StatsStream) enter(ip string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.byIP[ip] >= maxStatsStreamsPerIP {
+		return false
+	}
+	s.byIP[ip]++
+	return true
+}
+
+func (s *StatsStream) leave(ip string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.byIP[ip]--; s.byIP[ip] <= 0 {
+		delete(s.byIP, ip)
 	}
 }
 

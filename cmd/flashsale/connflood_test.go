@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -133,4 +134,31 @@ func TestConnectionFloodKeepsServiceUp(t *testing.T) {
 	}
 	t.Logf("held %d of %d idle, refused %v; closed idle %v, slow_header %v; open %v", held, idleFlood, refused, closedIdle,
 		c.metricSum("flashsale_http_connections_closed_total", `reason="slow_header"`), c.metricSum("flashsale_http_connections", `listener="main"`))
+}
+
+// TestHeaderLimit: a request's line and headers may take 16 KiB, as
+// documented; one more kilobyte is 431.
+func TestHeaderLimit(t *testing.T) {
+	c := startSystem(t, realConfig(t, "memqueue"))
+	u, err := url.Parse(c.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		size int // of the whole request head
+		want int
+	}{{maxHeaderBytes - 512, http.StatusOK}, {maxHeaderBytes + 1024, http.StatusRequestHeaderFieldsTooLarge}} {
+		head := "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: "
+		head += strings.Repeat("p", tc.size-len(head)-4) + "\r\n\r\n"
+		conn := floodConn(t, u.Host, "127.0.0.1")
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(conn, head); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil || resp.StatusCode != tc.want {
+			t.Fatalf("a request head of %d bytes: got %v, %v; want %d", len(head), resp, err, tc.want)
+		}
+		_ = resp.Body.Close()
+	}
 }

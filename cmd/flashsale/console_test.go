@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -91,22 +92,37 @@ func TestConsoleStream(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	open := func() *http.Response {
+	// open opens a stream from the local address from.
+	open := func(from string) *http.Response {
 		t.Helper()
+		dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}}
+		t.Cleanup(client.CloseIdleConnections)
 		req, _ := http.NewRequestWithContext(ctx, "GET", c.base+"/admin/v1/campaigns/"+id+"/stream", nil)
 		req.Header.Set("Authorization", "Bearer "+c.admin)
-		res, err := http.DefaultClient.Do(req)
+		res, err := client.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = res.Body.Close() })
 		return res
 	}
-	// The bound: the streams open at once, each past its first event.
-	for i := range maxStatsStreams {
-		res := open()
+	// The bounds: an address's, then the process's, the streams open at
+	// once, each past its first event.
+	for i := range maxStatsStreams + 1 {
+		from := "127.0.0.2"
+		if i > maxStatsStreamsPerIP {
+			from = fmt.Sprintf("127.0.0.%d", 3+i)
+		}
+		res := open(from)
+		if i == maxStatsStreamsPerIP {
+			if res.StatusCode != http.StatusTooManyRequests {
+				t.Fatalf("stream beyond %d from one address: got %d, want 429", maxStatsStreamsPerIP, res.StatusCode)
+			}
+			continue
+		}
 		if ct := res.Header.Get("Content-Type"); res.StatusCode != http.StatusOK || ct != "text/event-stream" {
-			t.Fatalf("stream %d: got %d %q, want 200 text/event-stream", i, res.StatusCode, ct)
+			t.Fatalf("stream %d from %s: got %d %q, want 200 text/event-stream", i, from, res.StatusCode, ct)
 		}
 		line, err := bufio.NewReader(res.Body).ReadString('\n')
 		if err != nil {
@@ -117,10 +133,10 @@ func TestConsoleStream(t *testing.T) {
 			t.Errorf("first event %q, want data: {…remaining 3…}", line)
 		}
 	}
-	if res := open(); res.StatusCode != http.StatusTooManyRequests {
+	if res := open("127.0.0.99"); res.StatusCode != http.StatusTooManyRequests {
 		t.Errorf("stream beyond %d: got %d, want 429", maxStatsStreams, res.StatusCode)
 	}
 }
 
-// maxStatsStreams is gateway's bound on the streams of a process.
-const maxStatsStreams = 16
+// gateway's bounds on the streams of a process, and of one address.
+const maxStatsStreams, maxStatsStreamsPerIP = 16, 4

@@ -38,7 +38,7 @@ func realConfig(t *testing.T, queueDriver string) config.Config {
 	cfg := config.Default()
 	cfg.HTTP.Addr = "127.0.0.1:0"
 	cfg.Auth = config.Auth{JWTSecret: testJWTSecret, JWTLeeway: 5 * time.Second, AdminToken: testAdminToken,
-		AdminFailuresPerMinute: cfg.Auth.AdminFailuresPerMinute}
+		AdminFailuresPerMinute: cfg.Auth.AdminFailuresPerMinute, MaxTokenLifetime: cfg.Auth.MaxTokenLifetime}
 	cfg.Payment.WebhookSecret = testWebhookSecret
 	cfg.Redis.Mode, cfg.Redis.Addr = "server", testenv.RedisAddr(t)
 	cfg.Database.Driver, cfg.Database.DSN = "mysql", testenv.MySQLDSN(t)

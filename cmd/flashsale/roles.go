@@ -147,7 +147,7 @@ func gcPercent(roles roleSet, env map[string]string) (int, bool) {
 
 // authOptions are the shopper token checks a config asks for.
 func authOptions(a config.Auth, log *slog.Logger) auth.Options {
-	return auth.Options{Leeway: a.JWTLeeway, Algorithms: a.Algorithms, Issuer: a.Issuer, Audience: a.Audience,
+	return auth.Options{Leeway: a.JWTLeeway, MaxLifetime: a.MaxTokenLifetime, Algorithms: a.Algorithms, Issuer: a.Issuer, Audience: a.Audience,
 		JWKSURL: a.JWKSURL, JWKSRefresh: a.JWKSRefresh, JWKSUnknownKID: a.JWKSUnknownKID, Log: log.With("component", "auth")}
 }
 
@@ -591,6 +591,10 @@ func trusted(proxies []string) func(netip.Addr) bool {
 	}
 }
 
+// maxHeaderBytes bounds a request's line and headers: net/http reads
+// 4,096 bytes more than its MaxHeaderBytes before answering 431.
+const maxHeaderBytes = 16 << 10
+
 func (s *system) bind(addr string, h http.Handler, name string, budget httpapi.ConnBudgetOptions) (string, error) {
 	// TCP keep-alive stays on with the system's timers: Go's 15 s ones cost
 	// three setsockopt calls per accepted connection (a WebSocket per
@@ -612,7 +616,7 @@ func (s *system) bind(addr string, h http.Handler, name string, budget httpapi.C
 	s.Metrics.WatchConnections(name, b.Open)
 	c := s.cfg.HTTP
 	srv := &http.Server{Handler: b.Handler(h), ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout,
-		WriteTimeout: c.WriteTimeout, IdleTimeout: c.IdleTimeout, MaxHeaderBytes: 16 << 10,
+		WriteTimeout: c.WriteTimeout, IdleTimeout: c.IdleTimeout, MaxHeaderBytes: maxHeaderBytes - 4096,
 		ConnState: b.ConnState, ConnContext: b.ConnContext}
 	s.listeners = append(s.listeners, listener{ln: b.Listener(ln), srv: srv})
 	return ln.Addr().String(), nil
@@ -730,7 +734,7 @@ func newEngine(log *slog.Logger, m *metrics.Metrics, c config.HTTP) (*gin.Engine
 	e.Use(gin.CustomRecoveryWithWriter(io.Discard, func(c *gin.Context, rec any) {
 		httpapi.Abort(c, log, fmt.Errorf("panic: %v", rec))
 	}))
-	e.Use(m.GinMiddleware(), httpapi.CheckBody(log, c.MaxBodyBytes))
+	e.Use(m.GinMiddleware(), httpapi.NoSniff, httpapi.CheckBody(log, c.MaxBodyBytes))
 	e.NoRoute(func(c *gin.Context) { httpapi.Abort(c, log, fmt.Errorf("route: %w", errNoRoute)) })
 	// gin has set the Allow header by then.
 	e.NoMethod(func(c *gin.Context) { httpapi.Abort(c, log, fmt.Errorf("route: %w", model.ErrMethodNotAllowed)) })

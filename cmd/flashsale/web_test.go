@@ -96,9 +96,31 @@ func TestWebFiles(t *testing.T) {
 			if resp.StatusCode != tc.wantCode || !strings.HasPrefix(resp.Header.Get("Content-Type"), tc.wantType) {
 				t.Errorf("got %d %s, want %d %s", resp.StatusCode, resp.Header.Get("Content-Type"), tc.wantCode, tc.wantType)
 			}
-			if tc.wantCode == 200 && !strings.Contains(resp.Header.Get("Content-Security-Policy"), "default-src 'self'") {
-				t.Errorf("Content-Security-Policy %q", resp.Header.Get("Content-Security-Policy"))
+			// Sockets to the page's own host only, and every answer (the
+			// JSON 404s too) taken as its Content-Type says.
+			host := strings.TrimPrefix(c.base, "http://")
+			csp := resp.Header.Get("Content-Security-Policy")
+			if tc.wantCode == 200 && (!strings.Contains(csp, "default-src 'self'") ||
+				!strings.Contains(csp, "connect-src 'self' ws://"+host+" wss://"+host+";") || strings.Contains(csp, " ws: ")) {
+				t.Errorf("Content-Security-Policy %q: want default-src 'self' and sockets to %s only", csp, host)
+			}
+			if got := resp.Header.Get("X-Content-Type-Options"); got != "nosniff" {
+				t.Errorf("X-Content-Type-Options %q, want nosniff", got)
 			}
 		})
+	}
+}
+
+func TestSocketSources(t *testing.T) {
+	for host, want := range map[string]string{
+		"shop.example:8443":  " ws://shop.example:8443 wss://shop.example:8443",
+		"[::1]:8080":         " ws://[::1]:8080 wss://[::1]:8080",
+		"":                   "",
+		"evil; script-src *": "",
+		"a b":                "",
+	} {
+		if got := socketSources(host); got != want {
+			t.Errorf("socketSources(%q): got %q, want %q", host, got, want)
+		}
 	}
 }

@@ -44,6 +44,8 @@ type JWT struct {
 	// so a key the provider withdrew stops working within that time.
 	keys      keyfunc.Keyfunc
 	keysFresh time.Duration
+	// maxLifetime bounds exp from now (Options.MaxLifetime); 0: none.
+	maxLifetime time.Duration
 }
 
 // NewJWT returns an HS256-only JWT with secret and the clock skew it
@@ -57,7 +59,7 @@ func NewJWT(secret []byte, leeway time.Duration) *JWT {
 // key set once (an error if it cannot) and keeps it fresh until ctx ends.
 func New(ctx context.Context, secret []byte, opts Options) (*JWT, error) {
 	j := &JWT{secret: secret, leeway: opts.Leeway, now: time.Now, cache: newVerified(defaultVerifiedEntries),
-		algorithms: opts.Algorithms, issuer: opts.Issuer, audience: opts.Audience}
+		algorithms: opts.Algorithms, issuer: opts.Issuer, audience: opts.Audience, maxLifetime: opts.MaxLifetime}
 	if len(j.algorithms) == 0 {
 		j.algorithms = []string{jwt.SigningMethodHS256.Alg()}
 		if opts.JWKSURL != "" {
@@ -139,6 +141,9 @@ func (j *JWT) Verify(token string) (string, error) {
 		return "", &model.AuthError{Reason: "token subject (sub) " + why}
 	}
 	// exp is required above, so it is set; nbf is optional.
+	if j.maxLifetime > 0 && claims.ExpiresAt.After(j.now().Add(j.maxLifetime+j.leeway)) {
+		return "", &model.AuthError{Reason: fmt.Sprintf("token expiry (exp) more than %s ahead (auth.max_token_lifetime)", j.maxLifetime)}
+	}
 	e := verifiedToken{subject: claims.Subject, expiresAt: claims.ExpiresAt.Time}
 	if claims.NotBefore != nil {
 		e.notBefore = claims.NotBefore.Time

@@ -19,6 +19,10 @@ type Options struct {
 	// DefaultProviderAlgorithms with a JWKSURL. HS256 is checked with the
 	// secret, every other one with the key set.
 	Algorithms []string
+	// MaxLifetime bounds how far in the future a token's exp may be
+	// (beyond the leeway): a token valid for longer, stolen, would be good
+	// for that long. 0: no bound.
+	MaxLifetime time.Duration
 	// Issuer and Audience, when set, must be the token's iss and among its
 	// aud (every token's, minted ones included).
 	Issuer, Audience string

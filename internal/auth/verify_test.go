@@ -74,3 +74,29 @@ func TestAdminTokenEqual(t *testing.T) {
 		}
 	}
 }
+
+// TestVerifyMaxLifetime: a token whose exp is further ahead than
+// Options.MaxLifetime (with the leeway) is refused, however well signed;
+// one within it is taken.
+func TestVerifyMaxLifetime(t *testing.T) {
+	j := newMintedTestJWT()
+	j.maxLifetime = 24 * time.Hour
+	hs256 := base64.RawURLEncoding.EncodeToString([]byte(`{"alg":"HS256","typ":"JWT"}`))
+	for _, tc := range []struct {
+		name string
+		exp  time.Time
+		ok   bool
+	}{
+		{"within the bound", mintedTestStart.Add(24 * time.Hour), true},
+		{"at the bound and the leeway", mintedTestStart.Add(24*time.Hour + j.leeway), true},
+		{"beyond it", mintedTestStart.Add(25 * time.Hour), false},
+		{"the year 9999", time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := j.Verify(signHS256(j.secret, hs256, fmt.Sprintf(`{"sub":"alice","exp":%d}`, tc.exp.Unix())))
+			if tc.ok != (err == nil) || (tc.ok && got != "alice") || (!tc.ok && !errors.Is(err, model.ErrUnauthorized)) {
+				t.Fatalf("got %q, %v; want ok %v (refusals %v)", got, err, tc.ok, model.ErrUnauthorized)
+			}
+		})
+	}
+}

@@ -85,6 +85,10 @@ type Auth struct {
 	JWTSecret  string        `yaml:"jwt_secret" env:"JWT_SECRET"`
 	JWTLeeway  time.Duration `yaml:"jwt_leeway" env:"JWT_LEEWAY"`
 	AdminToken string        `yaml:"admin_token" env:"ADMIN_TOKEN"`
+	// MaxTokenLifetime bounds how far ahead a shopper token's exp may be:
+	// a token valid for longer is refused (401), so a stolen one is good
+	// for at most that long.
+	MaxTokenLifetime time.Duration `yaml:"max_token_lifetime" env:"MAX_TOKEN_LIFETIME"`
 	// AdminFailuresPerMinute is how many wrong admin tokens a client IP may
 	// present in a minute; then it gets 429 until the minute is over.
 	AdminFailuresPerMinute int `yaml:"admin_failures_per_minute" env:"ADMIN_FAILURES_PER_MINUTE"`
@@ -348,7 +352,7 @@ func Default() Config {
 	return Config{
 		HTTP: HTTP{Addr: "127.0.0.1:8080", ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 			WriteTimeout: 10 * time.Second, IdleTimeout: 60 * time.Second, MaxBodyBytes: 4096, ShutdownTimeout: 10 * time.Second, FDReserve: 128},
-		Auth: Auth{JWTSecret: DevJWTSecret, JWTLeeway: 30 * time.Second, AdminToken: DevAdminToken, AdminFailuresPerMinute: 10, Dev: true,
+		Auth: Auth{JWTSecret: DevJWTSecret, JWTLeeway: 30 * time.Second, MaxTokenLifetime: 7 * 24 * time.Hour, AdminToken: DevAdminToken, AdminFailuresPerMinute: 10, Dev: true,
 			Provider: Provider{JWKSRefresh: time.Hour, JWKSUnknownKID: time.Minute}},
 		Redis: Redis{Mode: "embedded", PoolSize: 64, ClusterReloadInterval: 2 * time.Second, KeyRetention: 7 * 24 * time.Hour,
 			ReplicaAckTimeout: time.Second, Timeout: time.Second},
@@ -432,6 +436,8 @@ func (c Config) Validate() error {
 		return bad("auth.admin_token", "must be at least 8 bytes")
 	case c.Auth.AdminFailuresPerMinute < 1 || c.Auth.AdminFailuresPerMinute > 1000:
 		return bad("auth.admin_failures_per_minute", "must be between 1 and 1000")
+	case c.Auth.MaxTokenLifetime < time.Hour || c.Auth.MaxTokenLifetime > 365*24*time.Hour:
+		return bad("auth.max_token_lifetime", "must be between 1h and 8760h")
 	case c.Auth.JWTLeeway < 0 || c.Auth.JWTLeeway > 5*time.Minute:
 		return bad("auth.jwt_leeway", "must be between 0 and 5m")
 	case c.Auth.Provider.validate() != nil:
