@@ -1,6 +1,7 @@
 package notifier
 
 import (
+	"net/http"
 	"testing"
 	"time"
 
@@ -88,4 +89,65 @@ func TestFinalCache(t *testing.T) {
 	if _, ok := c.get("d", now.Add(1500*time.Millisecond)); !ok || c.count() != 3 {
 		t.Errorf("got ok %v and %d cached after a refresh, want d and 3", ok, c.count())
 	}
+}
+
+// TestBudgetsPerAddress: the users behind one address share the poll and
+// subscribe budgets of MaxConnsPerIP / MaxConnsPerUser users (here 2):
+// two users spend theirs, a third from the same address is refused before
+// any Redis read, however many accounts it brings.
+func TestBudgetsPerAddress(t *testing.T) {
+	t.Parallel()
+	const burst = 4
+	e := redisEnv(t)
+	clock := newStoppedClock()
+	h := newHarness(t, e.src, Options{PollRate: 1, PollBurst: burst, SubscribeRate: 1, SubscribeBurst: burst,
+		MaxConnsPerIP: 16, MaxConnsPerUser: 8, now: clock.now})
+
+	t.Run("polls", func(t *testing.T) {
+		for _, user := range []string{"alice", "bob", "carol"} {
+			id := e.newRequest(t, user)
+			answered, limited := 0, 0
+			for range burst {
+				switch status, body := mustGet(t, h, user, "/api/v1/purchases/"+id); {
+				case status == http.StatusOK:
+					answered++
+				case status == http.StatusTooManyRequests && body["code"] == "rate_limited":
+					limited++
+				default:
+					t.Fatalf("%s: got %d %v, want 200 or 429", user, status, body)
+				}
+			}
+			want := burst
+			if user == "carol" { // the address's two users' worth is spent
+				want = 0
+			}
+			if answered != want || limited != burst-want {
+				t.Errorf("%s: got %d answered, %d refused; want %d and %d", user, answered, limited, want, burst-want)
+			}
+		}
+	})
+	t.Run("subscribes", func(t *testing.T) {
+		for _, user := range []string{"dave", "erin", "frank"} {
+			ws := mustDial(t, h, user)
+			ids := make([]string, burst)
+			for i := range ids {
+				ids[i] = e.newRequest(t, user)
+			}
+			before := e.reads()
+			subscribed, errs := mustSubscribe(t, ws, ids...)
+			want := burst
+			if user == "frank" {
+				want = 0
+			}
+			if len(subscribed) != want || len(errs) != burst-want || e.reads()-before != int64(want) {
+				t.Errorf("%s: got %d subscribed, errors %+v, %d reads; want %d subscribed, %d rate_limited, %d reads",
+					user, len(subscribed), errs, e.reads()-before, want, burst-want, want)
+			}
+			for _, f := range errs {
+				if f.Code != "rate_limited" {
+					t.Errorf("%s: got error %+v, want rate_limited", user, f)
+				}
+			}
+		}
+	})
 }

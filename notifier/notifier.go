@@ -169,6 +169,12 @@ type Options struct {
 	// subscribes to, across all its connections, per second (defaults 20 and
 	// 256): each costs a Redis read. Ids beyond them are refused with
 	// rate_limited.
+	//
+	// A client address gets the poll and subscribe budgets of as many users
+	// as it may hold sockets of users at their cap (MaxConnsPerIP /
+	// MaxConnsPerUser, 32 by default), shared by every user behind it: many
+	// accounts on one address cannot read Redis at many times one user's
+	// rate, and a NAT of shoppers keeps room.
 	SubscribeRate  int
 	SubscribeBurst int
 
@@ -179,6 +185,9 @@ type Options struct {
 	// its last waiter (default feedLinger); tests shorten it.
 	feedLinger time.Duration
 }
+
+// ipShare is how many users' poll and subscribe budgets one address gets.
+func (o Options) ipShare() int { return max(1, o.MaxConnsPerIP/o.MaxConnsPerUser) }
 
 func (o Options) withDefaults() Options {
 	if o.MaxSubscriptionsPerConn <= 0 {
@@ -293,11 +302,14 @@ type Notifier struct {
 	// lookups reads the stored results subscribe frames ask for.
 	lookups *lookups
 
-	// Per-user budgets, shared by the user's connections and polls.
-	polls      *buckets
-	subscribes *buckets
-	invalid    *buckets
-	finals     *finalCache
+	// Per-user budgets, shared by the user's connections and polls, and
+	// per-address ones, shared by the users behind an address (ipShare).
+	polls        *buckets
+	subscribes   *buckets
+	pollsByIP    *buckets
+	subscribesIP *buckets
+	invalid      *buckets
+	finals       *finalCache
 
 	mu      sync.Mutex
 	closing bool
@@ -325,12 +337,14 @@ func New(log *slog.Logger, src ResultSource, m *metrics.Metrics, opts Options) *
 		hub:     newHub(),
 		conns:   map[*conn]struct{}{},
 
-		polls:      newBuckets(float64(opts.PollRate), opts.PollBurst),
-		subscribes: newBuckets(float64(opts.SubscribeRate), opts.SubscribeBurst),
-		invalid:    newBuckets(1/invalidFrameRefill.Seconds(), maxInvalidFrames-1),
-		finals:     newFinalCache(resultCacheSize, resultCacheTTL),
-		openUser:   map[string]int{},
-		openIP:     map[string]int{},
+		polls:        newBuckets(float64(opts.PollRate), opts.PollBurst),
+		subscribes:   newBuckets(float64(opts.SubscribeRate), opts.SubscribeBurst),
+		pollsByIP:    newBuckets(float64(opts.PollRate*opts.ipShare()), opts.PollBurst*opts.ipShare()),
+		subscribesIP: newBuckets(float64(opts.SubscribeRate*opts.ipShare()), opts.SubscribeBurst*opts.ipShare()),
+		invalid:      newBuckets(1/invalidFrameRefill.Seconds(), maxInvalidFrames-1),
+		finals:       newFinalCache(resultCacheSize, resultCacheTTL),
+		openUser:     map[string]int{},
+		openIP:       map[string]int{},
 	}
 	n.upgrader = websocket.Upgrader{
 		CheckOrigin: originChecker(opts.AllowedOrigins),
@@ -462,7 +476,7 @@ func toResultBody(r model.Result) resultBody {
 }
 
 func (n *Notifier) poll(c *gin.Context, userID string) {
-	r, err := n.pollResult(c.Request.Context(), userID, c.Param("request_id"), n.opts.now())
+	r, err := n.pollResult(c.Request.Context(), userID, c.ClientIP(), c.Param("request_id"), n.opts.now())
 	if err != nil {
 		httpapi.Abort(c, n.log, err)
 		return
@@ -480,13 +494,16 @@ func (n *Notifier) poll(c *gin.Context, userID string) {
 }
 
 // pollResult answers one poll: from the cache when the result is final and
-// userID's, else from Redis within userID's poll budget. Anyone else's id
-// takes the same path as an unknown one.
-func (n *Notifier) pollResult(ctx context.Context, userID, requestID string, now time.Time) (model.Result, error) {
+// userID's, else from Redis within userID's poll budget and that of its
+// address ip. Anyone else's id takes the same path as an unknown one.
+func (n *Notifier) pollResult(ctx context.Context, userID, ip, requestID string, now time.Time) (model.Result, error) {
 	if r, ok := n.finals.get(requestID, now); ok && r.UserID == userID {
 		return r, nil
 	}
 	if got, wait := n.polls.take(userID, 1, now); got == 0 {
+		return model.Result{}, &model.RateLimitError{RetryAfterSeconds: retryAfterSeconds(wait)}
+	}
+	if got, wait := n.pollsByIP.take(ip, 1, now); got == 0 {
 		return model.Result{}, &model.RateLimitError{RetryAfterSeconds: retryAfterSeconds(wait)}
 	}
 	r, err := n.lookup(ctx, userID, requestID)

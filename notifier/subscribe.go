@@ -204,7 +204,14 @@ func (n *Notifier) subscribe(c *conn, ids []string) {
 	// Each new subscription costs a Redis read: the user's budget decides
 	// how many are made; the rest are given up before any read.
 	if len(added) > 0 {
-		granted, wait := n.subscribes.take(c.userID, len(added), n.opts.now())
+		now := n.opts.now()
+		granted, wait := n.subscribes.take(c.userID, len(added), now)
+		if granted > 0 {
+			var ipWait time.Duration
+			if granted, ipWait = n.subscribesIP.take(c.ip, granted, now); ipWait > wait {
+				wait = ipWait
+			}
+		}
 		for _, s := range added[granted:] {
 			n.hub.cancel(s)
 			refused[s.requestID] = encodeFrame(errorFrame{Type: "error", Code: codeRateLimited, RequestID: s.requestID,

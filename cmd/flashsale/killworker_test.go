@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,6 +59,7 @@ func processEnv(cfg config.Config) []string {
 		"FLASHSALE_QUEUE_EXPIRY_TOPIC="+cfg.Queue.ExpiryTopic,
 		"FLASHSALE_QUEUE_LEASE_TTL="+cfg.Queue.LeaseTTL.String(),
 		"FLASHSALE_WORKER_MAX_QUEUE_DELAY="+cfg.Worker.MaxQueueDelay.String(),
+		"FLASHSALE_NOTIFIER_MAX_CONNS_PER_IP="+strconv.Itoa(cfg.Notifier.MaxConnsPerIP),
 		"FLASHSALE_LOG_LEVEL=error",
 	)
 }
