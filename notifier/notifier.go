@@ -304,12 +304,12 @@ type Notifier struct {
 
 	// Per-user budgets, shared by the user's connections and polls, and
 	// per-address ones, shared by the users behind an address (ipShare).
-	polls        *buckets
-	subscribes   *buckets
-	pollsByIP    *buckets
-	subscribesIP *buckets
-	invalid      *buckets
-	finals       *finalCache
+	polls           *buckets
+	subscribes      *buckets
+	pollsPerIP      *buckets
+	subscribesPerIP *buckets
+	invalid         *buckets
+	finals          *finalCache
 
 	mu      sync.Mutex
 	closing bool
@@ -337,14 +337,14 @@ func New(log *slog.Logger, src ResultSource, m *metrics.Metrics, opts Options) *
 		hub:     newHub(),
 		conns:   map[*conn]struct{}{},
 
-		polls:        newBuckets(float64(opts.PollRate), opts.PollBurst),
-		subscribes:   newBuckets(float64(opts.SubscribeRate), opts.SubscribeBurst),
-		pollsByIP:    newBuckets(float64(opts.PollRate*opts.ipShare()), opts.PollBurst*opts.ipShare()),
-		subscribesIP: newBuckets(float64(opts.SubscribeRate*opts.ipShare()), opts.SubscribeBurst*opts.ipShare()),
-		invalid:      newBuckets(1/invalidFrameRefill.Seconds(), maxInvalidFrames-1),
-		finals:       newFinalCache(resultCacheSize, resultCacheTTL),
-		openUser:     map[string]int{},
-		openIP:       map[string]int{},
+		polls:           newBuckets(float64(opts.PollRate), opts.PollBurst),
+		subscribes:      newBuckets(float64(opts.SubscribeRate), opts.SubscribeBurst),
+		pollsPerIP:      newBuckets(float64(opts.PollRate*opts.ipShare()), opts.PollBurst*opts.ipShare()),
+		subscribesPerIP: newBuckets(float64(opts.SubscribeRate*opts.ipShare()), opts.SubscribeBurst*opts.ipShare()),
+		invalid:         newBuckets(1/invalidFrameRefill.Seconds(), maxInvalidFrames-1),
+		finals:          newFinalCache(resultCacheSize, resultCacheTTL),
+		openUser:        map[string]int{},
+		openIP:          map[string]int{},
 	}
 	n.upgrader = websocket.Upgrader{
 		CheckOrigin: originChecker(opts.AllowedOrigins),
@@ -503,7 +503,7 @@ func (n *Notifier) pollResult(ctx context.Context, userID, ip, requestID string,
 	if got, wait := n.polls.take(userID, 1, now); got == 0 {
 		return model.Result{}, &model.RateLimitError{RetryAfterSeconds: retryAfterSeconds(wait)}
 	}
-	if got, wait := n.pollsByIP.take(ip, 1, now); got == 0 {
+	if got, wait := n.pollsPerIP.take(ip, 1, now); got == 0 {
 		return model.Result{}, &model.RateLimitError{RetryAfterSeconds: retryAfterSeconds(wait)}
 	}
 	r, err := n.lookup(ctx, userID, requestID)

@@ -208,7 +208,7 @@ func (n *Notifier) subscribe(c *conn, ids []string) {
 		granted, wait := n.subscribes.take(c.userID, len(added), now)
 		if granted > 0 {
 			var ipWait time.Duration
-			if granted, ipWait = n.subscribesIP.take(c.ip, granted, now); ipWait > wait {
+			if granted, ipWait = n.subscribesPerIP.take(c.ip, granted, now); ipWait > wait {
 				wait = ipWait
 			}
 		}
