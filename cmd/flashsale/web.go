@@ -64,16 +64,22 @@ var webTypes = map[string]string{
 	".css":  "text/css; charset=utf-8",
 }
 
-// socketSources names the page's own host for its WebSocket (older
-// browsers' 'self' does not cover ws: and wss:): no other host may be
-// reached. A Host that is not a plain host[:port] adds nothing.
+// socketSources names the page's own host, on any port (a notifier may
+// listen apart), for its WebSocket: older browsers' 'self' does not cover
+// ws: and wss:, and no other host may be reached, so a link carrying
+// ?ws=wss://elsewhere cannot send the shopper's token there. A Host that
+// is not a plain name or IPv4 address adds nothing ('self' alone).
 func socketSources(host string) string {
-	if host == "" || strings.IndexFunc(host, func(r rune) bool {
-		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune(".-:[]", r))
+	name := host
+	if i := strings.LastIndexByte(host, ':'); i >= 0 {
+		name = host[:i]
+	}
+	if name == "" || strings.IndexFunc(name, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-')
 	}) >= 0 {
 		return ""
 	}
-	return " ws://" + host + " wss://" + host
+	return " ws://" + name + ":* wss://" + name + ":*"
 }
 
 // serveWebFile writes one embedded file. The page loads only its own
