@@ -16,29 +16,6 @@ import (
 	"github.com/flashsale/flashsale/internal/testenv"
 )
 
-func TestConnBudget(t *testing.T) {
-	tests := []struct {
-		name      string
-		maxConns  int
-		reserve   int
-		fileLimit int
-		want      int
-	}{
-		{name: "set explicitly", maxConns: 500, reserve: 128, fileLimit: 1024, want: 500},
-		{name: "derived: the limit less the reserve", reserve: 128, fileLimit: 1024, want: 896},
-		{name: "the reserve takes at most a quarter", reserve: 128, fileLimit: 256, want: 192},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := config.Default().HTTP
-			c.MaxConns, c.FDReserve = tt.maxConns, tt.reserve
-			if got := connBudget(c, tt.fileLimit); got != tt.want {
-				t.Errorf("got %d, want %d", got, tt.want)
-			}
-		})
-	}
-}
-
 // floodConn opens a connection to addr from the local address from.
 func floodConn(t *testing.T, addr, from string) net.Conn {
 	t.Helper()

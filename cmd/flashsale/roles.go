@@ -467,10 +467,16 @@ func (s *system) mountNotifier(jwt *auth.JWT) func(context.Context) error {
 // so that WebSockets cannot take the descriptors plain HTTP, /healthz and
 // the Redis and MySQL pools need.
 func webSocketBudget(c config.Notifier, fileLimit int) int {
-	if c.MaxConns > 0 {
-		return c.MaxConns
+	return descriptorBudget(c.MaxConns, c.FDReserve, fileLimit, 2)
+}
+
+// descriptorBudget is maxConns when set, else the descriptor limit less
+// reserve, which takes at most 1/share of it.
+func descriptorBudget(maxConns, reserve, fileLimit, share int) int {
+	if maxConns > 0 {
+		return maxConns
 	}
-	return fileLimit - min(c.FDReserve, fileLimit/2)
+	return fileLimit - min(reserve, fileLimit/share)
 }
 
 // mountGateway builds the gateway and registers its admin and shopper routes.
@@ -568,10 +574,7 @@ func (s *system) listen() (err error) {
 // takes at most a quarter of it (WebSockets, bounded by the larger
 // notifier.fd_reserve, leave room for plain HTTP within it).
 func connBudget(c config.HTTP, fileLimit int) int {
-	if c.MaxConns > 0 {
-		return c.MaxConns
-	}
-	return fileLimit - min(c.FDReserve, fileLimit/4)
+	return descriptorBudget(c.MaxConns, c.FDReserve, fileLimit, 4)
 }
 
 // trusted reports whether an address is one of the trusted proxies

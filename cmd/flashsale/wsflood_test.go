@@ -32,27 +32,38 @@ func limitedBinary(t *testing.T, fileLimit int) string {
 	return limited
 }
 
-func TestWebSocketBudget(t *testing.T) {
+// TestDescriptorBudgets: the WebSockets' budget (notifier.max_conns, its
+// reserve at most half the limit) and the main listener's (http.max_conns,
+// its reserve at most a quarter), so WebSockets leave plain HTTP room.
+func TestDescriptorBudgets(t *testing.T) {
+	ws := func(maxConns, reserve, limit int) int {
+		c := config.Default().Notifier
+		c.MaxConns, c.FDReserve = maxConns, reserve
+		return webSocketBudget(c, limit)
+	}
+	listener := func(maxConns, reserve, limit int) int {
+		c := config.Default().HTTP
+		c.MaxConns, c.FDReserve = maxConns, reserve
+		return connBudget(c, limit)
+	}
 	tests := []struct {
-		name      string
-		maxConns  int
-		reserve   int
-		fileLimit int
-		want      int
+		name                         string
+		budget                       func(maxConns, reserve, fileLimit int) int
+		maxConns, reserve, fileLimit int
+		want                         int
 	}{
-		{name: "set explicitly", maxConns: 500, reserve: 256, fileLimit: 1024, want: 500},
-		{name: "derived: the limit less the reserve", reserve: 256, fileLimit: 65536, want: 65280},
-		{name: "the reserve takes at most half", reserve: 256, fileLimit: 256, want: 128},
-		{name: "no reserve", fileLimit: 1024, want: 1024},
+		{"websockets: set explicitly", ws, 500, 256, 1024, 500},
+		{"websockets: the limit less the reserve", ws, 0, 256, 65536, 65280},
+		{"websockets: the reserve takes at most half", ws, 0, 256, 256, 128},
+		{"websockets: no reserve", ws, 0, 0, 1024, 1024},
+		{"listener: set explicitly", listener, 500, 128, 1024, 500},
+		{"listener: the limit less the reserve", listener, 0, 128, 1024, 896},
+		{"listener: the reserve takes at most a quarter", listener, 0, 128, 256, 192},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := config.Default().Notifier
-			c.MaxConns, c.FDReserve = tt.maxConns, tt.reserve
-			if got := webSocketBudget(c, tt.fileLimit); got != tt.want {
-				t.Errorf("got %d, want %d", got, tt.want)
-			}
-		})
+		if got := tt.budget(tt.maxConns, tt.reserve, tt.fileLimit); got != tt.want {
+			t.Errorf("%s: got %d, want %d", tt.name, got, tt.want)
+		}
 	}
 }
 
