@@ -16,6 +16,23 @@ import (
 	"github.com/flashsale/flashsale/internal/testenv"
 )
 
+// healthyUnderLoad sends n concurrent health checks and fails the test
+// unless every one is answered 200.
+func (c *client) healthyUnderLoad(n int) {
+	c.t.Helper()
+	var wg sync.WaitGroup
+	codes := make([]int, n)
+	for i := range codes {
+		wg.Go(func() { codes[i] = c.do("GET", "/healthz", "", nil, nil, nil) })
+	}
+	wg.Wait()
+	for i, code := range codes {
+		if code != http.StatusOK {
+			c.t.Fatalf("healthz %d of %d at once: got %d, want 200", i, n, code)
+		}
+	}
+}
+
 // floodConn opens a connection to addr from the local address from.
 func floodConn(t *testing.T, addr, from string) net.Conn {
 	t.Helper()
@@ -89,17 +106,7 @@ func TestConnectionFloodKeepsServiceUp(t *testing.T) {
 	}
 
 	// Another address is answered throughout.
-	var wg sync.WaitGroup
-	codes := make([]int, 32)
-	for i := range codes {
-		wg.Go(func() { codes[i] = c.do("GET", "/healthz", "", nil, nil, nil) })
-	}
-	wg.Wait()
-	for i, code := range codes {
-		if code != http.StatusOK {
-			t.Fatalf("healthz %d during the flood: got %d, want 200", i, code)
-		}
-	}
+	c.healthyUnderLoad(32)
 	code, rid := c.tryBuy(campaign, "shopper")
 	if code != http.StatusAccepted {
 		t.Fatalf("purchase during the flood: got %d, want 202", code)
