@@ -55,6 +55,7 @@ func floodConn(t *testing.T, addr, from string) net.Conn {
 // all answered, and the process never runs out of descriptors.
 func TestConnectionFloodKeepsServiceUp(t *testing.T) {
 	testenv.SkipShort(t, "a flood of connections")
+	t.Parallel() // a process of its own, its flood from addresses of its own
 	const fileLimit, idleFlood, slowWave = 1024, 1000, 300
 	cfg := realConfig(t, "memqueue")
 	// The defaults' bounds (the harness raises them for its one-host
@@ -127,6 +128,7 @@ func TestConnectionFloodKeepsServiceUp(t *testing.T) {
 // TestHeaderLimit: a request's line and headers may take 16 KiB, as
 // documented; one more kilobyte is 431.
 func TestHeaderLimit(t *testing.T) {
+	t.Parallel()
 	c := startSystem(t, realConfig(t, "memqueue"))
 	u, err := url.Parse(c.base)
 	if err != nil {

@@ -123,10 +123,14 @@ func (p *proxy) setDown(down bool) {
 // topic either: an outage is a hold, not a failure.
 func TestMySQLOutage(t *testing.T) {
 	testenv.SkipShort(t, "a fault test: MySQL down for 10 s mid-sale")
+	// Each variant has its own proxy in front of MySQL: they run side by
+	// side.
 	t.Run("redisstream", func(t *testing.T) {
+		t.Parallel()
 		mysqlOutage(t, realConfig(t, "redisstream"), startSystem)
 	})
 	t.Run("rocketmq", func(t *testing.T) {
+		t.Parallel()
 		cfg := realConfig(t, "rocketmq")
 		srv := startBrokerDouble(t, rmqtest.Options{})
 		createTopics(srv, cfg)
