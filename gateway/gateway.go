@@ -110,6 +110,9 @@ type Options struct {
 	// Gate checks purchases of campaigns with ChallengeBits above 0
 	// (challenge.go); nil refuses them all.
 	Gate Gate
+	// Risk is the shop's own check of each purchase (risk.go); nil lets
+	// every purchase through.
+	Risk Risk
 	// Restorer rebuilds a campaign Redis lost from MySQL (ledger.go); nil
 	// leaves it to an operator's preload.
 	Restorer Restorer

@@ -50,7 +50,8 @@ type purchaseResponse struct {
 func (h *Handlers) purchase(c *gin.Context, userID string) {
 	adm, err := h.svc.Purchase(c.Request.Context(),
 		Purchase{UserID: userID, CampaignID: c.Param("id"), IdempotencyKey: c.GetHeader("Idempotency-Key"),
-			Challenge: c.GetHeader(challengeHeader)},
+			Challenge: c.GetHeader(challengeHeader), DeviceID: cut(c.GetHeader(deviceHeader), maxDeviceID),
+			UserAgent: cut(c.Request.UserAgent(), maxDeviceID)},
 		func() (int64, string, error) {
 			qty, err := decodePurchaseBody(c)
 			return qty, c.ClientIP(), err
@@ -74,6 +75,8 @@ type Purchase struct {
 	// Challenge is the solved challenge a gated campaign asks for
 	// (challenge.go).
 	Challenge string
+	// DeviceID and UserAgent are for the risk check only (risk.go).
+	DeviceID, UserAgent string
 
 	// tag is the shopper's bucket's tag (model.UserTag), set once the
 	// campaign is known: their request's keys and queue partition.
@@ -82,6 +85,9 @@ type Purchase struct {
 	// shared among them (model.RateLimits.PerBucket).
 	buckets int
 }
+
+// cut returns s, or its first n bytes.
+func cut(s string, n int) string { return s[:min(len(s), n)] }
 
 var idempotencyKeyPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
 
@@ -131,6 +137,9 @@ func (s *Service) Purchase(ctx context.Context, p Purchase, read func() (quantit
 	p.tag, p.buckets = model.UserTag(c, p.UserID), c.Buckets
 	if p.Quantity > c.PerUserLimit {
 		return Admitted{}, s.refuse("invalid", model.Invalid("quantity", fmt.Sprintf("exceeds the per-user limit of %d", c.PerUserLimit)))
+	}
+	if err := s.judge(ctx, p); err != nil {
+		return Admitted{}, err
 	}
 	if s.inMySQL(c.ID) {
 		return s.purchaseInMySQL(ctx, cc, c, p)

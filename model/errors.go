@@ -120,3 +120,7 @@ func (e *RateLimitError) Unwrap() error { return ErrRateLimited }
 // ErrChallengeFailed: a purchase of a gated campaign carried no valid,
 // unexpired, unspent solution of its challenge.
 var ErrChallengeFailed = errors.New("challenge failed")
+
+// ErrRiskRefused: the shop's risk check (gateway.Risk) refused the
+// purchase.
+var ErrRiskRefused = errors.New("refused by the risk check")

@@ -55,6 +55,7 @@ var mapping = renderBodies([]sentinel{
 	{err: model.ErrUnauthorized, status: http.StatusUnauthorized, code: "unauthorized"},
 	{err: model.ErrForbidden, status: http.StatusForbidden, code: "forbidden"},
 	{err: model.ErrChallengeFailed, status: http.StatusForbidden, code: "challenge_failed"},
+	{err: model.ErrRiskRefused, status: http.StatusForbidden, code: "risk_refused"},
 	{err: model.ErrNotFound, status: http.StatusNotFound, code: "not_found"},
 	{err: model.ErrBodyTooLarge, status: http.StatusRequestEntityTooLarge, code: "body_too_large"},
 	{err: model.ErrUnsupportedMediaType, status: http.StatusUnsupportedMediaType, code: "unsupported_media_type"},
