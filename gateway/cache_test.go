@@ -189,3 +189,39 @@ func TestCampaignCacheSizes(t *testing.T) {
 		t.Fatal("the campaign just found was dropped")
 	}
 }
+
+// failingDirectory is a store whose campaign ids cannot be read.
+type failingDirectory struct {
+	*memCampaigns
+	idReads atomic.Int64
+}
+
+func (f *failingDirectory) CampaignIDs(context.Context, int) ([]string, error) {
+	f.idReads.Add(1)
+	return nil, errors.New("mysql: connection refused")
+}
+
+// TestDirectoryUnreadable: while the campaign ids cannot be read, unknown
+// ids are looked up one by one (answered not found, and the campaign
+// found), and the directory is tried again once per cache TTL, not at
+// every id.
+func TestDirectoryUnreadable(t *testing.T) {
+	st := store.New(testenv.Redis(t))
+	mem := &memCampaigns{c: model.Campaign{ID: testenv.Name(t, "dir-"), Name: "t", Stock: 10, PerUserLimit: 1,
+		StartAt: time.Now().Add(-time.Minute), EndAt: time.Now().Add(time.Hour)}}
+	mustLoad(t, mem, st)
+	f := &failingDirectory{memCampaigns: mem}
+	svc := New(slog.New(slog.NewTextHandler(io.Discard, nil)), st, f, newGatePublisher(false), metrics.New(),
+		Options{Topic: "t", AdmitConcurrency: 1, CampaignCacheTTL: time.Hour})
+	for i := range 100 {
+		if _, err := svc.Campaign(t.Context(), fmt.Sprintf("%s-%d", mem.c.ID, i)); !errors.Is(err, model.ErrNotFound) {
+			t.Fatalf("unknown id %d: got %v, want %v", i, err, model.ErrNotFound)
+		}
+	}
+	if _, err := svc.Campaign(t.Context(), mem.c.ID); err != nil {
+		t.Fatalf("the campaign: %v", err)
+	}
+	if n := f.idReads.Load(); n != 1 {
+		t.Fatalf("directory reads: got %d, want 1 within the TTL", n)
+	}
+}

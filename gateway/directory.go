@@ -30,8 +30,8 @@ func (d *directory) drop() { d.snap.Store(nil) }
 
 // absent reports whether campaign id does not exist, by a directory read
 // within the campaign cache TTL (reading it again when older). False when
-// the directory cannot tell (off, or MySQL failed): the caller looks the
-// id up.
+// the directory cannot tell (off, or its last read failed): the caller
+// looks the id up.
 func (s *Service) absent(ctx context.Context, id string) bool {
 	snap := s.dir.snap.Load()
 	if snap == nil || s.opts.Now().Sub(snap.loadedAt) >= s.opts.CampaignCacheTTL {
@@ -54,8 +54,12 @@ func (s *Service) readDirectory(ctx context.Context) *directorySnapshot {
 	}
 	ids, err := s.campaigns.CampaignIDs(ctx, s.opts.CachedCampaigns)
 	if err != nil {
+		// Tried again a TTL later, not at every unknown id: one line per
+		// TTL while MySQL fails, and ids are looked up one by one.
 		s.log.Warn("read the campaign ids; unknown ids are looked up one by one meanwhile", "err", err)
-		return nil
+		snap := &directorySnapshot{loadedAt: now}
+		s.dir.snap.Store(snap)
+		return snap
 	}
 	snap := &directorySnapshot{ids: make(map[string]struct{}, len(ids)), complete: len(ids) <= s.opts.CachedCampaigns, loadedAt: now}
 	for _, id := range ids {
