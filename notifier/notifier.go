@@ -627,7 +627,7 @@ func (n *Notifier) restoreLost(ctx context.Context, userID, requestID string) (m
 func (n *Notifier) afterSale(c model.Campaign, userID, requestID string) (model.Result, error) {
 	tag, _ := model.TagOfRequest(requestID)
 	at, _ := model.AdmittedAt(requestID)
-	now := time.Now()
+	now := n.opts.now()
 	if c.Epoch == 0 || now.Before(c.EndAt) || n.opts.MaxQueueDelay <= 0 || model.UserTag(c, userID) != tag ||
 		at.Before(c.StartAt.Add(-model.AdmissionSkew)) || at.After(c.EndAt.Add(model.AdmissionSkew)) {
 		return model.Result{}, fmt.Errorf("result %s: %w", requestID, model.ErrNotFound)
