@@ -1,6 +1,8 @@
 package model
 
 import (
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -165,17 +167,7 @@ func AdmittedAt(requestID string) (at time.Time, ok bool) {
 	if _, ok := TagOfRequest(requestID); !ok {
 		return time.Time{}, false
 	}
-	var ms int64
-	for _, c := range requestID[len(requestID)-requestIDTailLen:][:12] {
-		ms = ms<<4 | int64(hexDigit(byte(c)))
-	}
-	return time.UnixMilli(ms), true
-}
-
-// hexDigit is the value of a lowercase hex digit.
-func hexDigit(c byte) byte {
-	if c >= 'a' {
-		return c - 'a' + 10
-	}
-	return c - '0'
+	var b [8]byte // TagOfRequest checked the digits
+	_, _ = hex.Decode(b[2:], []byte(requestID[len(requestID)-requestIDTailLen:][:12]))
+	return time.UnixMilli(int64(binary.BigEndian.Uint64(b[:]))), true
 }

@@ -244,6 +244,8 @@ func (b *ConnBudget) ConnContext(ctx context.Context, nc net.Conn) context.Conte
 // sent a whole header, so it is no longer a slow one to cut.
 func (b *ConnBudget) Handler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// served is written only on the connection's own goroutine (its
+		// handler and its Idle state), so this read needs no lock.
 		if c, ok := r.Context().Value(connKey{}).(*budgetConn); ok && !c.served {
 			b.mu.Lock()
 			if !c.served && c.counted {

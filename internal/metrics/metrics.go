@@ -36,11 +36,11 @@ type Metrics struct {
 	buildInfo       *prometheus.GaugeVec // version, role
 	Requests        *CounterVec          // route, code
 	RequestDuration *prometheus.HistogramVec
-	RedisUp         prometheus.Gauge // 0 during an outage (store.Guard)
+	RedisUp         prometheus.Gauge   // 0 during an outage (store.Guard)
+	RedisOutages    prometheus.Counter // outages begun
 	// The listeners' connection budgets (httpapi.ConnBudget).
-	ConnsRefused *CounterVec        // listener, reason
-	ConnsClosed  *CounterVec        // listener, reason
-	RedisOutages prometheus.Counter // outages begun
+	ConnsRefused *CounterVec // listener, reason
+	ConnsClosed  *CounterVec // listener, reason
 	// Degraded mode (gateway, worker): campaigns decided in MySQL while
 	// Redis is out.
 	Degraded          *prometheus.GaugeVec // role

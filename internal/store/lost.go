@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/flashsale/flashsale/model"
@@ -28,15 +27,14 @@ func (s *Store) Lost(ctx context.Context, requestID, userID string, grace, maxDe
 		return model.Result{}, fmt.Errorf("lost %q: %w", requestID, model.ErrNotFound)
 	}
 	campaignID, _, _ := model.SplitTag(tag)
-	soldOut := "0"
+	soldOut := false
 	if tag != campaignID {
 		// A bucket of several: only the campaign's sold-out flag says no
 		// other bucket can refill this one, and it lives in another slot.
-		n, err := s.rdb.Exists(ctx, campaignKeys(campaignID).soldout).Result()
-		if err != nil {
-			return model.Result{}, fmt.Errorf("lost %s: sold-out flag: %w", requestID, unavailable(err))
+		var err error
+		if soldOut, err = s.SoldOut(ctx, campaignID); err != nil {
+			return model.Result{}, fmt.Errorf("lost %s: %w", requestID, unavailable(err))
 		}
-		soldOut = strconv.FormatInt(n, 10)
 	}
 	k := campaignKeys(tag)
 	reply, err := s.lost.Run(ctx, s.rdb, []string{k.results, k.counters, k.meta, k.stock},

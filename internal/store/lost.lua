@@ -39,8 +39,9 @@
 -- ARGV[5] the longest possible queue delay, ms (0: its rules are off)
 -- ARGV[6] the skew, ms: the gateways' clocks against Redis's
 -- ARGV[7] the reason of the rejected result
--- ARGV[8] "1" when the campaign's sold-out flag was up (read by the caller:
---         in a campaign of several buckets it lives in another slot)
+-- ARGV[8] "1" (go-redis's true) when the campaign's sold-out flag was up
+--         (read by the caller: in a campaign of several buckets it lives
+--         in another slot)
 --
 -- Reply:
 --   { 1, value }  a result stands (as a shopper may see it: stored_shown)
